@@ -1,0 +1,138 @@
+# smelt build. `make` builds the CPU code always and the CUDA objects when nvcc is
+# found (CUDA=0 / CUDA=1 to force). Objects go to build/ (build-sanitize/ with
+# SANITIZE=1). `make help` lists the targets.
+
+CC       ?= cc
+NVCC     ?= nvcc
+PYTHON   ?= python3
+SANITIZE ?= 0
+
+ifeq ($(SANITIZE),1)
+BUILD ?= build-sanitize
+SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT := -O1
+else
+BUILD ?= build
+SAN_FLAGS :=
+OPT := -O2
+endif
+
+# CUDA: auto-detect nvcc unless CUDA=0/1 is given.
+NVCC_PATH := $(shell command -v $(NVCC) 2>/dev/null)
+ifeq ($(origin CUDA),undefined)
+CUDA := $(if $(NVCC_PATH),1,0)
+endif
+CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))),/usr/local/cuda)
+# sm_90: H100/H200 (the GPUs smelt is tuned for); override with CUDA_ARCH=80 etc.
+CUDA_ARCH ?= 90
+
+DEPS_PKGS := build-essential pkg-config libopenblas-dev libjansson-dev libcriterion-dev \
+             libpcre2-dev libutf8proc-dev python3
+
+CPPFLAGS += -I. -D_GNU_SOURCE $(shell pkg-config --cflags jansson 2>/dev/null)
+CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(SAN_FLAGS)
+LDFLAGS  += -fopenmp $(SAN_FLAGS)
+LDLIBS   += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
+
+ifeq ($(CUDA),1)
+CPPFLAGS  += -DSMELT_CUDA -I$(CUDA_HOME)/include
+NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
+             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -I. -DSMELT_CUDA
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
+endif
+
+# Library code: every .c in these folders except program entry points (*_main.c).
+LIB_DIRS := common kernels kernels/cpu model lora comm trainer rollout weightsync datasets server
+LIB_SRCS := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
+ifeq ($(CUDA),1)
+LIB_OBJS += $(CUDA_SRCS:%.cu=$(BUILD)/%.cu.o)
+endif
+LIB := $(BUILD)/libsmelt.a
+
+UNIT_SRCS ?= $(wildcard tests/unit/*.c)
+GPU_TEST_SRCS := $(wildcard tests/gpu/*.c)
+UNIT_BIN  := $(BUILD)/tests/unit_tests
+GPU_TEST_BIN := $(BUILD)/tests/gpu_tests
+BENCH_SRCS := $(wildcard bench/*.c)
+BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all deps test test-unit test-gpu run bench clean help cuda-check
+
+all: $(LIB) $(BENCH_BINS)
+
+help:
+	@echo "make            build (CPU; CUDA too when nvcc is found)"
+	@echo "make deps       install missing Debian packages (sudo when not root)"
+	@echo "make test       install what is missing, build, run every test"
+	@echo "make test-gpu   compare every CUDA op with the CPU backend (skips without a GPU)"
+	@echo "make bench      run the CPU benchmarks (bench/)"
+	@echo "make run        install what is missing, build, start the service"
+	@echo "options: SANITIZE=1 (ASan+UBSan), CUDA=0|1, CUDA_ARCH=90"
+
+# Installs only the packages that are missing; apt-get with sudo when not root.
+deps:
+	@missing=""; for p in $(DEPS_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
+	fi
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(UNIT_BIN): $(UNIT_SRCS:%.c=$(BUILD)/%.o) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+test: deps
+	$(MAKE) test-unit
+
+# Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
+# OMP/OpenBLAS threads are capped so parallel test workers do not oversubscribe.
+test-unit: $(UNIT_BIN)
+	OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 $(UNIT_BIN) --jobs 2
+
+$(GPU_TEST_BIN): $(GPU_TEST_SRCS:%.c=$(BUILD)/%.o) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
+
+# Every CUDA op against the CPU backend. Without a GPU (or without CUDA in the build)
+# each test reports itself skipped.
+test-gpu: deps
+	$(MAKE) $(GPU_TEST_BIN)
+	$(GPU_TEST_BIN) --verbose=0
+
+# Compiles every .cu file and links the library with them: CI's check on machines
+# without a GPU.
+cuda-check:
+	$(MAKE) CUDA=1 $(LIB) $(GPU_TEST_BIN)
+
+# smeltd (the control plane) is built by issue 6; until then `make run` says so.
+run: deps all
+	@if [ -x $(BUILD)/smeltd ]; then exec $(BUILD)/smeltd; \
+	 else echo "smeltd is not part of this tree yet: the control plane is still to be built (docs/status.md)"; exit 1; fi
+
+bench: $(BENCH_BINS)
+	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
+
+clean:
+	rm -rf build build-sanitize
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,14 @@
+/* common/: what every other folder uses. Include this header, not the parts.
+ *   error.h  struct smelt_error, error codes, error_set/error_wrap, SMELT_ASSERT
+ *   log.h    log_debug/info/warn/error to stderr with timestamps
+ *   json.h   jansson loading and typed field readers that name the field in errors
+ *   file.h   whole-file read, atomic write, mkdir -p, paths, read-only mmap */
+#ifndef SMELT_COMMON_H
+#define SMELT_COMMON_H
+
+#include "common/error.h"
+#include "common/file.h"
+#include "common/json.h"
+#include "common/log.h"
+
+#endif

@@ -1,0 +1,159 @@
+#include "common/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int file_read_all(const char *path, char **out, size_t *len, struct smelt_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return error_set(err, SMELT_EIO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return error_set(err, SMELT_EIO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return error_set(err, SMELT_EIO, "%s: not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    char *buf = malloc(size + 1);
+    if (!buf) {
+        close(fd);
+        return error_set(err, SMELT_ENOMEM, "%s: cannot allocate %zu bytes", path, size + 1);
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = read(fd, buf + got, size - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            free(buf);
+            close(fd);
+            return error_set(err, SMELT_EIO, "%s: read failed: %s", path, strerror(e));
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[size] = '\0';
+    *out = buf;
+    if (len) *len = size;
+    return SMELT_OK;
+}
+
+static int write_fully(int fd, const void *data, size_t len) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int file_write_atomic(const char *path, const void *data, size_t len, struct smelt_error *err) {
+    size_t n = strlen(path);
+    char *tmp = malloc(n + 16);
+    if (!tmp) return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
+    snprintf(tmp, n + 16, "%s.tmpXXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        return error_set(err, SMELT_EIO, "%s: cannot create temporary file: %s", path, strerror(e));
+    }
+    if (write_fully(fd, data, len) != 0 || fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        free(tmp);
+        return error_set(err, SMELT_EIO, "%s: write failed: %s", path, strerror(e));
+    }
+    if (fchmod(fd, 0644) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        free(tmp);
+        return error_set(err, SMELT_EIO, "%s: cannot replace file: %s", path, strerror(e));
+    }
+    free(tmp);
+    return SMELT_OK;
+}
+
+int dir_create_all(const char *path, struct smelt_error *err) {
+    size_t n = strlen(path);
+    if (n == 0) return error_set(err, SMELT_EINVAL, "empty directory path");
+    char *buf = strdup(path);
+    if (!buf) return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char saved = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            free(buf);
+            return error_set(err, SMELT_EIO, "%s: cannot create directory: %s", path, strerror(e));
+        }
+        buf[i] = saved;
+    }
+    free(buf);
+    if (!path_is_dir(path))
+        return error_set(err, SMELT_EIO, "%s: exists and is not a directory", path);
+    return SMELT_OK;
+}
+
+bool path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+bool path_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int path_join(char *dst, size_t dst_bytes, const char *a, const char *b,
+              struct smelt_error *err) {
+    size_t la = strlen(a);
+    bool slash = la > 0 && a[la - 1] != '/';
+    int n = snprintf(dst, dst_bytes, "%s%s%s", a, slash ? "/" : "", b);
+    if (n < 0 || (size_t)n >= dst_bytes)
+        return error_set(err, SMELT_EINVAL, "path too long: %s/%s", a, b);
+    return SMELT_OK;
+}
+
+int file_map_open(const char *path, struct file_map *map, struct smelt_error *err) {
+    map->data = NULL;
+    map->len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return error_set(err, SMELT_EIO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return error_set(err, SMELT_EIO, "%s: not a readable regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return SMELT_OK;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) return error_set(err, SMELT_EIO, "%s: mmap failed: %s", path, strerror(e));
+    map->data = p;
+    map->len = (size_t)st.st_size;
+    return SMELT_OK;
+}
+
+void file_map_close(struct file_map *map) {
+    if (map->data) munmap((void *)map->data, map->len);
+    map->data = NULL;
+    map->len = 0;
+}

@@ -1,0 +1,39 @@
+/* JSON helpers over jansson: load with positioned errors, read typed fields with the
+ * field named in every error, refuse unknown keys. Every reader takes `where`, a
+ * prefix for messages such as "config.json" or "job spec: hyperparameters". */
+#ifndef SMELT_COMMON_JSON_H
+#define SMELT_COMMON_JSON_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+/* Parses a file / buffer. On success *out is a new reference the caller json_decref()s.
+ * Errors name the file and line:column. */
+int json_load_path(const char *path, json_t **out, struct smelt_error *err);
+int json_load_buffer(const char *buf, size_t len, const char *where, json_t **out,
+                     struct smelt_error *err);
+
+/* Typed field readers. When the key is absent: required → SMELT_EINVAL naming the
+ * field; optional → *out = def and 0. A present key of the wrong type, or a number out
+ * of [min, max], is SMELT_EINVAL naming the field and what was expected. JSON null
+ * counts as absent. */
+int json_field_int(const json_t *obj, const char *key, bool required, int64_t def,
+                   int64_t min, int64_t max, int64_t *out, const char *where,
+                   struct smelt_error *err);
+int json_field_double(const json_t *obj, const char *key, bool required, double def,
+                      double min, double max, double *out, const char *where,
+                      struct smelt_error *err);
+int json_field_bool(const json_t *obj, const char *key, bool required, bool def, bool *out,
+                    const char *where, struct smelt_error *err);
+/* *out points into obj (borrowed; valid while obj lives) or is def. */
+int json_field_string(const json_t *obj, const char *key, bool required, const char *def,
+                      const char **out, const char *where, struct smelt_error *err);
+
+/* SMELT_EINVAL naming the first key of obj that is not in allowed (NULL-terminated). */
+int json_check_keys(const json_t *obj, const char *const *allowed, const char *where,
+                    struct smelt_error *err);
+
+#endif

@@ -1,0 +1,66 @@
+/* Private to kernels/cpu/: the CPU backend's functions, gathered into
+ * cpu_backend_ops by backend.c. fp32 compute, OpenBLAS for GEMM, OpenMP for the rest.
+ * Arguments arrive validated by kernels/ops.c. */
+#ifndef SMELT_KERNELS_CPU_H
+#define SMELT_KERNELS_CPU_H
+
+#include "kernels/backend.h"
+
+int cpu_matmul(struct tensor *out, const struct tensor *a, const struct tensor *b,
+               const struct tensor *bias, bool trans_a, bool trans_b, float alpha, float beta,
+               struct smelt_error *err);
+int cpu_matmul_backward(struct tensor *da, struct tensor *db, struct tensor *dbias,
+                        const struct tensor *dout, const struct tensor *a, const struct tensor *b,
+                        bool trans_a, bool trans_b, float alpha, struct smelt_error *err);
+int cpu_embedding(struct tensor *out, const struct tensor *ids, const struct tensor *table,
+                  struct smelt_error *err);
+int cpu_embedding_backward(struct tensor *dtable, const struct tensor *dout,
+                           const struct tensor *ids, struct smelt_error *err);
+int cpu_rmsnorm(struct tensor *y, struct tensor *rstd, const struct tensor *x,
+                const struct tensor *w, float eps, struct smelt_error *err);
+int cpu_rmsnorm_backward(struct tensor *dx, struct tensor *dw, const struct tensor *dy,
+                         const struct tensor *x, const struct tensor *w,
+                         const struct tensor *rstd, struct smelt_error *err);
+int cpu_layernorm(struct tensor *y, struct tensor *mean, struct tensor *rstd,
+                  const struct tensor *x, const struct tensor *w, const struct tensor *b,
+                  float eps, struct smelt_error *err);
+int cpu_layernorm_backward(struct tensor *dx, struct tensor *dw, struct tensor *db,
+                           const struct tensor *dy, const struct tensor *x,
+                           const struct tensor *w, const struct tensor *mean,
+                           const struct tensor *rstd, struct smelt_error *err);
+int cpu_rope(struct tensor *y, const struct tensor *x, const struct tensor *positions,
+             float theta, struct smelt_error *err);
+int cpu_rope_backward(struct tensor *dx, const struct tensor *dy,
+                      const struct tensor *positions, float theta, struct smelt_error *err);
+int cpu_attention(struct tensor *out, struct tensor *lse, const struct tensor *q,
+                  const struct tensor *k, const struct tensor *v,
+                  const struct tensor *cu_seqlens, float scale, struct smelt_error *err);
+int cpu_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *dv,
+                           const struct tensor *dout, const struct tensor *q,
+                           const struct tensor *k, const struct tensor *v,
+                           const struct tensor *out, const struct tensor *lse,
+                           const struct tensor *cu_seqlens, float scale,
+                           struct smelt_error *err);
+int cpu_swiglu(struct tensor *out, const struct tensor *gate, const struct tensor *up,
+               struct smelt_error *err);
+int cpu_swiglu_backward(struct tensor *dgate, struct tensor *dup, const struct tensor *dout,
+                        const struct tensor *gate, const struct tensor *up,
+                        struct smelt_error *err);
+int cpu_gelu(struct tensor *out, const struct tensor *x, struct smelt_error *err);
+int cpu_gelu_backward(struct tensor *dx, const struct tensor *dout, const struct tensor *x,
+                      struct smelt_error *err);
+int cpu_add(struct tensor *out, const struct tensor *a, const struct tensor *b,
+            struct smelt_error *err);
+int cpu_accumulate(struct tensor *dst, const struct tensor *src, struct smelt_error *err);
+int cpu_logprobs(struct tensor *logprobs, struct tensor *lse, const struct tensor *logits,
+                 const struct tensor *targets, struct smelt_error *err);
+int cpu_logprobs_backward(struct tensor *dlogits, const struct tensor *dlogprobs,
+                          const struct tensor *logits, const struct tensor *targets,
+                          const struct tensor *lse, struct smelt_error *err);
+int cpu_adamw(struct tensor *params, struct tensor *m, struct tensor *v,
+              const struct tensor *grads, const struct adamw_config *config,
+              struct smelt_error *err);
+int cpu_sum_squares(double *out, const struct tensor *x, struct smelt_error *err);
+int cpu_cast(struct tensor *out, const struct tensor *in, struct smelt_error *err);
+
+#endif
