@@ -7,20 +7,22 @@ NVCC     ?= nvcc
 PYTHON   ?= python3
 SANITIZE ?= 0
 
-ifeq ($(SANITIZE),1)
-BUILD ?= build-sanitize
-SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-OPT := -O1
-else
-BUILD ?= build
-SAN_FLAGS :=
-OPT := -O2
-endif
-
 # CUDA: auto-detect nvcc unless CUDA=0/1 is given.
 NVCC_PATH := $(shell command -v $(NVCC) 2>/dev/null)
 ifeq ($(origin CUDA),undefined)
 CUDA := $(if $(NVCC_PATH),1,0)
+endif
+
+# One build folder per configuration, so objects built with other flags never mix:
+# build/ (default), build-cpu/ (CUDA=0), build-sanitize[-cpu]/ (SANITIZE=1).
+ifeq ($(SANITIZE),1)
+BUILD ?= build-sanitize$(if $(filter 0,$(CUDA)),-cpu)
+SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT := -O1
+else
+BUILD ?= build$(if $(filter 0,$(CUDA)),-cpu)
+SAN_FLAGS :=
+OPT := -O2
 endif
 CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))),/usr/local/cuda)
 # sm_90: H100/H200 (the GPUs smelt is tuned for); override with CUDA_ARCH=80 etc.
@@ -133,6 +135,6 @@ bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
 
 clean:
-	rm -rf build build-sanitize
+	rm -rf build build-cpu build-sanitize build-sanitize-cpu
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
