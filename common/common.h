@@ -2,7 +2,8 @@
  *   error.h  struct smelt_error, error codes, error_set/error_wrap, SMELT_ASSERT
  *   log.h    log_debug/info/warn/error to stderr with timestamps
  *   json.h   jansson loading and typed field readers that name the field in errors
- *   file.h   whole-file read, atomic write, mkdir -p, paths, read-only mmap */
+ *   file.h   whole-file read, atomic write, mkdir -p, paths, read-only mmap
+ *   rng.h    seeded xoshiro256** generator: uniform, normal */
 #ifndef SMELT_COMMON_H
 #define SMELT_COMMON_H
 
@@ -10,5 +11,6 @@
 #include "common/file.h"
 #include "common/json.h"
 #include "common/log.h"
+#include "common/rng.h"
 
 #endif

@@ -70,14 +70,15 @@ int file_write_atomic(const char *path, const void *data, size_t len, struct sme
         free(tmp);
         return error_set(err, SMELT_EIO, "%s: cannot create temporary file: %s", path, strerror(e));
     }
-    if (write_fully(fd, data, len) != 0 || fsync(fd) != 0) {
+    /* mkstemp makes the file 0600; the mode is set before fsync so it is durable too. */
+    if (write_fully(fd, data, len) != 0 || fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
         int e = errno;
         close(fd);
         unlink(tmp);
         free(tmp);
         return error_set(err, SMELT_EIO, "%s: write failed: %s", path, strerror(e));
     }
-    if (fchmod(fd, 0644) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
         free(tmp);

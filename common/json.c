@@ -6,6 +6,10 @@
 int json_load_path(const char *path, json_t **out, struct smelt_error *err) {
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    /* A file that cannot be opened has no line or column (jansson reports -1:-1) and
+     * is not malformed: it is an I/O error, as file_read_all reports it. */
+    if (!root && json_error_code(&jerr) == json_error_cannot_open_file)
+        return error_set(err, SMELT_EIO, "%s", jerr.text); /* "unable to open PATH: why" */
     if (!root)
         return error_set(err, SMELT_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
                          jerr.text);

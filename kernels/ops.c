@@ -317,9 +317,13 @@ int ops_layernorm_backward(struct tensor *dx, struct tensor *dw, struct tensor *
         TRY(check_compute(&c, "dw", dw));
         TRY(check_same_shape(&c, "dw", dw, "w", w));
     }
+    if (db) {
+        TRY(check_compute(&c, "db", db));
+        TRY(check_same_shape(&c, "db", db, "w", w));
+    }
     if (!mean || !rstd)
         return error_set(err, SMELT_EINVAL, "ops_layernorm_backward: mean and rstd are required (save them in the forward)");
-    TRY(check_norm(&c, x, w, db, mean, "mean", rstd, "rstd"));
+    TRY(check_norm(&c, x, w, NULL, mean, "mean", rstd, "rstd"));
     if (!c.impl->layernorm_backward) return unsupported(&c);
     return c.impl->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, err);
 }

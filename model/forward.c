@@ -1,0 +1,536 @@
+/* The transformer's forward and backward passes, written only against kernels/ops.h.
+ * One layer function serves Llama, Mistral, Qwen2, Qwen3 and GPT-2; the config picks
+ * the norm (RMSNorm / LayerNorm), q/k norms, rope or learned positions, and the MLP
+ * (SwiGLU / GELU). Backward ops accumulate, so the residual gradient `dres` is one
+ * buffer that each branch adds into. */
+#include "model/model_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(expr)                 \
+    do {                          \
+        int rc_ = (expr);         \
+        if (rc_) return rc_;      \
+    } while (0)
+
+/* ---- views ---- */
+
+/* The first `rows` rows of a buffer, shaped [rows, cols]. */
+static struct tensor rows2(const struct tensor *buf, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    return tensor_make(buf->backend, buf->dtype, buf->data, 2, shape);
+}
+
+static struct tensor rows3(const struct tensor *buf, int64_t rows, int64_t heads, int64_t dim) {
+    int64_t shape[3] = {rows, heads, dim};
+    return tensor_make(buf->backend, buf->dtype, buf->data, 3, shape);
+}
+
+static struct tensor rows1(const struct tensor *buf, int64_t n) {
+    return tensor_make(buf->backend, buf->dtype, buf->data, 1, &n);
+}
+
+/* Rows [r0, r0 + n) of a [*, cols] buffer. */
+static struct tensor slice_rows(const struct tensor *buf, int64_t r0, int64_t n, int64_t cols) {
+    int64_t shape[2] = {n, cols};
+    char *base = (char *)buf->data + (size_t)(r0 * cols) * dtype_size(buf->dtype);
+    return tensor_make(buf->backend, buf->dtype, base, 2, shape);
+}
+
+static const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
+static struct tensor *opt_mut(struct tensor *t) { return t->data ? t : NULL; }
+
+/* ---- activation buffers ---- */
+
+struct dims {
+    int64_t C, QD, KD, F, V, Hq, Hkv, D;
+};
+
+static struct dims model_dims(const struct model *m) {
+    const struct model_config *c = &m->config;
+    return (struct dims){.C = c->hidden_size, .QD = c->n_heads * c->head_dim,
+                         .KD = c->n_kv_heads * c->head_dim, .F = c->intermediate_size,
+                         .V = c->vocab_size, .Hq = c->n_heads, .Hkv = c->n_kv_heads,
+                         .D = c->head_dim};
+}
+
+static int buf(struct tensor *t, enum backend be, enum dtype dt, int64_t rows, int64_t cols,
+               struct smelt_error *err) {
+    int64_t shape[2] = {rows, cols};
+    return tensor_alloc(t, be, dt, 2, shape, err);
+}
+
+static void layer_acts_free(struct layer_acts *a) {
+    struct tensor *all[] = {&a->x_in, &a->h1, &a->mean1, &a->rstd1, &a->q_raw, &a->k_raw,
+                            &a->qn_rstd, &a->kn_rstd, &a->q, &a->k, &a->v, &a->att, &a->lse,
+                            &a->x_mid, &a->h2, &a->mean2, &a->rstd2, &a->gate, &a->up, &a->act};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) tensor_free(all[i]);
+}
+
+/* Everything but x_in, which the caller owns the policy for. */
+static int layer_acts_alloc_body(const struct model *m, struct layer_acts *a, int64_t T,
+                                 struct smelt_error *err) {
+    struct dims d = model_dims(m);
+    const struct model_config *c = &m->config;
+    enum backend be = m->backend;
+    bool ln = c->norm == MODEL_NORM_LAYERNORM, swiglu = c->mlp == MODEL_MLP_SWIGLU;
+    TRY(buf(&a->h1, be, DTYPE_F32, T, d.C, err));
+    if (ln) TRY(buf(&a->mean1, be, DTYPE_F32, T, 1, err));
+    TRY(buf(&a->rstd1, be, DTYPE_F32, T, 1, err));
+    if (c->qk_norm) {
+        TRY(buf(&a->q_raw, be, DTYPE_F32, T, d.QD, err));
+        TRY(buf(&a->k_raw, be, DTYPE_F32, T, d.KD, err));
+        TRY(buf(&a->qn_rstd, be, DTYPE_F32, T * d.Hq, 1, err));
+        TRY(buf(&a->kn_rstd, be, DTYPE_F32, T * d.Hkv, 1, err));
+    }
+    TRY(buf(&a->q, be, DTYPE_F32, T, d.QD, err));
+    TRY(buf(&a->k, be, DTYPE_F32, T, d.KD, err));
+    TRY(buf(&a->v, be, DTYPE_F32, T, d.KD, err));
+    TRY(buf(&a->att, be, DTYPE_F32, T, d.QD, err));
+    TRY(buf(&a->lse, be, DTYPE_F32, T, d.Hq, err));
+    TRY(buf(&a->x_mid, be, DTYPE_F32, T, d.C, err));
+    TRY(buf(&a->h2, be, DTYPE_F32, T, d.C, err));
+    if (ln) TRY(buf(&a->mean2, be, DTYPE_F32, T, 1, err));
+    TRY(buf(&a->rstd2, be, DTYPE_F32, T, 1, err));
+    TRY(buf(&a->gate, be, DTYPE_F32, T, d.F, err));
+    if (swiglu) TRY(buf(&a->up, be, DTYPE_F32, T, d.F, err));
+    TRY(buf(&a->act, be, DTYPE_F32, T, d.F, err));
+    return SMELT_OK;
+}
+
+static int acts_alloc_all(const struct model *m, struct model_acts *a, struct smelt_error *err) {
+    struct dims d = model_dims(m);
+    const struct model_config *c = &m->config;
+    enum backend be = m->backend;
+    int64_t T = a->max_tokens;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        TRY(buf(&a->layers[l].x_in, be, DTYPE_F32, T, d.C, err));
+        if (!a->recompute) TRY(layer_acts_alloc_body(m, &a->layers[l], T, err));
+    }
+    if (a->recompute) TRY(layer_acts_alloc_body(m, &a->scratch, T, err));
+    TRY(buf(&a->x_final, be, DTYPE_F32, T, d.C, err));
+    TRY(buf(&a->hf, be, DTYPE_F32, T, d.C, err));
+    if (c->norm == MODEL_NORM_LAYERNORM) TRY(buf(&a->meanf, be, DTYPE_F32, T, 1, err));
+    TRY(buf(&a->rstdf, be, DTYPE_F32, T, 1, err));
+    TRY(buf(&a->ids, be, DTYPE_I32, T, 1, err));
+    TRY(buf(&a->positions, be, DTYPE_I32, T, 1, err));
+    TRY(buf(&a->targets, be, DTYPE_I32, T, 1, err));
+    TRY(buf(&a->lse, be, DTYPE_F32, T, 1, err));
+    TRY(buf(&a->logits_chunk, be, DTYPE_F32, a->chunk_rows, d.V, err));
+    TRY(buf(&a->dres, be, DTYPE_F32, T, d.C, err));
+    TRY(buf(&a->dh, be, DTYPE_F32, T, d.C, err));
+    TRY(buf(&a->dq_a, be, DTYPE_F32, T, d.QD, err));
+    TRY(buf(&a->dq_b, be, DTYPE_F32, T, d.QD, err));
+    TRY(buf(&a->dk_a, be, DTYPE_F32, T, d.KD, err));
+    TRY(buf(&a->dk_b, be, DTYPE_F32, T, d.KD, err));
+    TRY(buf(&a->dv, be, DTYPE_F32, T, d.KD, err));
+    TRY(buf(&a->datt, be, DTYPE_F32, T, d.QD, err));
+    TRY(buf(&a->dgate, be, DTYPE_F32, T, d.F, err));
+    TRY(buf(&a->dup, be, DTYPE_F32, T, d.F, err));
+    TRY(buf(&a->dact, be, DTYPE_F32, T, d.F, err));
+    TRY(buf(&a->dlogits_chunk, be, DTYPE_F32, a->chunk_rows, d.V, err));
+    return SMELT_OK;
+}
+
+void model_acts_free(struct model_acts *a) {
+    if (!a) return;
+    if (a->layers) {
+        for (int64_t l = 0; l < a->n_layers_allocated; l++) layer_acts_free(&a->layers[l]);
+        free(a->layers);
+    }
+    layer_acts_free(&a->scratch);
+    struct tensor *all[] = {&a->x_final, &a->hf, &a->meanf, &a->rstdf, &a->ids, &a->positions,
+                            &a->targets, &a->lse, &a->logits_chunk, &a->dres, &a->dh, &a->dq_a,
+                            &a->dq_b, &a->dk_a, &a->dk_b, &a->dv, &a->datt, &a->dgate, &a->dup,
+                            &a->dact, &a->dlogits_chunk, &a->cu_seqlens};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) tensor_free(all[i]);
+    free(a);
+}
+
+int model_acts_alloc(const struct model *m, int64_t max_tokens, bool recompute,
+                     struct model_acts **out, struct smelt_error *err) {
+    if (max_tokens < 1)
+        return error_set(err, SMELT_EINVAL, "model_acts_alloc: max_tokens %lld must be >= 1",
+                         (long long)max_tokens);
+    struct model_acts *a = calloc(1, sizeof *a);
+    if (!a) return error_set(err, SMELT_ENOMEM, "model_acts_alloc: out of memory");
+    a->max_tokens = max_tokens;
+    a->recompute = recompute;
+    /* Logits are never held for all tokens at once: chunks of about 16M values. */
+    int64_t V = m->config.vocab_size;
+    a->chunk_rows = (1 << 24) / V;
+    if (a->chunk_rows < 1) a->chunk_rows = 1;
+    if (a->chunk_rows > max_tokens) a->chunk_rows = max_tokens;
+    a->layers = calloc((size_t)m->config.n_layers, sizeof *a->layers);
+    a->n_layers_allocated = m->config.n_layers;
+    int rc = a->layers ? acts_alloc_all(m, a, err)
+                       : error_set(err, SMELT_ENOMEM, "model_acts_alloc: out of memory");
+    if (rc) {
+        model_acts_free(a);
+        return error_wrap(err, "activations for %lld tokens", (long long)max_tokens);
+    }
+    *out = a;
+    return SMELT_OK;
+}
+
+/* ---- norms ---- */
+
+static int norm_forward(const struct model *m, struct tensor *y, struct tensor *mean,
+                        struct tensor *rstd, const struct tensor *x, const struct tensor *w,
+                        const struct tensor *b, struct smelt_error *err) {
+    float eps = (float)m->config.norm_eps;
+    if (m->config.norm == MODEL_NORM_LAYERNORM) return ops_layernorm(y, mean, rstd, x, w, b, eps, err);
+    return ops_rmsnorm(y, rstd, x, w, eps, err);
+}
+
+static int norm_backward(const struct model *m, struct tensor *dx, struct tensor *dw,
+                         struct tensor *db, const struct tensor *dy, const struct tensor *x,
+                         const struct tensor *w, const struct tensor *mean,
+                         const struct tensor *rstd, struct smelt_error *err) {
+    if (m->config.norm == MODEL_NORM_LAYERNORM)
+        return ops_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, err);
+    return ops_rmsnorm_backward(dx, dw, dy, x, w, rstd, err);
+}
+
+/* ---- one layer ---- */
+
+/* Views of a layer's activations for T tokens. */
+struct layer_views {
+    struct tensor x_in, h1, mean1, rstd1, q_raw, k_raw, qn_rstd, kn_rstd;
+    struct tensor q, k, v, q3, k3, v3, q_raw3, k_raw3, att, att3, lse;
+    struct tensor x_mid, h2, mean2, rstd2, gate, up, act, x_out;
+};
+
+static struct layer_views layer_views(const struct model *m, const struct layer_acts *a,
+                                      const struct tensor *x_out, int64_t T) {
+    struct dims d = model_dims(m);
+    struct layer_views v = {
+        .x_in = rows2(&a->x_in, T, d.C), .h1 = rows2(&a->h1, T, d.C),
+        .mean1 = rows1(&a->mean1, T), .rstd1 = rows1(&a->rstd1, T),
+        .q_raw = rows2(&a->q_raw, T, d.QD), .k_raw = rows2(&a->k_raw, T, d.KD),
+        .qn_rstd = rows1(&a->qn_rstd, T * d.Hq), .kn_rstd = rows1(&a->kn_rstd, T * d.Hkv),
+        .q = rows2(&a->q, T, d.QD), .k = rows2(&a->k, T, d.KD), .v = rows2(&a->v, T, d.KD),
+        .q3 = rows3(&a->q, T, d.Hq, d.D), .k3 = rows3(&a->k, T, d.Hkv, d.D),
+        .v3 = rows3(&a->v, T, d.Hkv, d.D), .att = rows2(&a->att, T, d.QD),
+        .att3 = rows3(&a->att, T, d.Hq, d.D), .lse = rows2(&a->lse, T, d.Hq),
+        .x_mid = rows2(&a->x_mid, T, d.C), .h2 = rows2(&a->h2, T, d.C),
+        .mean2 = rows1(&a->mean2, T), .rstd2 = rows1(&a->rstd2, T),
+        .gate = rows2(&a->gate, T, d.F), .up = rows2(&a->up, T, d.F),
+        .act = rows2(&a->act, T, d.F), .x_out = rows2(x_out, T, d.C)};
+    /* q/k norms work per head: rows of D. */
+    v.q_raw3 = rows2(&a->q_raw, T * d.Hq, d.D);
+    v.k_raw3 = rows2(&a->k_raw, T * d.Hkv, d.D);
+    return v;
+}
+
+static int layer_forward(const struct model *m, const struct layer_weights *w,
+                         struct layer_views *v, const struct tensor *positions,
+                         const struct tensor *cu_seqlens, struct smelt_error *err) {
+    const struct model_config *c = &m->config;
+    struct dims d = model_dims(m);
+    float theta = (float)c->rope_theta, scale = (float)(1.0 / sqrt((double)d.D));
+    TRY(norm_forward(m, &v->h1, opt_mut(&v->mean1), &v->rstd1, &v->x_in, &w->attn_norm_w,
+                     opt(&w->attn_norm_b), err));
+    struct tensor *qp = c->qk_norm ? &v->q_raw : &v->q, *kp = c->qk_norm ? &v->k_raw : &v->k;
+    TRY(ops_matmul(qp, &v->h1, &w->q_w, opt(&w->q_b), false, true, 1.0f, 0.0f, err));
+    TRY(ops_matmul(kp, &v->h1, &w->k_w, opt(&w->k_b), false, true, 1.0f, 0.0f, err));
+    TRY(ops_matmul(&v->v, &v->h1, &w->v_w, opt(&w->v_b), false, true, 1.0f, 0.0f, err));
+    if (c->qk_norm) {
+        struct tensor qn = rows2(&v->q, v->q.shape[0] * d.Hq, d.D);
+        struct tensor kn = rows2(&v->k, v->k.shape[0] * d.Hkv, d.D);
+        TRY(ops_rmsnorm(&qn, &v->qn_rstd, &v->q_raw3, &w->q_norm_w, (float)c->norm_eps, err));
+        TRY(ops_rmsnorm(&kn, &v->kn_rstd, &v->k_raw3, &w->k_norm_w, (float)c->norm_eps, err));
+    }
+    if (c->positions == MODEL_POS_ROPE) {
+        TRY(ops_rope(&v->q3, &v->q3, positions, theta, err));
+        TRY(ops_rope(&v->k3, &v->k3, positions, theta, err));
+    }
+    TRY(ops_attention(&v->att3, &v->lse, &v->q3, &v->k3, &v->v3, cu_seqlens, scale, err));
+    /* x_mid = x_in + att @ o^T (+ b): copy the residual, then accumulate the GEMM. */
+    TRY(tensor_copy(&v->x_mid, &v->x_in, err));
+    TRY(ops_matmul(&v->x_mid, &v->att, &w->o_w, opt(&w->o_b), false, true, 1.0f, 1.0f, err));
+    TRY(norm_forward(m, &v->h2, opt_mut(&v->mean2), &v->rstd2, &v->x_mid, &w->mlp_norm_w,
+                     opt(&w->mlp_norm_b), err));
+    TRY(tensor_copy(&v->x_out, &v->x_mid, err));
+    if (c->mlp == MODEL_MLP_SWIGLU) {
+        TRY(ops_matmul(&v->gate, &v->h2, &w->gate_w, NULL, false, true, 1.0f, 0.0f, err));
+        TRY(ops_matmul(&v->up, &v->h2, &w->up_w, NULL, false, true, 1.0f, 0.0f, err));
+        TRY(ops_swiglu(&v->act, &v->gate, &v->up, err));
+        TRY(ops_matmul(&v->x_out, &v->act, &w->down_w, NULL, false, true, 1.0f, 1.0f, err));
+    } else {
+        TRY(ops_matmul(&v->gate, &v->h2, &w->fc_w, opt(&w->fc_b), false, true, 1.0f, 0.0f, err));
+        TRY(ops_gelu(&v->act, &v->gate, err));
+        TRY(ops_matmul(&v->x_out, &v->act, &w->proj_w, opt(&w->proj_b), false, true, 1.0f, 1.0f, err));
+    }
+    return SMELT_OK;
+}
+
+/* dres holds dL/dx_out on entry and dL/dx_in on return. */
+static int layer_backward(const struct model *m, const struct layer_weights *w,
+                          struct layer_weights *g, const struct layer_views *v,
+                          struct model_acts *a, const struct tensor *positions,
+                          const struct tensor *cu_seqlens, struct smelt_error *err) {
+    const struct model_config *c = &m->config;
+    struct dims d = model_dims(m);
+    int64_t T = v->x_in.shape[0];
+    float theta = (float)c->rope_theta, scale = (float)(1.0 / sqrt((double)d.D));
+    struct tensor dres = rows2(&a->dres, T, d.C), dh = rows2(&a->dh, T, d.C);
+    struct tensor dgate = rows2(&a->dgate, T, d.F), dup = rows2(&a->dup, T, d.F);
+    struct tensor dact = rows2(&a->dact, T, d.F);
+
+    /* MLP branch: x_out = x_mid + mlp(norm(x_mid)). */
+    TRY(tensor_zero(&dact, err));
+    TRY(tensor_zero(&dgate, err));
+    TRY(tensor_zero(&dh, err));
+    if (c->mlp == MODEL_MLP_SWIGLU) {
+        TRY(ops_matmul_backward(&dact, opt_mut(&g->down_w), NULL, &dres, &v->act, &w->down_w, false, true, 1.0f, err));
+        TRY(tensor_zero(&dup, err));
+        TRY(ops_swiglu_backward(&dgate, &dup, &dact, &v->gate, &v->up, err));
+        TRY(ops_matmul_backward(&dh, opt_mut(&g->gate_w), NULL, &dgate, &v->h2, &w->gate_w, false, true, 1.0f, err));
+        TRY(ops_matmul_backward(&dh, opt_mut(&g->up_w), NULL, &dup, &v->h2, &w->up_w, false, true, 1.0f, err));
+    } else {
+        TRY(ops_matmul_backward(&dact, opt_mut(&g->proj_w), opt_mut(&g->proj_b), &dres, &v->act, &w->proj_w, false, true, 1.0f, err));
+        TRY(ops_gelu_backward(&dgate, &dact, &v->gate, err));
+        TRY(ops_matmul_backward(&dh, opt_mut(&g->fc_w), opt_mut(&g->fc_b), &dgate, &v->h2, &w->fc_w, false, true, 1.0f, err));
+    }
+    TRY(norm_backward(m, &dres, opt_mut(&g->mlp_norm_w), opt_mut(&g->mlp_norm_b), &dh, &v->x_mid,
+                      &w->mlp_norm_w, opt(&v->mean2), &v->rstd2, err));
+
+    /* Attention branch: x_mid = x_in + o(attn(q, k, v)). */
+    struct tensor datt = rows2(&a->datt, T, d.QD), datt3 = rows3(&a->datt, T, d.Hq, d.D);
+    struct tensor dq3 = rows3(&a->dq_a, T, d.Hq, d.D), dk3 = rows3(&a->dk_a, T, d.Hkv, d.D);
+    struct tensor dv3 = rows3(&a->dv, T, d.Hkv, d.D), dv = rows2(&a->dv, T, d.KD);
+    TRY(tensor_zero(&datt, err));
+    TRY(ops_matmul_backward(&datt, opt_mut(&g->o_w), opt_mut(&g->o_b), &dres, &v->att, &w->o_w, false, true, 1.0f, err));
+    TRY(tensor_zero(&dq3, err));
+    TRY(tensor_zero(&dk3, err));
+    TRY(tensor_zero(&dv3, err));
+    TRY(ops_attention_backward(&dq3, &dk3, &dv3, &datt3, &v->q3, &v->k3, &v->v3, &v->att3, &v->lse,
+                               cu_seqlens, scale, err));
+    /* Walk q and k back through rope and the q/k norms, ping-ponging two buffers. */
+    struct tensor *dq_cur = &a->dq_a, *dq_next = &a->dq_b, *dk_cur = &a->dk_a, *dk_next = &a->dk_b;
+    if (c->positions == MODEL_POS_ROPE) {
+        struct tensor qn = rows3(dq_next, T, d.Hq, d.D), kn = rows3(dk_next, T, d.Hkv, d.D);
+        TRY(tensor_zero(&qn, err));
+        TRY(tensor_zero(&kn, err));
+        TRY(ops_rope_backward(&qn, &dq3, positions, theta, err));
+        TRY(ops_rope_backward(&kn, &dk3, positions, theta, err));
+        struct tensor *t = dq_cur; dq_cur = dq_next; dq_next = t;
+        t = dk_cur; dk_cur = dk_next; dk_next = t;
+    }
+    if (c->qk_norm) {
+        struct tensor dy_q = rows2(dq_cur, T * d.Hq, d.D), dx_q = rows2(dq_next, T * d.Hq, d.D);
+        struct tensor dy_k = rows2(dk_cur, T * d.Hkv, d.D), dx_k = rows2(dk_next, T * d.Hkv, d.D);
+        TRY(tensor_zero(&dx_q, err));
+        TRY(tensor_zero(&dx_k, err));
+        TRY(ops_rmsnorm_backward(&dx_q, opt_mut(&g->q_norm_w), &dy_q, &v->q_raw3, &w->q_norm_w, &v->qn_rstd, err));
+        TRY(ops_rmsnorm_backward(&dx_k, opt_mut(&g->k_norm_w), &dy_k, &v->k_raw3, &w->k_norm_w, &v->kn_rstd, err));
+        struct tensor *t = dq_cur; dq_cur = dq_next; dq_next = t;
+        t = dk_cur; dk_cur = dk_next; dk_next = t;
+    }
+    struct tensor dq = rows2(dq_cur, T, d.QD), dk = rows2(dk_cur, T, d.KD);
+    TRY(tensor_zero(&dh, err));
+    TRY(ops_matmul_backward(&dh, opt_mut(&g->q_w), opt_mut(&g->q_b), &dq, &v->h1, &w->q_w, false, true, 1.0f, err));
+    TRY(ops_matmul_backward(&dh, opt_mut(&g->k_w), opt_mut(&g->k_b), &dk, &v->h1, &w->k_w, false, true, 1.0f, err));
+    TRY(ops_matmul_backward(&dh, opt_mut(&g->v_w), opt_mut(&g->v_b), &dv, &v->h1, &w->v_w, false, true, 1.0f, err));
+    TRY(norm_backward(m, &dres, opt_mut(&g->attn_norm_w), opt_mut(&g->attn_norm_b), &dh, &v->x_in,
+                      &w->attn_norm_w, opt(&v->mean1), &v->rstd1, err));
+    return SMELT_OK;
+}
+
+/* ---- the whole model ---- */
+
+static const struct tensor *layer_output(const struct model_acts *a, int64_t l, int64_t n_layers) {
+    return l + 1 < n_layers ? &a->layers[l + 1].x_in : &a->x_final;
+}
+
+static int check_batch(const struct model *m, const struct model_acts *a,
+                       const struct model_batch *b, struct smelt_error *err) {
+    if (!b || !b->ids || !b->cu_seqlens)
+        return error_set(err, SMELT_EINVAL, "model_forward: batch needs ids and cu_seqlens");
+    if (b->n_tokens < 1 || b->n_tokens > a->max_tokens)
+        return error_set(err, SMELT_EINVAL, "model_forward: batch has %lld tokens; activations hold 1..%lld",
+                         (long long)b->n_tokens, (long long)a->max_tokens);
+    if (b->n_seqs < 1 || b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_seqs] != b->n_tokens)
+        return error_set(err, SMELT_EINVAL, "model_forward: cu_seqlens must run from 0 to n_tokens (%lld) over %d sequences",
+                         (long long)b->n_tokens, b->n_seqs);
+    for (int s = 0; s < b->n_seqs; s++) {
+        int64_t len = (int64_t)b->cu_seqlens[s + 1] - b->cu_seqlens[s];
+        if (len < 0)
+            return error_set(err, SMELT_EINVAL, "model_forward: cu_seqlens decreases at sequence %d", s);
+        if (!b->positions && len > m->config.max_seq_len)
+            return error_set(err, SMELT_EINVAL, "model_forward: sequence %d has %lld tokens; the model handles at most %lld",
+                             s, (long long)len, (long long)m->config.max_seq_len);
+    }
+    if (b->positions)
+        for (int64_t t = 0; t < b->n_tokens; t++)
+            if (b->positions[t] < 0 || b->positions[t] >= m->config.max_seq_len)
+                return error_set(err, SMELT_EINVAL, "model_forward: position %d at token %lld is outside [0, %lld)",
+                                 b->positions[t], (long long)t, (long long)m->config.max_seq_len);
+    return SMELT_OK;
+}
+
+/* Copies the batch's host arrays into the activations' backend tensors. */
+static int stage_batch(struct model_acts *a, const struct model_batch *b, struct smelt_error *err) {
+    int64_t T = b->n_tokens;
+    int32_t *pos = malloc((size_t)T * sizeof *pos);
+    int32_t *cu = malloc((size_t)(b->n_seqs + 1) * sizeof *cu);
+    if (!pos || !cu) {
+        free(pos);
+        free(cu);
+        return error_set(err, SMELT_ENOMEM, "model_forward: out of memory");
+    }
+    memcpy(cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof *cu);
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++) pos[t] = b->positions ? b->positions[t] : t - cu[s];
+    tensor_free(&a->cu_seqlens);
+    int64_t ncu = b->n_seqs + 1;
+    a->cu_seqlens = tensor_i32(cu, 1, &ncu);
+    struct tensor hpos = tensor_i32(pos, 1, &T), hids = tensor_i32((int32_t *)b->ids, 1, &T);
+    struct tensor dpos = rows1(&a->positions, T), dids = rows1(&a->ids, T);
+    int rc = tensor_copy(&dpos, &hpos, err);
+    if (!rc) rc = tensor_copy(&dids, &hids, err);
+    if (!rc && b->targets) {
+        struct tensor ht = tensor_i32((int32_t *)b->targets, 1, &T), dt = rows1(&a->targets, T);
+        rc = tensor_copy(&dt, &ht, err);
+    }
+    free(pos);
+    a->n_tokens = T;
+    a->n_seqs = b->n_seqs;
+    a->has_targets = b->targets != NULL;
+    return rc;
+}
+
+static int check_out(const char *name, const struct tensor *t, int64_t rows, int64_t cols,
+                     struct smelt_error *err) {
+    if (!t) return SMELT_OK;
+    if (t->dtype != DTYPE_F32 || tensor_numel(t) != rows * cols)
+        return error_set(err, SMELT_EINVAL, "model_forward: %s must be f32 with %lld x %lld elements",
+                         name, (long long)rows, (long long)cols);
+    return SMELT_OK;
+}
+
+int model_forward(struct model *m, struct model_acts *a, const struct model_batch *b,
+                  struct tensor *logprobs, struct tensor *logits, struct tensor *hidden,
+                  struct smelt_error *err) {
+    const struct model_config *c = &m->config;
+    struct dims d = model_dims(m);
+    a->forward_done = false;
+    TRY(check_batch(m, a, b, err));
+    int64_t T = b->n_tokens;
+    TRY(check_out("logprobs", logprobs, T, 1, err));
+    TRY(check_out("logits", logits, T, d.V, err));
+    TRY(check_out("hidden", hidden, T, d.C, err));
+    if (logprobs && !b->targets)
+        return error_set(err, SMELT_EINVAL, "model_forward: logprobs need batch targets");
+    TRY(stage_batch(a, b, err));
+    struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
+
+    struct tensor x0 = rows2(c->n_layers > 0 ? &a->layers[0].x_in : &a->x_final, T, d.C);
+    TRY(ops_embedding(&x0, &ids, &m->w.wte, err));
+    if (c->positions == MODEL_POS_LEARNED) {
+        struct tensor pe = rows2(&a->hf, T, d.C); /* hf is free until the final norm */
+        TRY(ops_embedding(&pe, &positions, &m->w.wpe, err));
+        TRY(ops_add(&x0, &x0, &pe, err));
+    }
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        struct layer_acts *la = &a->layers[l];
+        if (a->recompute) {
+            a->scratch.x_in = la->x_in; /* borrowed: scratch never frees x_in */
+            la = &a->scratch;
+        }
+        struct layer_views v = layer_views(m, la, layer_output(a, l, c->n_layers), T);
+        int rc = layer_forward(m, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
+        if (a->recompute) a->scratch.x_in = (struct tensor){0};
+        if (rc) return error_wrap(err, "layer %lld", (long long)l);
+    }
+    struct tensor xf = rows2(&a->x_final, T, d.C), hf = rows2(&a->hf, T, d.C);
+    struct tensor meanf = rows1(&a->meanf, T), rstdf = rows1(&a->rstdf, T);
+    TRY(norm_forward(m, &hf, opt_mut(&meanf), &rstdf, &xf, &m->w.final_norm_w, opt(&m->w.final_norm_b), err));
+    if (hidden) TRY(tensor_copy(hidden, &hf, err));
+    if (logits) {
+        struct tensor lv = rows2(logits, T, d.V);
+        TRY(ops_matmul(&lv, &hf, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
+    }
+    if (logprobs) {
+        for (int64_t r0 = 0; r0 < T; r0 += a->chunk_rows) {
+            int64_t n = T - r0 < a->chunk_rows ? T - r0 : a->chunk_rows;
+            struct tensor h = slice_rows(&a->hf, r0, n, d.C), lg = rows2(&a->logits_chunk, n, d.V);
+            struct tensor lp = slice_rows(logprobs, r0, n, 1), lse = slice_rows(&a->lse, r0, n, 1);
+            struct tensor tg = slice_rows(&a->targets, r0, n, 1);
+            lp = rows1(&lp, n), lse = rows1(&lse, n), tg = rows1(&tg, n);
+            TRY(ops_matmul(&lg, &h, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
+            TRY(ops_logprobs(&lp, &lse, &lg, &tg, err));
+        }
+    }
+    a->forward_done = true;
+    return SMELT_OK;
+}
+
+int model_backward(struct model *m, struct model_acts *a, const struct tensor *dlogprobs,
+                   const struct tensor *dhidden, struct smelt_error *err) {
+    const struct model_config *c = &m->config;
+    struct dims d = model_dims(m);
+    if (!a->forward_done) return error_set(err, SMELT_EINVAL, "model_backward: no forward pass to differentiate");
+    if (!m->grads.data) return error_set(err, SMELT_EINVAL, "model_backward: gradients are not allocated (model_grads_alloc)");
+    int64_t T = a->n_tokens;
+    if (dlogprobs && !a->has_targets)
+        return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs given but the forward had no targets");
+    if (dlogprobs && (dlogprobs->dtype != DTYPE_F32 || tensor_numel(dlogprobs) != T))
+        return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs must be f32 [%lld]", (long long)T);
+    if (dhidden && (dhidden->dtype != DTYPE_F32 || tensor_numel(dhidden) != T * d.C))
+        return error_set(err, SMELT_EINVAL, "model_backward: dhidden must be f32 [%lld, %lld]", (long long)T, (long long)d.C);
+    struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
+    struct tensor dh = rows2(&a->dh, T, d.C), dres = rows2(&a->dres, T, d.C);
+
+    /* Head: logits are recomputed chunk by chunk, never stored whole. */
+    TRY(tensor_zero(&dh, err));
+    if (dhidden) {
+        struct tensor dhv = rows2(dhidden, T, d.C);
+        TRY(ops_add_backward(&dh, NULL, &dhv, err));
+    }
+    if (dlogprobs) {
+        for (int64_t r0 = 0; r0 < T; r0 += a->chunk_rows) {
+            int64_t n = T - r0 < a->chunk_rows ? T - r0 : a->chunk_rows;
+            struct tensor h = slice_rows(&a->hf, r0, n, d.C), lg = rows2(&a->logits_chunk, n, d.V);
+            struct tensor dlg = rows2(&a->dlogits_chunk, n, d.V), dhc = slice_rows(&a->dh, r0, n, d.C);
+            struct tensor dlp = slice_rows(dlogprobs, r0, n, 1), lse = slice_rows(&a->lse, r0, n, 1);
+            struct tensor tg = slice_rows(&a->targets, r0, n, 1);
+            dlp = rows1(&dlp, n), lse = rows1(&lse, n), tg = rows1(&tg, n);
+            TRY(ops_matmul(&lg, &h, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
+            TRY(tensor_zero(&dlg, err));
+            TRY(ops_logprobs_backward(&dlg, &dlp, &lg, &tg, &lse, err));
+            TRY(ops_matmul_backward(&dhc, &m->g.lm_head, NULL, &dlg, &h, &m->w.lm_head, false, true, 1.0f, err));
+        }
+    }
+    struct tensor xf = rows2(&a->x_final, T, d.C);
+    struct tensor meanf = rows1(&a->meanf, T), rstdf = rows1(&a->rstdf, T);
+    TRY(tensor_zero(&dres, err));
+    TRY(norm_backward(m, &dres, &m->g.final_norm_w, opt_mut(&m->g.final_norm_b), &dh, &xf,
+                      &m->w.final_norm_w, opt(&meanf), &rstdf, err));
+
+    for (int64_t l = c->n_layers - 1; l >= 0; l--) {
+        struct layer_acts *la = &a->layers[l];
+        struct tensor scratch_out;
+        if (a->recompute) {
+            /* Re-run the layer from its saved input; its output goes to dh's twin buffer
+             * so the real next-layer input (already consumed) is not needed. */
+            a->scratch.x_in = la->x_in;
+            la = &a->scratch;
+            scratch_out = a->hf; /* the final norm output is no longer needed */
+        }
+        struct layer_views v = layer_views(m, la, a->recompute ? &scratch_out : layer_output(a, l, c->n_layers), T);
+        int rc = SMELT_OK;
+        if (a->recompute) rc = layer_forward(m, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
+        if (!rc) rc = layer_backward(m, &m->w.layers[l], &m->g.layers[l], &v, a, &positions, &a->cu_seqlens, err);
+        if (a->recompute) a->scratch.x_in = (struct tensor){0};
+        if (rc) return error_wrap(err, "layer %lld backward", (long long)l);
+    }
+    TRY(ops_embedding_backward(&m->g.wte, &dres, &ids, err));
+    if (c->positions == MODEL_POS_LEARNED) TRY(ops_embedding_backward(&m->g.wpe, &dres, &positions, err));
+    /* hf was overwritten by recompute; a second backward needs a new forward. */
+    if (a->recompute) a->forward_done = false;
+    return SMELT_OK;
+}

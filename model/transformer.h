@@ -1,0 +1,144 @@
+/* model/transformer.h — decoder-only transformers (Llama 2/3, Mistral, Qwen2/2.5, Qwen3,
+ * GPT-2) on kernels/ops.h: load and save Hugging Face directories, random init, forward
+ * to logits / token logprobs / final hidden states, backward to every parameter.
+ *
+ * Layout (llm.c style): every parameter lives in one flat f32 buffer `weights`, carved
+ * into named views; `grads` mirrors it. A flat buffer is what AdamW, ZeRO sharding and
+ * weight sync want. GPT-2's fused, transposed Conv1D weights are split into q/k/v and
+ * stored as Linear [out, in] on load, and fused back on save, so one forward serves
+ * every architecture.
+ *
+ * A batch is a packed row of T tokens holding S sequences (cu_seqlens); sequences never
+ * attend to each other. Positions restart at 0 in each sequence unless given.
+ *
+ * Ownership: model_* constructors return a struct model the caller frees with
+ * model_free; struct model_acts likewise with model_acts_free. Batches are the
+ * caller's. */
+#ifndef SMELT_MODEL_TRANSFORMER_H
+#define SMELT_MODEL_TRANSFORMER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "model/config.h"
+
+/* One named parameter: a view into model.weights (and, at the same offset, grads). */
+struct model_param {
+    char name[96];          /* smelt's name == the HF name where the layouts agree */
+    int ndim;
+    int64_t shape[2];
+    int64_t offset;         /* in elements, into the flat buffers */
+    int64_t numel;
+    /* Where it lives in a HF checkpoint: rows [part, part+1) * shape[0] of hf_name
+     * (viewed as Linear [out, in]; transposed when the file stores Conv1D [in, out]). */
+    char hf_name[96];
+    int hf_part, hf_parts;
+    bool hf_transposed;
+};
+
+struct layer_weights {
+    struct tensor attn_norm_w, attn_norm_b;   /* [C]; b only for GPT-2 */
+    struct tensor q_w, k_w, v_w, o_w;         /* [Hq*D, C], [Hkv*D, C] x2, [C, Hq*D] */
+    struct tensor q_b, k_b, v_b, o_b;         /* biases when the config has them */
+    struct tensor q_norm_w, k_norm_w;         /* [D], Qwen3 */
+    struct tensor mlp_norm_w, mlp_norm_b;     /* [C] */
+    struct tensor gate_w, up_w, down_w;       /* [F, C], [F, C], [C, F] (SwiGLU) */
+    struct tensor fc_w, fc_b, proj_w, proj_b; /* [F, C], [F], [C, F], [C] (GPT-2 GELU MLP) */
+};
+
+struct model_weights {
+    struct tensor wte;                        /* [V, C] */
+    struct tensor wpe;                        /* [P, C], GPT-2 */
+    struct tensor final_norm_w, final_norm_b; /* [C] */
+    struct tensor lm_head;                    /* [V, C]; a view of wte when tied */
+    struct layer_weights *layers;             /* [n_layers] */
+};
+
+struct model {
+    struct model_config config;
+    enum backend backend;
+    struct model_param *params;  /* [n_params] */
+    int n_params;
+    int64_t n_weights;           /* elements in the flat buffers */
+    struct tensor weights;       /* f32 [n_weights] */
+    struct tensor grads;         /* f32 [n_weights]; data NULL until model_grads_alloc */
+    struct model_weights w;      /* views into weights */
+    struct model_weights g;      /* the same views into grads */
+};
+
+/* Loads config.json and the safetensors weights of a HF model directory. Every
+ * expected tensor must be present with its exact shape (errors name the file and
+ * tensor); tensors the model does not use are refused too, so a wrong architecture
+ * cannot load silently (rotary inv_freq buffers excepted). */
+int model_load(const char *dir, enum backend backend, struct model **out,
+               struct smelt_error *err);
+
+/* A model with weights ~ N(0, 0.02), norms 1, biases 0, from a seed (same seed, same
+ * weights on every machine). */
+int model_init_random(const struct model_config *config, uint64_t seed, enum backend backend,
+                      struct model **out, struct smelt_error *err);
+
+/* Writes config.json and model.safetensors (f32, or bf16 when bf16 is true) into dir,
+ * in the layout transformers loads unchanged. */
+int model_save(const struct model *model, const char *dir, bool bf16, struct smelt_error *err);
+
+void model_free(struct model *model);
+
+/* A tensor in Hugging Face checkpoint layout (GPT-2's c_attn fused and Conv1D weights
+ * transposed back). */
+struct model_hf_tensor {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    float *data; /* owned by the array */
+};
+
+/* Converts a flat host buffer laid out like model->weights (the weights, or the
+ * gradients) into the checkpoint's tensors, in parameter order. The caller frees the
+ * array with model_hf_tensors_free. */
+int model_hf_tensors(const struct model *model, const float *flat, struct model_hf_tensor **out,
+                     int *n_out, struct smelt_error *err);
+void model_hf_tensors_free(struct model_hf_tensor *tensors, int n);
+
+/* Allocates (zeroed) the gradient buffer when absent. */
+int model_grads_alloc(struct model *model, struct smelt_error *err);
+
+const struct model_param *model_param_find(const struct model *model, const char *name);
+
+/* A packed batch, host memory owned by the caller. */
+struct model_batch {
+    int64_t n_tokens;            /* T */
+    int n_seqs;                  /* S */
+    const int32_t *ids;          /* [T] */
+    const int32_t *cu_seqlens;   /* [S + 1] */
+    const int32_t *positions;    /* [T] or NULL: 0.. within each sequence */
+    const int32_t *targets;      /* [T] or NULL: the token whose logprob is wanted at each
+                                    position, negative for none */
+};
+
+/* Saved activations of a forward pass, sized for up to max_tokens tokens. With
+ * recompute, only each layer's input is kept and the backward re-runs the layer. */
+struct model_acts;
+
+int model_acts_alloc(const struct model *model, int64_t max_tokens, bool recompute,
+                     struct model_acts **out, struct smelt_error *err);
+void model_acts_free(struct model_acts *acts);
+
+/* Runs the forward pass and keeps what the backward needs in acts.
+ *   logprobs: f32 [T] or NULL — log p(targets[t] | tokens <= t) (0 where target < 0);
+ *             needs batch->targets.
+ *   logits:   f32 [T, V] or NULL — every logit (for generation and tests).
+ *   hidden:   f32 [T, C] or NULL — the final normed hidden states (value/reward heads).
+ * The batch must stay valid until model_backward. */
+int model_forward(struct model *model, struct model_acts *acts, const struct model_batch *batch,
+                  struct tensor *logprobs, struct tensor *logits, struct tensor *hidden,
+                  struct smelt_error *err);
+
+/* Accumulates into model->grads the gradient of a loss given dL/dlogprobs (f32 [T],
+ * or NULL) and dL/dhidden (f32 [T, C], or NULL) for the last model_forward on acts. */
+int model_backward(struct model *model, struct model_acts *acts,
+                   const struct tensor *dlogprobs, const struct tensor *dhidden,
+                   struct smelt_error *err);
+
+#endif

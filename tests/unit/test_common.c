@@ -1,0 +1,452 @@
+/* common/: errors (formatting, wrapping, truncation), JSON loading and typed fields,
+ * file utilities in a temporary directory, and logging levels and line format. */
+#include "tests/unit/testutil.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- a temporary directory per test, removed afterwards ---- */
+
+static char tmp_dir[64];
+
+static void tmp_setup(void) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/smelt-test-common-XXXXXX");
+    cr_assert(mkdtemp(tmp_dir) != NULL, "mkdtemp failed");
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void tmp_teardown(void) {
+    if (tmp_dir[0]) nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* tmp_dir/name into buf. */
+static const char *tmp_path(char *buf, size_t size, const char *name) {
+    int n = snprintf(buf, size, "%s/%s", tmp_dir, name);
+    cr_assert(n > 0 && (size_t)n < size);
+    return buf;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "cannot create %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* ---- errors ---- */
+
+Test(common, error_set_and_clear) {
+    struct smelt_error err;
+    error_clear(&err);
+    cr_expect_eq(error_set(&err, SMELT_EIO, "%s: %d bytes", "model.bin", 42), SMELT_EIO);
+    cr_expect_eq(err.code, SMELT_EIO);
+    cr_expect_str_eq(err.message, "model.bin: 42 bytes");
+    cr_expect_eq(error_set(NULL, SMELT_EFORMAT, "ignored"), SMELT_EFORMAT, "NULL err still returns the code");
+    error_clear(&err);
+    cr_expect(err.code == SMELT_OK && err.message[0] == '\0');
+    error_clear(NULL);
+}
+
+Test(common, error_set_truncates) {
+    struct smelt_error err;
+    char long_text[2000];
+    memset(long_text, 'a', sizeof long_text - 1);
+    long_text[sizeof long_text - 1] = '\0';
+    error_set(&err, SMELT_EINVAL, "%s", long_text);
+    cr_expect_eq(strlen(err.message), SMELT_ERROR_MESSAGE_BYTES - 1);
+    cr_expect_eq(err.code, SMELT_EINVAL);
+}
+
+Test(common, error_wrap) {
+    struct smelt_error err;
+    error_set(&err, SMELT_EFORMAT, "bad header");
+    cr_expect_eq(error_wrap(&err, "loading %s", "model.safetensors"), SMELT_EFORMAT);
+    cr_expect_str_eq(err.message, "loading model.safetensors: bad header");
+    cr_expect_eq(error_wrap(&err, "job %d", 7), SMELT_EFORMAT);
+    cr_expect_str_eq(err.message, "job 7: loading model.safetensors: bad header");
+
+    /* No error held: untouched, returns OK. */
+    error_clear(&err);
+    cr_expect_eq(error_wrap(&err, "context"), SMELT_OK);
+    cr_expect_str_eq(err.message, "");
+
+    /* Long prefix and long message: truncated to the buffer, NUL-terminated, prefix first. */
+    char long_text[700];
+    memset(long_text, 'm', sizeof long_text - 1);
+    long_text[sizeof long_text - 1] = '\0';
+    error_set(&err, SMELT_EIO, "%s", long_text);
+    memset(long_text, 'p', sizeof long_text - 1);
+    cr_expect_eq(error_wrap(&err, "%s", long_text), SMELT_EIO);
+    cr_expect_eq(strlen(err.message), SMELT_ERROR_MESSAGE_BYTES - 1);
+    cr_expect(err.message[0] == 'p' && err.message[SMELT_ERROR_MESSAGE_BYTES - 2] == 'p', "prefix kept first");
+
+    error_set(&err, SMELT_EIO, "short");
+    long_text[400] = '\0';
+    error_wrap(&err, "%s", long_text);
+    cr_expect_eq(strlen(err.message), 400 + 2 + 5);
+    cr_expect(strcmp(err.message + 400, ": short") == 0, "tail: %s", err.message + 400);
+}
+
+Test(common, error_code_names) {
+    cr_expect_str_eq(error_code_name(SMELT_OK), "OK");
+    cr_expect_str_eq(error_code_name(SMELT_EINVAL), "EINVAL");
+    cr_expect_str_eq(error_code_name(SMELT_ENOMEM), "ENOMEM");
+    cr_expect_str_eq(error_code_name(SMELT_EIO), "EIO");
+    cr_expect_str_eq(error_code_name(SMELT_EFORMAT), "EFORMAT");
+    cr_expect_str_eq(error_code_name(SMELT_ENOTFOUND), "ENOTFOUND");
+    cr_expect_str_eq(error_code_name(SMELT_EUNSUPPORTED), "EUNSUPPORTED");
+    cr_expect_str_eq(error_code_name(SMELT_EBACKEND), "EBACKEND");
+    cr_expect_str_eq(error_code_name(-99), "EUNKNOWN");
+}
+
+/* ---- JSON ---- */
+
+Test(common, json_load_path_errors, .init = tmp_setup, .fini = tmp_teardown) {
+    struct smelt_error err;
+    char path[128];
+    json_t *root = NULL;
+
+    tmp_path(path, sizeof path, "ok.json");
+    write_text(path, "{\"a\": 1}\n");
+    TEST_OK(json_load_path(path, &root, &err), &err);
+    cr_expect(json_is_object(root));
+    json_decref(root);
+
+    tmp_path(path, sizeof path, "bad.json");
+    write_text(path, "{\n  \"a\": 1,\n  \"b\": [1, 2,,]\n}\n");
+    TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EFORMAT, &err);
+    char want[160];
+    snprintf(want, sizeof want, "%s:3:", path);
+    cr_expect(strstr(err.message, want) == err.message, "message starts with file:line: %s", err.message);
+
+    tmp_path(path, sizeof path, "dup.json");
+    write_text(path, "{\"a\": 1, \"a\": 2}");
+    TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EFORMAT, &err);
+    cr_expect(strstr(err.message, "dup.json:1:") != NULL, "message: %s", err.message);
+
+    tmp_path(path, sizeof path, "empty.json");
+    write_text(path, "");
+    TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EFORMAT, &err);
+
+    tmp_path(path, sizeof path, "missing.json");
+    TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EIO, &err);
+    cr_expect(strstr(err.message, path) != NULL, "message names the file: %s", err.message);
+}
+
+Test(common, json_load_buffer) {
+    struct smelt_error err;
+    json_t *root = NULL;
+    const char good[] = "[1, 2, 3]";
+    TEST_OK(json_load_buffer(good, strlen(good), "request body", &root, &err), &err);
+    cr_expect_eq(json_array_size(root), 3);
+    json_decref(root);
+    const char bad[] = "{\"x\": tru}";
+    TEST_EXPECT_ERROR(json_load_buffer(bad, strlen(bad), "request body", &root, &err), SMELT_EFORMAT, &err);
+    cr_expect(strstr(err.message, "request body:1:") == err.message, "message: %s", err.message);
+    /* Only len bytes are parsed: a valid prefix of a longer buffer loads. */
+    TEST_OK(json_load_buffer("{}garbage", 2, "prefix", &root, &err), &err);
+    json_decref(root);
+}
+
+static json_t *parse(const char *text) {
+    json_error_t jerr;
+    json_t *v = json_loads(text, 0, &jerr);
+    cr_assert(v, "test JSON does not parse: %s", jerr.text);
+    return v;
+}
+
+Test(common, json_field_int) {
+    struct smelt_error err;
+    json_t *o = parse("{\"n\": 5, \"big\": 9000000000, \"real\": 4.0, \"frac\": 4.5, \"s\": \"5\","
+                      " \"nul\": null, \"b\": true, \"neg\": -3}");
+    int64_t x = 0;
+    TEST_OK(json_field_int(o, "n", true, 0, 0, 10, &x, "spec", &err), &err);
+    cr_expect_eq(x, 5);
+    TEST_OK(json_field_int(o, "big", true, 0, 0, INT64_MAX, &x, "spec", &err), &err);
+    cr_expect_eq(x, 9000000000LL);
+    TEST_OK(json_field_int(o, "real", true, 0, 0, 10, &x, "spec", &err), &err);
+    cr_expect_eq(x, 4, "4.0 reads as 4");
+    TEST_OK(json_field_int(o, "absent", false, 77, 0, 10, &x, "spec", &err), &err);
+    cr_expect_eq(x, 77, "default for an absent optional field (not range-checked)");
+    TEST_OK(json_field_int(o, "nul", false, 8, 0, 10, &x, "spec", &err), &err);
+    cr_expect_eq(x, 8, "null is absent");
+    TEST_OK(json_field_int(o, "neg", true, 0, -5, 5, &x, "spec", &err), &err);
+    cr_expect_eq(x, -3);
+
+    TEST_EXPECT_ERROR(json_field_int(o, "absent", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "spec") && strstr(err.message, "'absent'"), "message: %s", err.message);
+    TEST_EXPECT_ERROR(json_field_int(o, "nul", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "missing") != NULL, "null counts as missing: %s", err.message);
+    TEST_EXPECT_ERROR(json_field_int(o, "s", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "'s'") && strstr(err.message, "integer"), "message: %s", err.message);
+    TEST_EXPECT_ERROR(json_field_int(o, "frac", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(json_field_int(o, "b", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    x = 123;
+    TEST_EXPECT_ERROR(json_field_int(o, "n", true, 0, 6, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "'n'") && strstr(err.message, "5") && strstr(err.message, "[6, 10]"),
+              "message names field, value and range: %s", err.message);
+    cr_expect_eq(x, 123, "out not written on error");
+    TEST_EXPECT_ERROR(json_field_int(o, "neg", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    json_t *arr = parse("[1]");
+    TEST_EXPECT_ERROR(json_field_int(arr, "n", false, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "object") != NULL, "message: %s", err.message);
+    json_decref(arr);
+    json_decref(o);
+}
+
+Test(common, json_field_double_bool_string) {
+    struct smelt_error err;
+    json_t *o = parse("{\"lr\": 0.001, \"i\": 3, \"s\": \"x\", \"t\": true, \"f\": false, \"nul\": null}");
+    double d = 0;
+    TEST_OK(json_field_double(o, "lr", true, 0, 0, 1, &d, "hp", &err), &err);
+    cr_expect(d == 0.001);
+    TEST_OK(json_field_double(o, "i", true, 0, 0, 10, &d, "hp", &err), &err);
+    cr_expect(d == 3.0, "an integer is a number");
+    TEST_OK(json_field_double(o, "nul", false, 0.5, 0, 1, &d, "hp", &err), &err);
+    cr_expect(d == 0.5);
+    TEST_EXPECT_ERROR(json_field_double(o, "lr", true, 0, 0.01, 1, &d, "hp", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "'lr'") != NULL, "message: %s", err.message);
+    TEST_EXPECT_ERROR(json_field_double(o, "s", true, 0, 0, 1, &d, "hp", &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(json_field_double(o, "t", true, 0, 0, 1, &d, "hp", &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(json_field_double(o, "gone", true, 0, 0, 1, &d, "hp", &err), SMELT_EINVAL, &err);
+
+    bool b = false;
+    TEST_OK(json_field_bool(o, "t", true, false, &b, "hp", &err), &err);
+    cr_expect(b);
+    TEST_OK(json_field_bool(o, "f", true, true, &b, "hp", &err), &err);
+    cr_expect(!b);
+    TEST_OK(json_field_bool(o, "gone", false, true, &b, "hp", &err), &err);
+    cr_expect(b);
+    TEST_EXPECT_ERROR(json_field_bool(o, "i", true, false, &b, "hp", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "'i'") != NULL, "message: %s", err.message);
+    TEST_EXPECT_ERROR(json_field_bool(o, "nul", true, false, &b, "hp", &err), SMELT_EINVAL, &err);
+
+    const char *s = NULL;
+    TEST_OK(json_field_string(o, "s", true, NULL, &s, "hp", &err), &err);
+    cr_expect_str_eq(s, "x");
+    TEST_OK(json_field_string(o, "gone", false, "dflt", &s, "hp", &err), &err);
+    cr_expect_str_eq(s, "dflt");
+    TEST_OK(json_field_string(o, "nul", false, NULL, &s, "hp", &err), &err);
+    cr_expect(s == NULL);
+    TEST_EXPECT_ERROR(json_field_string(o, "lr", true, NULL, &s, "hp", &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(json_field_string(o, "gone", true, NULL, &s, "hp", &err), SMELT_EINVAL, &err);
+    json_decref(o);
+}
+
+Test(common, json_check_keys) {
+    struct smelt_error err;
+    static const char *const allowed[] = {"lr", "epochs", "batch_size", NULL};
+    json_t *ok = parse("{\"lr\": 1, \"epochs\": 2}"), *bad = parse("{\"lr\": 1, \"epoch\": 2}");
+    json_t *empty = parse("{}"), *arr = parse("[]");
+    TEST_OK(json_check_keys(ok, allowed, "hyperparameters", &err), &err);
+    TEST_OK(json_check_keys(empty, allowed, "hyperparameters", &err), &err);
+    TEST_EXPECT_ERROR(json_check_keys(bad, allowed, "hyperparameters", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "hyperparameters") && strstr(err.message, "'epoch'"), "message: %s", err.message);
+    TEST_EXPECT_ERROR(json_check_keys(arr, allowed, "hyperparameters", &err), SMELT_EINVAL, &err);
+    json_decref(ok), json_decref(bad), json_decref(empty), json_decref(arr);
+}
+
+/* ---- files ---- */
+
+Test(common, file_read_all, .init = tmp_setup, .fini = tmp_teardown) {
+    struct smelt_error err;
+    char path[128];
+    char *buf = NULL;
+    size_t len = 0;
+    tmp_path(path, sizeof path, "a.txt");
+    write_text(path, "hello\nworld");
+    TEST_OK(file_read_all(path, &buf, &len, &err), &err);
+    cr_expect_eq(len, 11);
+    cr_expect_str_eq(buf, "hello\nworld");
+    free(buf);
+
+    tmp_path(path, sizeof path, "empty.txt");
+    write_text(path, "");
+    TEST_OK(file_read_all(path, &buf, NULL, &err), &err);
+    cr_expect_str_eq(buf, "", "an empty file is an empty string");
+    free(buf);
+
+    tmp_path(path, sizeof path, "missing.txt");
+    TEST_EXPECT_ERROR(file_read_all(path, &buf, &len, &err), SMELT_EIO, &err);
+    cr_expect(strstr(err.message, "missing.txt") != NULL, "message: %s", err.message);
+    TEST_EXPECT_ERROR(file_read_all(tmp_dir, &buf, &len, &err), SMELT_EIO, &err);
+    cr_expect(strstr(err.message, "regular") != NULL, "a directory is refused: %s", err.message);
+}
+
+/* Number of entries in dir (a leftover temporary file would show up here). */
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    cr_assert(d, "cannot open %s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+    closedir(d);
+    return n;
+}
+
+Test(common, file_write_atomic, .init = tmp_setup, .fini = tmp_teardown) {
+    struct smelt_error err;
+    char path[128], *buf = NULL;
+    size_t len = 0;
+    tmp_path(path, sizeof path, "out.json");
+    TEST_OK(file_write_atomic(path, "first", 5, &err), &err);
+    TEST_OK(file_read_all(path, &buf, &len, &err), &err);
+    cr_expect_str_eq(buf, "first");
+    free(buf);
+    TEST_OK(file_write_atomic(path, "2nd", 3, &err), &err); /* replaces, shorter */
+    TEST_OK(file_read_all(path, &buf, &len, &err), &err);
+    cr_expect(len == 3 && strcmp(buf, "2nd") == 0, "got '%s'", buf);
+    free(buf);
+    TEST_OK(file_write_atomic(path, "", 0, &err), &err);
+    TEST_OK(file_read_all(path, &buf, &len, &err), &err);
+    cr_expect_eq(len, 0);
+    free(buf);
+    struct stat st;
+    cr_assert(stat(path, &st) == 0);
+    cr_expect_eq(st.st_mode & 0777, 0644, "mode %o", st.st_mode & 0777);
+    cr_expect_eq(count_entries(tmp_dir), 1, "temporary files left behind");
+
+    char missing[160];
+    tmp_path(missing, sizeof missing, "no/such/dir/f");
+    TEST_EXPECT_ERROR(file_write_atomic(missing, "x", 1, &err), SMELT_EIO, &err);
+    cr_expect(strstr(err.message, "no/such/dir/f") != NULL, "message: %s", err.message);
+
+    /* Renaming over a directory fails: the temporary file is removed again. */
+    char sub[160];
+    tmp_path(sub, sizeof sub, "subdir");
+    cr_assert(mkdir(sub, 0755) == 0);
+    TEST_EXPECT_ERROR(file_write_atomic(sub, "x", 1, &err), SMELT_EIO, &err);
+    cr_expect_eq(count_entries(tmp_dir), 2, "temporary file left after a failed rename");
+}
+
+Test(common, dir_create_all_and_paths, .init = tmp_setup, .fini = tmp_teardown) {
+    struct smelt_error err;
+    char path[160];
+    tmp_path(path, sizeof path, "a/b/c");
+    TEST_OK(dir_create_all(path, &err), &err);
+    cr_expect(path_is_dir(path) && path_exists(path));
+    TEST_OK(dir_create_all(path, &err), &err); /* existing: fine */
+    tmp_path(path, sizeof path, "a/b/d/");
+    TEST_OK(dir_create_all(path, &err), &err); /* trailing slash */
+    cr_expect(path_is_dir(path));
+
+    tmp_path(path, sizeof path, "file");
+    write_text(path, "x");
+    cr_expect(path_exists(path) && !path_is_dir(path));
+    TEST_EXPECT_ERROR(dir_create_all(path, &err), SMELT_EIO, &err);
+    cr_expect(strstr(err.message, "not a directory") != NULL, "message: %s", err.message);
+    tmp_path(path, sizeof path, "file/sub");
+    TEST_EXPECT_ERROR(dir_create_all(path, &err), SMELT_EIO, &err);
+    TEST_EXPECT_ERROR(dir_create_all("", &err), SMELT_EINVAL, &err);
+    tmp_path(path, sizeof path, "nothing");
+    cr_expect(!path_exists(path) && !path_is_dir(path));
+}
+
+Test(common, path_join) {
+    struct smelt_error err;
+    char buf[16];
+    TEST_OK(path_join(buf, sizeof buf, "a", "b", &err), &err);
+    cr_expect_str_eq(buf, "a/b");
+    TEST_OK(path_join(buf, sizeof buf, "a/", "b", &err), &err);
+    cr_expect_str_eq(buf, "a/b", "no doubled slash");
+    TEST_OK(path_join(buf, sizeof buf, "", "b", &err), &err);
+    cr_expect_str_eq(buf, "b");
+    TEST_OK(path_join(buf, sizeof buf, "/data", "x.json", &err), &err); /* 13 + NUL: fits */
+    cr_expect_str_eq(buf, "/data/x.json");
+    TEST_OK(path_join(buf, sizeof buf, "0123456", "89abcde", &err), &err); /* exactly 15 */
+    TEST_EXPECT_ERROR(path_join(buf, sizeof buf, "0123456", "89abcdef", &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "too long") != NULL, "message: %s", err.message);
+    cr_expect(memchr(buf, '\0', sizeof buf) != NULL, "dst stays NUL-terminated");
+}
+
+Test(common, file_map, .init = tmp_setup, .fini = tmp_teardown) {
+    struct smelt_error err;
+    char path[128];
+    struct file_map map;
+    tmp_path(path, sizeof path, "w.bin");
+    write_text(path, "0123456789");
+    TEST_OK(file_map_open(path, &map, &err), &err);
+    cr_expect(map.len == 10 && memcmp(map.data, "0123456789", 10) == 0);
+    file_map_close(&map);
+    cr_expect(map.data == NULL && map.len == 0);
+    file_map_close(&map); /* twice: harmless */
+
+    tmp_path(path, sizeof path, "empty.bin");
+    write_text(path, "");
+    TEST_OK(file_map_open(path, &map, &err), &err);
+    cr_expect(map.data == NULL && map.len == 0, "empty file maps to NULL, 0");
+    file_map_close(&map);
+
+    tmp_path(path, sizeof path, "missing.bin");
+    TEST_EXPECT_ERROR(file_map_open(path, &map, &err), SMELT_EIO, &err);
+    cr_expect(strstr(err.message, "missing.bin") != NULL, "message: %s", err.message);
+    cr_expect(map.data == NULL && map.len == 0);
+    TEST_EXPECT_ERROR(file_map_open(tmp_dir, &map, &err), SMELT_EIO, &err);
+}
+
+/* ---- logging ---- */
+
+Test(common, log_level_parse) {
+    enum log_level l = LOG_LEVEL_OFF;
+    const char *names[] = {"debug", "info", "warn", "error", "off"};
+    for (int i = 0; i < 5; i++) {
+        cr_expect_eq(log_level_parse(names[i], &l), SMELT_OK, "%s", names[i]);
+        cr_expect_eq(l, (enum log_level)i);
+    }
+    cr_expect_eq(log_level_parse("WARN", &l), SMELT_OK, "case does not matter");
+    cr_expect_eq(l, LOG_LEVEL_WARN);
+    l = LOG_LEVEL_INFO;
+    cr_expect_eq(log_level_parse("warning", &l), SMELT_EINVAL);
+    cr_expect_eq(log_level_parse("", &l), SMELT_EINVAL);
+    cr_expect_eq(log_level_parse(NULL, &l), SMELT_EINVAL);
+    cr_expect_eq(l, LOG_LEVEL_INFO, "out untouched on failure");
+}
+
+/* Lines go to stderr: capture them in a file and check format and level filtering. */
+Test(common, log_lines, .init = tmp_setup, .fini = tmp_teardown) {
+    char path[128];
+    tmp_path(path, sizeof path, "log.txt");
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert(fd >= 0);
+    int saved = dup(STDERR_FILENO);
+    cr_assert(saved >= 0 && dup2(fd, STDERR_FILENO) >= 0);
+    log_set_level(LOG_LEVEL_WARN);
+    cr_expect_eq(log_get_level(), LOG_LEVEL_WARN);
+    log_info("hidden %d", 1);
+    log_warn("shown %d", 2);
+    log_error("also shown");
+    char huge[5000];
+    memset(huge, 'z', sizeof huge - 1);
+    huge[sizeof huge - 1] = '\0';
+    log_error("%s", huge); /* truncated, still one line */
+    log_set_level(LOG_LEVEL_OFF);
+    log_error("off means off");
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    close(fd);
+
+    char *text = NULL;
+    size_t len = 0;
+    struct smelt_error err;
+    TEST_OK(file_read_all(path, &text, &len, &err), &err);
+    cr_expect(strstr(text, "hidden") == NULL, "info below warn was written");
+    cr_expect(strstr(text, "off means off") == NULL, "level off still wrote");
+    const char *w = strstr(text, "WARN  test_common.c:");
+    cr_expect(w && strstr(w, " shown 2\n") != NULL, "warn line: %s", text);
+    cr_expect(strstr(text, "ERROR test_common.c:") != NULL, "error line: %s", text);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    cr_expect_eq(lines, 3, "one line per call: %d", lines);
+    cr_expect(text[len - 1] == '\n', "last line ends with a newline");
+    cr_expect(text[4] == '-' && text[10] == 'T' && strchr(text, 'Z') != NULL, "timestamp: %.30s", text);
+    free(text);
+}
