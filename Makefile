@@ -53,6 +53,12 @@ LIB_OBJS += $(CUDA_SRCS:%.cu=$(BUILD)/%.cu.o)
 endif
 LIB := $(BUILD)/libsmelt.a
 
+# Programs: dir/NAME_main.c becomes $(BUILD)/NAME with '_' as '-' (smelt_generate_main.c
+# -> smelt-generate).
+MAIN_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*_main.c))
+bin_path = $(BUILD)/$(subst _,-,$(patsubst %_main.c,%,$(notdir $(1))))
+BINS := $(foreach s,$(MAIN_SRCS),$(call bin_path,$(s)))
+
 UNIT_SRCS ?= $(wildcard tests/unit/*.c)
 GPU_TEST_SRCS := $(wildcard tests/gpu/*.c)
 UNIT_BIN  := $(BUILD)/tests/unit_tests
@@ -60,9 +66,9 @@ GPU_TEST_BIN := $(BUILD)/tests/gpu_tests
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test test-unit test-gpu run bench clean help cuda-check
+.PHONY: all deps test test-unit test-tools test-parity test-gpu run bench clean help cuda-check
 
-all: $(LIB) $(BENCH_BINS)
+all: $(LIB) $(BINS) $(BENCH_BINS)
 
 help:
 	@echo "make            build (CPU; CUDA too when nvcc is found)"
@@ -70,6 +76,7 @@ help:
 	@echo "make test       install what is missing, build, run every test"
 	@echo "make test-gpu   compare every CUDA op with the CPU backend (skips without a GPU)"
 	@echo "make bench      run the CPU benchmarks (bench/)"
+	@echo "make test-parity  smelt-saved models against transformers (needs torch, transformers)"
 	@echo "make run        install what is missing, build, start the service"
 	@echo "options: SANITIZE=1 (ASan+UBSan), CUDA=0|1, CUDA_ARCH=90"
 
@@ -99,12 +106,18 @@ $(UNIT_BIN): $(UNIT_SRCS:%.c=$(BUILD)/%.o) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
 
+define BIN_RULE
+$(call bin_path,$(1)): $(BUILD)/$(1:.c=.o) $(LIB)
+	$$(CC) $$(LDFLAGS) $$^ -o $$@ $$(LDLIBS)
+endef
+$(foreach s,$(MAIN_SRCS),$(eval $(call BIN_RULE,$(s))))
+
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 test: deps
-	$(MAKE) test-unit
+	$(MAKE) test-unit test-tools
 
 # Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
 # OMP/OpenBLAS threads are capped so parallel test workers do not oversubscribe.
@@ -130,6 +143,15 @@ cuda-check:
 run: deps all
 	@if [ -x $(BUILD)/smeltd ]; then exec $(BUILD)/smeltd; \
 	 else echo "smeltd is not part of this tree yet: the control plane is still to be built (docs/status.md)"; exit 1; fi
+
+# Needs torch + transformers (not installed by deps): a model smelt saves loads in
+# transformers with the same logits. Fixtures: python3 tests/parity/make_fixtures.py.
+test-parity: $(BINS)
+	$(PYTHON) tests/parity/check_saved_model.py $(BUILD)
+
+# The programs end to end: generation is deterministic, bad flags are refused.
+test-tools: $(BINS)
+	BUILD=$(BUILD) sh tests/tools/run.sh
 
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done

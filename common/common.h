@@ -3,10 +3,12 @@
  *   log.h    log_debug/info/warn/error to stderr with timestamps
  *   json.h   jansson loading and typed field readers that name the field in errors
  *   file.h   whole-file read, atomic write, mkdir -p, paths, read-only mmap
- *   rng.h    seeded xoshiro256** generator: uniform, normal */
+ *   rng.h    seeded xoshiro256** generator: uniform, normal
+ *   args.h   command-line values parsed whole, errors naming the flag */
 #ifndef SMELT_COMMON_H
 #define SMELT_COMMON_H
 
+#include "common/args.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "common/json.h"
