@@ -205,7 +205,9 @@ Test(safetensors, roundtrip_16bit_sources_and_i32, .init = tmp_setup, .fini = tm
     cr_expect(memcmp(got_ids, ids, sizeof ids) == 0);
     /* i32 is never converted to or from floats. */
     TEST_EXPECT_ERROR(safetensors_read_f32(st, "ids", got, 1, s5, &err), SMELT_EUNSUPPORTED, &err);
-    TEST_EXPECT_ERROR(safetensors_read(st, "half_as_f32", &ti, &err), SMELT_EUNSUPPORTED, &err);
+    int32_t i6[6];
+    struct tensor ti6 = tensor_i32(i6, 2, s23);
+    TEST_EXPECT_ERROR(safetensors_read(st, "half_as_f32", &ti6, &err), SMELT_EUNSUPPORTED, &err);
     safetensors_close(st);
 }
 
@@ -256,7 +258,7 @@ static size_t build_expected(unsigned char *buf, const char *header, size_t pad,
     for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)n >> (8 * i));
     memcpy(buf + 8, header, hl);
     memset(buf + 8 + hl, ' ', pad);
-    memcpy(buf + 8 + n, data, data_len);
+    if (data_len) memcpy(buf + 8 + n, data, data_len);
     return 8 + n + data_len;
 }
 
@@ -415,7 +417,7 @@ Test(safetensors, header_lies, .init = tmp_setup, .fini = tmp_teardown) {
     expect_bad_header("{\"__metadata__\":[]}", 0, SMELT_EFORMAT, "__metadata__");
     /* not a JSON object, not JSON, duplicate keys */
     expect_bad_header("[1,2]    ", 0, SMELT_EFORMAT, "not a JSON object");
-    expect_bad_header("\"text\"", 0, SMELT_EFORMAT, "not a JSON object");
+    expect_bad_header("\"text\"", 0, SMELT_EFORMAT, "header");
     expect_bad_header("{\"a\":", 0, SMELT_EFORMAT, "header");
     expect_bad_header("{" T("a", "F32", "[1]", 0, 4) "," T("a", "F32", "[1]", 0, 4) "}", 4,
                       SMELT_EFORMAT, "header");
