@@ -1,6 +1,8 @@
 #include "common/json.h"
+#include "common/file.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int json_load_path(const char *path, json_t **out, struct smelt_error *err) {
@@ -132,4 +134,20 @@ int json_check_keys(const json_t *obj, const char *const *allowed, const char *w
         if (!known) return error_set(err, SMELT_EINVAL, "%s: unknown field '%s'", where, key);
     }
     return SMELT_OK;
+}
+
+int json_save_atomic(const json_t *value, size_t flags, const char *path, struct smelt_error *err) {
+    char *text = json_dumps(value, flags);
+    if (!text) return error_set(err, SMELT_ENOMEM, "%s: cannot serialise JSON", path);
+    size_t len = strlen(text);
+    char *with_newline = realloc(text, len + 2);
+    if (!with_newline) {
+        free(text);
+        return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
+    }
+    with_newline[len] = '\n';
+    with_newline[len + 1] = '\0';
+    int rc = file_write_atomic(path, with_newline, len + 1, err);
+    free(with_newline);
+    return rc;
 }

@@ -32,6 +32,9 @@ int json_field_bool(const json_t *obj, const char *key, bool required, bool def,
 int json_field_string(const json_t *obj, const char *key, bool required, const char *def,
                       const char **out, const char *where, struct smelt_error *err);
 
+/* Writes json_dumps(value, flags) plus a newline to path atomically (file_write_atomic). */
+int json_save_atomic(const json_t *value, size_t flags, const char *path, struct smelt_error *err);
+
 /* SMELT_EINVAL naming the first key of obj that is not in allowed (NULL-terminated). */
 int json_check_keys(const json_t *obj, const char *const *allowed, const char *where,
                     struct smelt_error *err);

@@ -153,16 +153,16 @@ int model_config_to_json(const struct model_config *cfg, json_t **out,
 
 /* The config.json text: reals with 15 significant digits when that reads back as the
  * same config (1e-06 rather than 9.9999999999999995e-07), else with all 17. */
-static char *config_text(const struct model_config *cfg, const json_t *obj) {
-    char *text = json_dumps(obj, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+static size_t config_dump_flags(const struct model_config *cfg, const json_t *obj) {
+    const size_t short_reals = JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15);
+    char *text = json_dumps(obj, short_reals);
     json_t *back_json = text ? json_loads(text, 0, NULL) : NULL;
     struct model_config back;
     bool same = back_json && model_config_from_json(back_json, "config.json", &back, NULL) == 0 &&
                 first_difference(cfg, &back) == NULL;
     json_decref(back_json);
-    if (same) return text;
     free(text);
-    return json_dumps(obj, JSON_INDENT(2) | JSON_SORT_KEYS);
+    return same ? short_reals : JSON_INDENT(2) | JSON_SORT_KEYS;
 }
 
 int model_config_save(const struct model_config *cfg, const char *dir,
@@ -174,19 +174,7 @@ int model_config_save(const struct model_config *cfg, const char *dir,
     char path[PATH_MAX];
     rc = dir_create_all(dir, err);
     if (!rc) rc = path_join(path, sizeof path, dir, "config.json", err);
-    char *text = rc ? NULL : config_text(cfg, obj);
+    if (!rc) rc = json_save_atomic(obj, config_dump_flags(cfg, obj), path, err);
     json_decref(obj);
-    if (rc) return rc;
-    if (!text) return error_set(err, SMELT_ENOMEM, "%s: cannot serialise", path);
-    size_t len = strlen(text);
-    char *withnl = realloc(text, len + 2);
-    if (!withnl) {
-        free(text);
-        return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
-    }
-    withnl[len] = '\n';
-    withnl[len + 1] = '\0';
-    rc = file_write_atomic(path, withnl, len + 1, err);
-    free(withnl);
     return rc;
 }

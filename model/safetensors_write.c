@@ -328,20 +328,8 @@ static int write_index(const char *dir, const struct safetensors_tensor_desc *te
         if (json_object_set_new(wm, tensors[i].name, json_string(file)) != 0)
             rc = error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
     }
-    char *text = rc ? NULL : json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    if (!rc) rc = json_save_atomic(root, JSON_INDENT(2) | JSON_SORT_KEYS, path, err);
     json_decref(root);
-    if (rc) return rc;
-    if (!text) return error_set(err, SMELT_ENOMEM, "%s: cannot serialise", path);
-    size_t len = strlen(text);
-    char *withnl = realloc(text, len + 2);
-    if (!withnl) {
-        free(text);
-        return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
-    }
-    withnl[len] = '\n';
-    withnl[len + 1] = '\0';
-    rc = file_write_atomic(path, withnl, len + 1, err);
-    free(withnl);
     return rc;
 }
 

@@ -10,30 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- a temporary directory per test, removed afterwards ---- */
-
-static char tmp_dir[64];
-
-static void tmp_setup(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/smelt-test-common-XXXXXX");
-    cr_assert(mkdtemp(tmp_dir) != NULL, "mkdtemp failed");
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void tmp_teardown(void) {
-    if (tmp_dir[0]) nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* tmp_dir/name into buf. */
-static const char *tmp_path(char *buf, size_t size, const char *name) {
-    int n = snprintf(buf, size, "%s/%s", tmp_dir, name);
-    cr_assert(n > 0 && (size_t)n < size);
-    return buf;
-}
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -110,34 +86,34 @@ Test(common, error_code_names) {
 
 /* ---- JSON ---- */
 
-Test(common, json_load_path_errors, .init = tmp_setup, .fini = tmp_teardown) {
+Test(common, json_load_path_errors, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     char path[128];
     json_t *root = NULL;
 
-    tmp_path(path, sizeof path, "ok.json");
+    test_tmp_path(path, sizeof path, "ok.json");
     write_text(path, "{\"a\": 1}\n");
     TEST_OK(json_load_path(path, &root, &err), &err);
     cr_expect(json_is_object(root));
     json_decref(root);
 
-    tmp_path(path, sizeof path, "bad.json");
+    test_tmp_path(path, sizeof path, "bad.json");
     write_text(path, "{\n  \"a\": 1,\n  \"b\": [1, 2,,]\n}\n");
     TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EFORMAT, &err);
     char want[160];
     snprintf(want, sizeof want, "%s:3:", path);
     cr_expect(strstr(err.message, want) == err.message, "message starts with file:line: %s", err.message);
 
-    tmp_path(path, sizeof path, "dup.json");
+    test_tmp_path(path, sizeof path, "dup.json");
     write_text(path, "{\"a\": 1, \"a\": 2}");
     TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EFORMAT, &err);
     cr_expect(strstr(err.message, "dup.json:1:") != NULL, "message: %s", err.message);
 
-    tmp_path(path, sizeof path, "empty.json");
+    test_tmp_path(path, sizeof path, "empty.json");
     write_text(path, "");
     TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EFORMAT, &err);
 
-    tmp_path(path, sizeof path, "missing.json");
+    test_tmp_path(path, sizeof path, "missing.json");
     TEST_EXPECT_ERROR(json_load_path(path, &root, &err), SMELT_EIO, &err);
     cr_expect(strstr(err.message, path) != NULL, "message names the file: %s", err.message);
 }
@@ -257,28 +233,28 @@ Test(common, json_check_keys) {
 
 /* ---- files ---- */
 
-Test(common, file_read_all, .init = tmp_setup, .fini = tmp_teardown) {
+Test(common, file_read_all, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     char path[128];
     char *buf = NULL;
     size_t len = 0;
-    tmp_path(path, sizeof path, "a.txt");
+    test_tmp_path(path, sizeof path, "a.txt");
     write_text(path, "hello\nworld");
     TEST_OK(file_read_all(path, &buf, &len, &err), &err);
     cr_expect_eq(len, 11);
     cr_expect_str_eq(buf, "hello\nworld");
     free(buf);
 
-    tmp_path(path, sizeof path, "empty.txt");
+    test_tmp_path(path, sizeof path, "empty.txt");
     write_text(path, "");
     TEST_OK(file_read_all(path, &buf, NULL, &err), &err);
     cr_expect_str_eq(buf, "", "an empty file is an empty string");
     free(buf);
 
-    tmp_path(path, sizeof path, "missing.txt");
+    test_tmp_path(path, sizeof path, "missing.txt");
     TEST_EXPECT_ERROR(file_read_all(path, &buf, &len, &err), SMELT_EIO, &err);
     cr_expect(strstr(err.message, "missing.txt") != NULL, "message: %s", err.message);
-    TEST_EXPECT_ERROR(file_read_all(tmp_dir, &buf, &len, &err), SMELT_EIO, &err);
+    TEST_EXPECT_ERROR(file_read_all(test_tmp_dir, &buf, &len, &err), SMELT_EIO, &err);
     cr_expect(strstr(err.message, "regular") != NULL, "a directory is refused: %s", err.message);
 }
 
@@ -293,11 +269,11 @@ static int count_entries(const char *dir) {
     return n;
 }
 
-Test(common, file_write_atomic, .init = tmp_setup, .fini = tmp_teardown) {
+Test(common, file_write_atomic, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     char path[128], *buf = NULL;
     size_t len = 0;
-    tmp_path(path, sizeof path, "out.json");
+    test_tmp_path(path, sizeof path, "out.json");
     TEST_OK(file_write_atomic(path, "first", 5, &err), &err);
     TEST_OK(file_read_all(path, &buf, &len, &err), &err);
     cr_expect_str_eq(buf, "first");
@@ -313,41 +289,41 @@ Test(common, file_write_atomic, .init = tmp_setup, .fini = tmp_teardown) {
     struct stat st;
     cr_assert(stat(path, &st) == 0);
     cr_expect_eq(st.st_mode & 0777, 0644, "mode %o", st.st_mode & 0777);
-    cr_expect_eq(count_entries(tmp_dir), 1, "temporary files left behind");
+    cr_expect_eq(count_entries(test_tmp_dir), 1, "temporary files left behind");
 
     char missing[160];
-    tmp_path(missing, sizeof missing, "no/such/dir/f");
+    test_tmp_path(missing, sizeof missing, "no/such/dir/f");
     TEST_EXPECT_ERROR(file_write_atomic(missing, "x", 1, &err), SMELT_EIO, &err);
     cr_expect(strstr(err.message, "no/such/dir/f") != NULL, "message: %s", err.message);
 
     /* Renaming over a directory fails: the temporary file is removed again. */
     char sub[160];
-    tmp_path(sub, sizeof sub, "subdir");
+    test_tmp_path(sub, sizeof sub, "subdir");
     cr_assert(mkdir(sub, 0755) == 0);
     TEST_EXPECT_ERROR(file_write_atomic(sub, "x", 1, &err), SMELT_EIO, &err);
-    cr_expect_eq(count_entries(tmp_dir), 2, "temporary file left after a failed rename");
+    cr_expect_eq(count_entries(test_tmp_dir), 2, "temporary file left after a failed rename");
 }
 
-Test(common, dir_create_all_and_paths, .init = tmp_setup, .fini = tmp_teardown) {
+Test(common, dir_create_all_and_paths, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     char path[160];
-    tmp_path(path, sizeof path, "a/b/c");
+    test_tmp_path(path, sizeof path, "a/b/c");
     TEST_OK(dir_create_all(path, &err), &err);
     cr_expect(path_is_dir(path) && path_exists(path));
     TEST_OK(dir_create_all(path, &err), &err); /* existing: fine */
-    tmp_path(path, sizeof path, "a/b/d/");
+    test_tmp_path(path, sizeof path, "a/b/d/");
     TEST_OK(dir_create_all(path, &err), &err); /* trailing slash */
     cr_expect(path_is_dir(path));
 
-    tmp_path(path, sizeof path, "file");
+    test_tmp_path(path, sizeof path, "file");
     write_text(path, "x");
     cr_expect(path_exists(path) && !path_is_dir(path));
     TEST_EXPECT_ERROR(dir_create_all(path, &err), SMELT_EIO, &err);
     cr_expect(strstr(err.message, "not a directory") != NULL, "message: %s", err.message);
-    tmp_path(path, sizeof path, "file/sub");
+    test_tmp_path(path, sizeof path, "file/sub");
     TEST_EXPECT_ERROR(dir_create_all(path, &err), SMELT_EIO, &err);
     TEST_EXPECT_ERROR(dir_create_all("", &err), SMELT_EINVAL, &err);
-    tmp_path(path, sizeof path, "nothing");
+    test_tmp_path(path, sizeof path, "nothing");
     cr_expect(!path_exists(path) && !path_is_dir(path));
 }
 
@@ -368,11 +344,11 @@ Test(common, path_join) {
     cr_expect(memchr(buf, '\0', sizeof buf) != NULL, "dst stays NUL-terminated");
 }
 
-Test(common, file_map, .init = tmp_setup, .fini = tmp_teardown) {
+Test(common, file_map, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     char path[128];
     struct file_map map;
-    tmp_path(path, sizeof path, "w.bin");
+    test_tmp_path(path, sizeof path, "w.bin");
     write_text(path, "0123456789");
     TEST_OK(file_map_open(path, &map, &err), &err);
     cr_expect(map.len == 10 && memcmp(map.data, "0123456789", 10) == 0);
@@ -380,17 +356,17 @@ Test(common, file_map, .init = tmp_setup, .fini = tmp_teardown) {
     cr_expect(map.data == NULL && map.len == 0);
     file_map_close(&map); /* twice: harmless */
 
-    tmp_path(path, sizeof path, "empty.bin");
+    test_tmp_path(path, sizeof path, "empty.bin");
     write_text(path, "");
     TEST_OK(file_map_open(path, &map, &err), &err);
     cr_expect(map.data == NULL && map.len == 0, "empty file maps to NULL, 0");
     file_map_close(&map);
 
-    tmp_path(path, sizeof path, "missing.bin");
+    test_tmp_path(path, sizeof path, "missing.bin");
     TEST_EXPECT_ERROR(file_map_open(path, &map, &err), SMELT_EIO, &err);
     cr_expect(strstr(err.message, "missing.bin") != NULL, "message: %s", err.message);
     cr_expect(map.data == NULL && map.len == 0);
-    TEST_EXPECT_ERROR(file_map_open(tmp_dir, &map, &err), SMELT_EIO, &err);
+    TEST_EXPECT_ERROR(file_map_open(test_tmp_dir, &map, &err), SMELT_EIO, &err);
 }
 
 /* ---- logging ---- */
@@ -412,9 +388,9 @@ Test(common, log_level_parse) {
 }
 
 /* Lines go to stderr: capture them in a file and check format and level filtering. */
-Test(common, log_lines, .init = tmp_setup, .fini = tmp_teardown) {
+Test(common, log_lines, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     char path[128];
-    tmp_path(path, sizeof path, "log.txt");
+    test_tmp_path(path, sizeof path, "log.txt");
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     cr_assert(fd >= 0);
     int saved = dup(STDERR_FILENO);

@@ -522,27 +522,12 @@ Test(model_config, to_json_refuses_what_config_json_cannot_say) {
 
 /* ---- files ---- */
 
-static char tmp_dir[64];
 
-static void tmp_setup(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/smelt-test-cfg-XXXXXX");
-    cr_assert(mkdtemp(tmp_dir) != NULL, "mkdtemp failed");
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void tmp_teardown(void) {
-    if (tmp_dir[0]) nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-Test(model_config, save_and_load_files, .init = tmp_setup, .fini = tmp_teardown) {
+Test(model_config, save_and_load_files, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     struct model_config c = load_ok(mistral_7b_v01), back;
     char dir[128], path[160];
-    snprintf(dir, sizeof dir, "%s/out/model", tmp_dir);
+    snprintf(dir, sizeof dir, "%s/out/model", test_tmp_dir);
     TEST_OK(model_config_save(&c, dir, &err), &err);
     TEST_OK(model_config_load(dir, &back, &err), &err);
     expect_same_config(&c, &back);
@@ -562,11 +547,11 @@ Test(model_config, save_and_load_files, .init = tmp_setup, .fini = tmp_teardown)
     TEST_OK(model_config_load(dir, &back, &err), &err);
     cr_expect_eq(back.rope_theta, 1.0 / 3.0);
 
-    snprintf(path, sizeof path, "%s/missing.json", tmp_dir);
+    snprintf(path, sizeof path, "%s/missing.json", test_tmp_dir);
     TEST_EXPECT_ERROR(model_config_load(path, &back, &err), SMELT_ENOTFOUND, &err);
     cr_expect(strstr(err.message, path), "%s", err.message);
-    TEST_EXPECT_ERROR(model_config_load(tmp_dir, &back, &err), SMELT_ENOTFOUND, &err);
-    snprintf(path, sizeof path, "%s/bad.json", tmp_dir);
+    TEST_EXPECT_ERROR(model_config_load(test_tmp_dir, &back, &err), SMELT_ENOTFOUND, &err);
+    snprintf(path, sizeof path, "%s/bad.json", test_tmp_dir);
     FILE *f = fopen(path, "w");
     cr_assert(f);
     fputs("{\"model_type\": \"llama\",", f);

@@ -12,29 +12,6 @@
 
 #include "model/safetensors.h"
 
-/* ---- a temporary directory per test, removed afterwards ---- */
-
-static char tmp_dir[64];
-
-static void tmp_setup(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/smelt-test-st-XXXXXX");
-    cr_assert(mkdtemp(tmp_dir) != NULL, "mkdtemp failed");
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void tmp_teardown(void) {
-    if (tmp_dir[0]) nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static const char *tmp_path(char *buf, size_t size, const char *name) {
-    int n = snprintf(buf, size, "%s/%s", tmp_dir, name);
-    cr_assert(n > 0 && (size_t)n < size);
-    return buf;
-}
 
 static void write_bytes(const char *path, const void *data, size_t len) {
     FILE *f = fopen(path, "wb");
@@ -83,7 +60,7 @@ static void expect_open_fails(const char *path, int code, const char *want) {
 
 static void expect_bad_header(const char *header, size_t data_len, int code, const char *want) {
     char path[128];
-    tmp_path(path, sizeof path, "bad.safetensors");
+    test_tmp_path(path, sizeof path, "bad.safetensors");
     write_raw(path, header, 0, NULL, data_len);
     expect_open_fails(path, code, want);
 }
@@ -130,7 +107,7 @@ static void roundtrip(enum dtype file_dtype) {
         descs[i] = (struct safetensors_tensor_desc){names[i], t, file_dtype};
     }
     char path[128];
-    tmp_path(path, sizeof path, "rt.safetensors");
+    test_tmp_path(path, sizeof path, "rt.safetensors");
     struct safetensors_kv md[] = {{"format", "pt"}, {"note", "round trip"}};
     TEST_OK(safetensors_write(path, descs, N_SHAPES, md, 2, &err), &err);
 
@@ -168,11 +145,11 @@ static void roundtrip(enum dtype file_dtype) {
     for (size_t i = 0; i < N_SHAPES; i++) free(data[i]);
 }
 
-Test(safetensors, roundtrip_f32, .init = tmp_setup, .fini = tmp_teardown) { roundtrip(DTYPE_F32); }
-Test(safetensors, roundtrip_bf16, .init = tmp_setup, .fini = tmp_teardown) { roundtrip(DTYPE_BF16); }
-Test(safetensors, roundtrip_f16, .init = tmp_setup, .fini = tmp_teardown) { roundtrip(DTYPE_F16); }
+Test(safetensors, roundtrip_f32, .init = test_tmp_setup, .fini = test_tmp_teardown) { roundtrip(DTYPE_F32); }
+Test(safetensors, roundtrip_bf16, .init = test_tmp_setup, .fini = test_tmp_teardown) { roundtrip(DTYPE_BF16); }
+Test(safetensors, roundtrip_f16, .init = test_tmp_setup, .fini = test_tmp_teardown) { roundtrip(DTYPE_F16); }
 
-Test(safetensors, roundtrip_16bit_sources_and_i32, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, roundtrip_16bit_sources_and_i32, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     uint16_t h[6];
     float want_h[6];
@@ -188,7 +165,7 @@ Test(safetensors, roundtrip_16bit_sources_and_i32, .init = tmp_setup, .fini = tm
         {"ids", tensor_i32(ids, 1, s5), DTYPE_I32},
     };
     char path[128];
-    tmp_path(path, sizeof path, "mixed.safetensors");
+    test_tmp_path(path, sizeof path, "mixed.safetensors");
     TEST_OK(safetensors_write(path, d, 3, NULL, 0, &err), &err);
     struct safetensors *st = NULL;
     TEST_OK(safetensors_open(path, &st, &err), &err);
@@ -211,7 +188,7 @@ Test(safetensors, roundtrip_16bit_sources_and_i32, .init = tmp_setup, .fini = tm
     safetensors_close(st);
 }
 
-Test(safetensors, layout_sorted_by_dtype_then_name, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, layout_sorted_by_dtype_then_name, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     float f[4] = {1, 2, 3, 4};
     int32_t i32[4] = {1, 2, 3, 4};
@@ -222,7 +199,7 @@ Test(safetensors, layout_sorted_by_dtype_then_name, .init = tmp_setup, .fini = t
         {"ids", tensor_i32(i32, 1, s), DTYPE_I32},  {"c_f32", tensor_f32(f, 1, s), DTYPE_F32},
     };
     char path[128];
-    tmp_path(path, sizeof path, "order.safetensors");
+    test_tmp_path(path, sizeof path, "order.safetensors");
     TEST_OK(safetensors_write(path, d, 6, NULL, 0, &err), &err);
     size_t len;
     unsigned char *bytes = read_bytes(path, &len);
@@ -262,13 +239,13 @@ static size_t build_expected(unsigned char *buf, const char *header, size_t pad,
     return 8 + n + data_len;
 }
 
-Test(safetensors, reference_bytes, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, reference_bytes, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     float data[6] = {0, 1, 2, 3, 4, 5};
     int64_t s123[3] = {1, 2, 3}, s1123[4] = {1, 1, 2, 3};
     unsigned char want[256];
     char path[128];
-    tmp_path(path, sizeof path, "ref.safetensors");
+    test_tmp_path(path, sizeof path, "ref.safetensors");
 
     /* A 64-byte header needs no padding. */
     struct safetensors_tensor_desc a = {"attn.0", tensor_f32(data, 3, s123), DTYPE_F32};
@@ -300,7 +277,7 @@ Test(safetensors, reference_bytes, .init = tmp_setup, .fini = tmp_teardown) {
 
 /* A file built by hand: an unpadded header (so data is unaligned), a scalar, metadata,
  * any key order, and an I64 tensor that is listed but cannot be loaded as floats. */
-Test(safetensors, hand_built_file, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, hand_built_file, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     const char *header =
         "{\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
         "\"__metadata__\":{\"format\":\"pt\"},"
@@ -311,7 +288,7 @@ Test(safetensors, hand_built_file, .init = tmp_setup, .fini = tmp_teardown) {
                               0x00, 0x00, 0x00, 0x3f, /* f32 0.5 */
                               9, 0, 0, 0, 0, 0, 0, 0 /* i64 9 */};
     char path[128];
-    tmp_path(path, sizeof path, "hand.safetensors");
+    test_tmp_path(path, sizeof path, "hand.safetensors");
     write_raw(path, header, 0, data, sizeof data);
 
     struct smelt_error err;
@@ -344,14 +321,14 @@ Test(safetensors, hand_built_file, .init = tmp_setup, .fini = tmp_teardown) {
     safetensors_close(st);
 }
 
-Test(safetensors, read_errors_name_file_and_tensor, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, read_errors_name_file_and_tensor, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     float w[15] = {0};
     int64_t s35[2] = {3, 5}, s53[2] = {5, 3}, s15[1] = {15};
     struct safetensors_tensor_desc d = {"model.embed_tokens.weight", tensor_f32(w, 2, s35),
                                         DTYPE_BF16};
     char path[128];
-    tmp_path(path, sizeof path, "one.safetensors");
+    test_tmp_path(path, sizeof path, "one.safetensors");
     TEST_OK(safetensors_write(path, &d, 1, NULL, 0, &err), &err);
     struct safetensors *st = NULL;
     TEST_OK(safetensors_open(path, &st, &err), &err);
@@ -372,16 +349,16 @@ Test(safetensors, read_errors_name_file_and_tensor, .init = tmp_setup, .fini = t
     safetensors_close(NULL);
 
     char dir[128];
-    tmp_path(dir, sizeof dir, "empty_dir");
+    test_tmp_path(dir, sizeof dir, "empty_dir");
     cr_assert_eq(mkdir(dir, 0755), 0);
     expect_open_fails(dir, SMELT_ENOTFOUND, "model.safetensors");
-    tmp_path(path, sizeof path, "missing.safetensors");
+    test_tmp_path(path, sizeof path, "missing.safetensors");
     expect_open_fails(path, SMELT_ENOTFOUND, NULL);
 }
 
 /* ---- malformed files ---- */
 
-Test(safetensors, header_lies, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, header_lies, .init = test_tmp_setup, .fini = test_tmp_teardown) {
 #define T(name, dtype, shape, b, e) \
     "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
     /* overlap, gap, past the end, end before begin, trailing bytes */
@@ -425,7 +402,7 @@ Test(safetensors, header_lies, .init = tmp_setup, .fini = tmp_teardown) {
 #undef T
     /* header length past the end of the file, and above the 100 MB limit */
     char path[128];
-    tmp_path(path, sizeof path, "len.safetensors");
+    test_tmp_path(path, sizeof path, "len.safetensors");
     write_raw(path, "{}", 3, NULL, 0);
     expect_open_fails(path, SMELT_EFORMAT, "header length 3");
     write_raw(path, "{}", 200000000, NULL, 0);
@@ -454,10 +431,10 @@ static unsigned char *sample_file(const char *path, size_t *len) {
     return read_bytes(path, len);
 }
 
-Test(safetensors, every_truncation_fails, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, every_truncation_fails, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     char path[128], cut[128];
-    tmp_path(path, sizeof path, "full.safetensors");
-    tmp_path(cut, sizeof cut, "cut.safetensors");
+    test_tmp_path(path, sizeof path, "full.safetensors");
+    test_tmp_path(cut, sizeof cut, "cut.safetensors");
     size_t len;
     unsigned char *bytes = sample_file(path, &len);
     for (size_t n = 0; n < len; n++) {
@@ -478,10 +455,10 @@ Test(safetensors, every_truncation_fails, .init = tmp_setup, .fini = tmp_teardow
     free(bytes);
 }
 
-Test(safetensors, header_byte_flips_never_crash, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, header_byte_flips_never_crash, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     char path[128], bad[128];
-    tmp_path(path, sizeof path, "full.safetensors");
-    tmp_path(bad, sizeof bad, "flip.safetensors");
+    test_tmp_path(path, sizeof path, "full.safetensors");
+    test_tmp_path(bad, sizeof bad, "flip.safetensors");
     size_t len;
     unsigned char *bytes = sample_file(path, &len);
     uint64_t n;
@@ -576,11 +553,11 @@ static int count_dir_entries(const char *dir) {
     return n;
 }
 
-Test(safetensors, sharded_dir_roundtrip, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, sharded_dir_roundtrip, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct model_fixture m;
     fixture_init(&m);
     char dir[128], path[192];
-    tmp_path(dir, sizeof dir, "model");
+    test_tmp_path(dir, sizeof dir, "model");
     write_sharded(dir, &m);
     cr_expect_eq(count_dir_entries(dir), 4, "3 shards + index, no temporaries");
 
@@ -629,7 +606,7 @@ Test(safetensors, sharded_dir_roundtrip, .init = tmp_setup, .fini = tmp_teardown
 
     /* A limit every tensor fits under gives one file. */
     char dir2[128];
-    tmp_path(dir2, sizeof dir2, "model2");
+    test_tmp_path(dir2, sizeof dir2, "model2");
     TEST_OK(safetensors_write_dir(dir2, m.d, 5, NULL, 0, 1 << 20, &err), &err);
     cr_expect_eq(count_dir_entries(dir2), 1);
 }
@@ -646,11 +623,11 @@ static void patch_index(const char *dir, const char *key, const char *value) {
     json_decref(index);
 }
 
-Test(safetensors, sharded_index_errors, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, sharded_index_errors, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct model_fixture m;
     fixture_init(&m);
     char dir[128], index[192];
-    tmp_path(dir, sizeof dir, "model");
+    test_tmp_path(dir, sizeof dir, "model");
     snprintf(index, sizeof index, "%s/%s", dir, SAFETENSORS_INDEX_FILE);
 
     write_sharded(dir, &m);
@@ -700,13 +677,13 @@ Test(safetensors, sharded_index_errors, .init = tmp_setup, .fini = tmp_teardown)
 
 /* ---- writer errors ---- */
 
-Test(safetensors, write_errors, .init = tmp_setup, .fini = tmp_teardown) {
+Test(safetensors, write_errors, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     float f[4] = {0};
     int32_t ids[4] = {0};
     int64_t s4[1] = {4};
     char path[128];
-    tmp_path(path, sizeof path, "w.safetensors");
+    test_tmp_path(path, sizeof path, "w.safetensors");
     struct safetensors_tensor_desc dup[] = {{"a", tensor_f32(f, 1, s4), DTYPE_F32},
                                             {"a", tensor_f32(f, 1, s4), DTYPE_BF16}};
     TEST_EXPECT_ERROR(safetensors_write(path, dup, 2, NULL, 0, &err), SMELT_EINVAL, &err);
@@ -728,7 +705,7 @@ Test(safetensors, write_errors, .init = tmp_setup, .fini = tmp_teardown) {
     cr_expect(!path_exists(path), "no file after failed writes");
     TEST_EXPECT_ERROR(safetensors_write("/nonexistent-dir/x.safetensors", dup, 1, NULL, 0, &err),
                       SMELT_EIO, &err);
-    cr_expect_eq(count_dir_entries(tmp_dir), 0, "no temporaries left behind");
+    cr_expect_eq(count_dir_entries(test_tmp_dir), 0, "no temporaries left behind");
 
     /* Overwriting an existing file replaces it whole. */
     write_text(path, "old contents that are longer than the new file will be ..........");
@@ -736,5 +713,5 @@ Test(safetensors, write_errors, .init = tmp_setup, .fini = tmp_teardown) {
     struct safetensors *st = NULL;
     TEST_OK(safetensors_open(path, &st, &err), &err);
     safetensors_close(st);
-    cr_expect_eq(count_dir_entries(tmp_dir), 1);
+    cr_expect_eq(count_dir_entries(test_tmp_dir), 1);
 }

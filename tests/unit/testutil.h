@@ -4,9 +4,12 @@
 #define SMELT_TESTS_TESTUTIL_H
 
 #include <criterion/criterion.h>
+#include <ftw.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "kernels/ops.h"
 
@@ -80,6 +83,32 @@ static inline void test_expect_close(const char *what, const float *got, const d
     cr_expect(worst < 0, "%s: element %lld is %.9g, expected %.9g (rtol %g, atol %g, n %lld)", what,
               (long long)worst, worst >= 0 ? (double)got[worst] : 0.0,
               worst >= 0 ? want[worst] : 0.0, rtol, atol, (long long)n);
+}
+
+/* A temporary directory per test: `.init = test_tmp_setup, .fini = test_tmp_teardown`
+ * creates /tmp/smelt-test-XXXXXX into test_tmp_dir and removes it with its contents. */
+__attribute__((unused)) static char test_tmp_dir[64];
+
+static inline void test_tmp_setup(void) {
+    snprintf(test_tmp_dir, sizeof test_tmp_dir, "/tmp/smelt-test-XXXXXX");
+    cr_assert(mkdtemp(test_tmp_dir) != NULL, "mkdtemp failed");
+}
+
+static inline int test_remove_entry(const char *path, const struct stat *st, int flag,
+                                    struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static inline void test_tmp_teardown(void) {
+    if (test_tmp_dir[0]) nftw(test_tmp_dir, test_remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* test_tmp_dir/name into buf; returns buf. */
+static inline const char *test_tmp_path(char *buf, size_t size, const char *name) {
+    int n = snprintf(buf, size, "%s/%s", test_tmp_dir, name);
+    cr_assert(n > 0 && (size_t)n < size);
+    return buf;
 }
 
 /* Expects an op call to fail with code and a non-empty message. */
