@@ -39,7 +39,7 @@ LDLIBS   += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
 ifeq ($(CUDA),1)
 CPPFLAGS  += -DSMELT_CUDA -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
-             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -I. -DSMELT_CUDA
+             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -I. -DSMELT_CUDA -MMD -MP
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
 endif
 
@@ -132,7 +132,7 @@ $(GPU_TEST_BIN): $(GPU_TEST_SRCS:%.c=$(BUILD)/%.o) $(LIB)
 # each test reports itself skipped.
 test-gpu: deps
 	$(MAKE) $(GPU_TEST_BIN)
-	$(GPU_TEST_BIN) --verbose=0
+	sh tests/gpu/run.sh $(GPU_TEST_BIN)
 
 # Compiles every .cu file and links the library with them: CI's check on machines
 # without a GPU.

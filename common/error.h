@@ -45,6 +45,10 @@ const char *error_code_name(int code);
     do {                                                                            \
         if (!(cond)) smelt_assert_fail(#cond, __FILE__, __LINE__);                  \
     } while (0)
+#ifdef __cplusplus
+[[noreturn]] void smelt_assert_fail(const char *expr, const char *file, int line);
+#else
 _Noreturn void smelt_assert_fail(const char *expr, const char *file, int line);
+#endif
 
 #endif
