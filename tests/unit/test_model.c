@@ -292,3 +292,52 @@ Test(model, load_errors) {
     rmdir(out);
     model_free(q);
 }
+
+/* The value/reward-head path: a loss on the final hidden states only. */
+static double hidden_loss(struct model *m, struct model_acts *acts, const struct packed *p,
+                          const float *wh, float *hidden) {
+    int64_t C = m->config.hidden_size, shape[2] = {p->T, C};
+    struct tensor th = tensor_f32(hidden, 2, shape);
+    struct model_batch b = batch_of(p);
+    struct smelt_error err;
+    cr_assert_eq(model_forward(m, acts, &b, NULL, NULL, &th, &err), 0, "%s", err.message);
+    double s = 0;
+    for (int64_t i = 0; i < p->T * C; i++) s += (double)wh[i] * hidden[i];
+    return s;
+}
+
+Test(model, fd_hidden_gradient) {
+    struct smelt_error err;
+    struct model *m;
+    TEST_OK(model_load(PARITY_DIR "/qwen3", BACKEND_CPU, &m, &err), &err);
+    struct packed p;
+    load_inputs("qwen3", &p);
+    int64_t C = m->config.hidden_size, n = p.T * C, shape[2] = {p.T, C};
+    struct test_rng rng = {5};
+    float *wh = test_rand_f32(&rng, n, -1, 1), *hidden = test_zeros_f32(n);
+    struct model_acts *acts;
+    TEST_OK(model_grads_alloc(m, &err), &err);
+    TEST_OK(model_acts_alloc(m, p.T, true, &acts, &err), &err);
+    hidden_loss(m, acts, &p, wh, hidden);
+    struct tensor dh = tensor_f32(wh, 2, shape);
+    TEST_OK(model_backward(m, acts, NULL, &dh, &err), &err);
+    float *w = m->weights.data;
+    const float *g = m->grads.data;
+    for (int i = 0; i < m->n_params; i++) {
+        const struct model_param *par = &m->params[i];
+        int64_t j = par->offset + (int64_t)(test_rng_next(&rng) % (uint64_t)par->numel);
+        float saved = w[j];
+        const float h = 1e-2f;
+        w[j] = saved + h;
+        double lp = hidden_loss(m, acts, &p, wh, hidden);
+        w[j] = saved - h;
+        double lm = hidden_loss(m, acts, &p, wh, hidden);
+        w[j] = saved;
+        double fd = (lp - lm) / (2.0 * (double)h);
+        cr_expect(fabs(fd - g[j]) <= 2e-2 * fabs(fd) + 2e-3, "%s[%lld]: backward %.6g, finite difference %.6g",
+                  par->name, (long long)(j - par->offset), (double)g[j], fd);
+    }
+    free(wh), free(hidden);
+    model_acts_free(acts);
+    model_free(m);
+}
