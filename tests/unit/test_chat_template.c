@@ -596,30 +596,14 @@ Test(chat_template, qwen3_tokenizer_config) {
     tokenizer_free(tok);
 }
 
-static char tmp_dir[64];
-
-static void tmp_setup(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/smelt-test-chat-XXXXXX");
-    cr_assert(mkdtemp(tmp_dir) != NULL, "mkdtemp failed");
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void tmp_teardown(void) {
-    if (tmp_dir[0]) nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 static void write_file(const char *name, const char *text) {
     char path[256];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    snprintf(path, sizeof path, "%s/%s", test_tmp_dir, name);
     struct smelt_error err = {0};
     TEST_OK(file_write_atomic(path, text, strlen(text), &err), &err);
 }
 
-Test(chat_template, inline_tokenizer_configs, .init = tmp_setup, .fini = tmp_teardown) {
+Test(chat_template, inline_tokenizer_configs, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err = {0};
     struct chat_template t;
     const char *const specials[] = {"<s>", "</s>", "<unk>"};
@@ -631,7 +615,7 @@ Test(chat_template, inline_tokenizer_configs, .init = tmp_setup, .fini = tmp_tea
                " {\"name\": \"default\", \"template\": \"{{ bos_token + '[INST] ' }}<<SYS>>\"}],"
                " \"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<s>\", \"lstrip\": false},"
                " \"eos_token\": \"</s>\", \"pad_token\": null}");
-    TEST_OK(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, tok, &err), &err);
+    TEST_OK(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, tok, &err), &err);
     cr_expect_eq(t.kind, CHAT_TEMPLATE_LLAMA2);
     cr_expect_str_eq(t.bos, "<s>");
     cr_expect_str_eq(t.eos, "</s>");
@@ -641,7 +625,7 @@ Test(chat_template, inline_tokenizer_configs, .init = tmp_setup, .fini = tmp_tea
     /* No chat_template in the config: chat_template.jinja beside it. */
     write_file("tokenizer_config.json", "{\"eos_token\": \"<unk>\"}");
     write_file("chat_template.jinja", "{{ '<|start_header_id|>' }}");
-    TEST_OK(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, tok, &err), &err);
+    TEST_OK(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, tok, &err), &err);
     cr_expect_eq(t.kind, CHAT_TEMPLATE_LLAMA3);
     cr_expect_str_eq(t.bos, "<|begin_of_text|>", "absent bos_token keeps the family default");
     cr_expect_eq(tokenizer_special_ids(tok)->eos, 258);
@@ -649,36 +633,36 @@ Test(chat_template, inline_tokenizer_configs, .init = tmp_setup, .fini = tmp_tea
 
     /* Neither: an error that says to name one; a name works. */
     char jinja[128];
-    snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", tmp_dir);
+    snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", test_tmp_dir);
     cr_assert_eq(remove(jinja), 0);
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, NULL, &err), SMELT_ENOTFOUND, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, NULL, &err), SMELT_ENOTFOUND, &err);
     cr_expect(strstr(err.message, "name a template"), "%s", err.message);
-    TEST_OK(chat_template_from_tokenizer_config(tmp_dir, "plain", &t, NULL, &err), &err);
+    TEST_OK(chat_template_from_tokenizer_config(test_tmp_dir, "plain", &t, NULL, &err), &err);
     cr_expect_eq(t.kind, CHAT_TEMPLATE_PLAIN);
     cr_expect_str_eq(t.bos, "<|bos|>");
     cr_expect_str_eq(t.eos, "<unk>");
 
     /* Errors name the file and the field. */
     write_file("tokenizer_config.json", "{\"chat_template\": \"{% for m in messages %}{{ m.content }}{% endfor %}\"}");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, NULL, &err), SMELT_EUNSUPPORTED, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, NULL, &err), SMELT_EUNSUPPORTED, &err);
     cr_expect(strstr(err.message, "tokenizer_config.json"), "%s", err.message);
     write_file("tokenizer_config.json", "{\"chat_template\": \"<|im_start|>\", \"eos_token\": 7}");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, NULL, &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, NULL, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "eos_token"), "%s", err.message);
     write_file("tokenizer_config.json", "{\"chat_template\": \"<|im_start|>\", \"eos_token\": \"<|im_end|>\"}");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, tok, &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, tok, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "<|im_end|>") && strstr(err.message, "not a token"), "%s", err.message);
     write_file("tokenizer_config.json", "{\"chat_template\": 3}");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, NULL, &err), SMELT_EFORMAT, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, NULL, &err), SMELT_EFORMAT, &err);
     write_file("tokenizer_config.json", "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"}]}");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, NULL, &err), SMELT_EFORMAT, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, NULL, &err), SMELT_EFORMAT, &err);
     write_file("tokenizer_config.json", "{\"chat_template\": \"<|im_start|>\", \"bos_token\": "
                                         "\"<|a-token-much-longer-than-sixty-three-bytes-which-no-tokenizer-uses|>\"}");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, NULL, &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, NULL, &err), SMELT_EINVAL, &err);
     write_file("tokenizer_config.json", "[1, 2]");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, NULL, &t, NULL, &err), SMELT_EFORMAT, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, NULL, &t, NULL, &err), SMELT_EFORMAT, &err);
     write_file("tokenizer_config.json", "{}");
-    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(tmp_dir, "vicuna", &t, NULL, &err), SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(chat_template_from_tokenizer_config(test_tmp_dir, "vicuna", &t, NULL, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "vicuna"), "%s", err.message);
     TEST_EXPECT_ERROR(chat_template_from_tokenizer_config("/nonexistent/dir/tokenizer_config.json", NULL, &t, NULL,
                                                           &err), SMELT_EIO, &err);
