@@ -59,33 +59,69 @@ static int write_fully(int fd, const void *data, size_t len) {
     return 0;
 }
 
-int file_write_atomic(const char *path, const void *data, size_t len, struct smelt_error *err) {
+int file_atomic_open(struct file_atomic *f, const char *path, struct smelt_error *err) {
     size_t n = strlen(path);
-    char *tmp = malloc(n + 16);
-    if (!tmp) return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
-    snprintf(tmp, n + 16, "%s.tmpXXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
+    f->fd = -1;
+    f->path = path;
+    f->tmp_path = malloc(n + 16);
+    if (!f->tmp_path) return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
+    snprintf(f->tmp_path, n + 16, "%s.tmpXXXXXX", path);
+    f->fd = mkstemp(f->tmp_path);
+    if (f->fd < 0) {
         int e = errno;
-        free(tmp);
+        free(f->tmp_path);
+        f->tmp_path = NULL;
         return error_set(err, SMELT_EIO, "%s: cannot create temporary file: %s", path, strerror(e));
     }
-    /* mkstemp makes the file 0600; the mode is set before fsync so it is durable too. */
-    if (write_fully(fd, data, len) != 0 || fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        free(tmp);
-        return error_set(err, SMELT_EIO, "%s: write failed: %s", path, strerror(e));
-    }
-    if (close(fd) != 0 || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        free(tmp);
-        return error_set(err, SMELT_EIO, "%s: cannot replace file: %s", path, strerror(e));
-    }
-    free(tmp);
     return SMELT_OK;
+}
+
+void file_atomic_abort(struct file_atomic *f) {
+    if (!f->tmp_path) return;
+    if (f->fd >= 0) close(f->fd);
+    unlink(f->tmp_path);
+    free(f->tmp_path);
+    f->tmp_path = NULL;
+    f->fd = -1;
+}
+
+int file_atomic_write(struct file_atomic *f, const void *data, size_t len,
+                      struct smelt_error *err) {
+    if (!f->tmp_path) return error_set(err, SMELT_EINVAL, "%s: file is not open", f->path);
+    if (write_fully(f->fd, data, len) != 0) {
+        int e = errno;
+        file_atomic_abort(f);
+        return error_set(err, SMELT_EIO, "%s: write failed: %s", f->path, strerror(e));
+    }
+    return SMELT_OK;
+}
+
+int file_atomic_commit(struct file_atomic *f, struct smelt_error *err) {
+    if (!f->tmp_path) return error_set(err, SMELT_EINVAL, "%s: file is not open", f->path);
+    /* mkstemp makes the file 0600; the mode is set before fsync so it is durable too. */
+    if (fchmod(f->fd, 0644) != 0 || fsync(f->fd) != 0) {
+        int e = errno;
+        file_atomic_abort(f);
+        return error_set(err, SMELT_EIO, "%s: write failed: %s", f->path, strerror(e));
+    }
+    int closed = close(f->fd);
+    f->fd = -1;
+    if (closed != 0 || rename(f->tmp_path, f->path) != 0) {
+        int e = errno;
+        file_atomic_abort(f);
+        return error_set(err, SMELT_EIO, "%s: cannot replace file: %s", f->path, strerror(e));
+    }
+    free(f->tmp_path);
+    f->tmp_path = NULL;
+    return SMELT_OK;
+}
+
+int file_write_atomic(const char *path, const void *data, size_t len, struct smelt_error *err) {
+    struct file_atomic f;
+    int rc = file_atomic_open(&f, path, err);
+    if (!rc) rc = file_atomic_write(&f, data, len, err);
+    if (!rc) rc = file_atomic_commit(&f, err);
+    return rc;
 }
 
 int dir_create_all(const char *path, struct smelt_error *err) {

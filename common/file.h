@@ -14,6 +14,20 @@ int file_read_all(const char *path, char **out, size_t *len, struct smelt_error 
  * a reader sees the old content or the new, never a torn file. */
 int file_write_atomic(const char *path, const void *data, size_t len, struct smelt_error *err);
 
+/* The same, streamed: open a temporary beside path, write any number of pieces, then
+ * commit (fsync, mode 0644, rename over path) or abort (remove the temporary). Every
+ * failure aborts by itself, so after an error only the error needs handling. */
+struct file_atomic {
+    int fd;
+    char *tmp_path; /* malloc'd; NULL once committed or aborted */
+    const char *path; /* borrowed */
+};
+int file_atomic_open(struct file_atomic *f, const char *path, struct smelt_error *err);
+int file_atomic_write(struct file_atomic *f, const void *data, size_t len,
+                      struct smelt_error *err);
+int file_atomic_commit(struct file_atomic *f, struct smelt_error *err);
+void file_atomic_abort(struct file_atomic *f);
+
 /* mkdir -p with mode 0755. */
 int dir_create_all(const char *path, struct smelt_error *err);
 

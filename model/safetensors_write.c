@@ -170,83 +170,43 @@ static int header_bytes(const char *path, const struct item *items, size_t n,
     return SMELT_OK;
 }
 
-static int write_fully(int fd, const void *data, size_t len) {
-    const char *p = data;
-    while (len > 0) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-static float load_host(const void *p, enum dtype dtype, int64_t i) {
-    switch (dtype) {
-    case DTYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case DTYPE_F16: return f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-
-/* Writes one tensor's bytes in its file dtype, converting a chunk at a time. */
-static int write_tensor(int fd, const struct item *it, void *scratch) {
+/* Writes one tensor's bytes in its file dtype, converting a chunk at a time (ops_cast
+ * rounds as every other cast in smelt does). */
+static int write_tensor(struct file_atomic *f, const struct item *it, void *scratch,
+                        struct smelt_error *err) {
     const struct tensor *t = &it->desc->tensor;
     enum dtype to = it->desc->file_dtype;
-    if (t->dtype == to) return write_fully(fd, t->data, (size_t)it->nbytes);
+    if (t->dtype == to) return file_atomic_write(f, t->data, (size_t)it->nbytes, err);
     int64_t n = tensor_numel(t);
     for (int64_t at = 0; at < n; at += CONVERT_CHUNK_ELEMS) {
         int64_t m = n - at < CONVERT_CHUNK_ELEMS ? n - at : CONVERT_CHUNK_ELEMS;
-        for (int64_t i = 0; i < m; i++) {
-            float x = load_host(t->data, t->dtype, at + i);
-            if (to == DTYPE_F32) ((float *)scratch)[i] = x;
-            else if (to == DTYPE_BF16) ((uint16_t *)scratch)[i] = f32_to_bf16(x);
-            else ((uint16_t *)scratch)[i] = f32_to_f16(x);
+        struct tensor src = tensor_make(BACKEND_CPU, t->dtype,
+                                        (char *)t->data + (size_t)at * dtype_size(t->dtype), 1, &m);
+        struct tensor dst = tensor_make(BACKEND_CPU, to, scratch, 1, &m);
+        int rc = ops_cast(&dst, &src, err);
+        if (!rc) rc = file_atomic_write(f, scratch, (size_t)m * dtype_size(to), err);
+        if (rc) {
+            file_atomic_abort(f);
+            return rc;
         }
-        if (write_fully(fd, scratch, (size_t)m * dtype_size(to)) != 0) return -1;
     }
-    return 0;
+    return SMELT_OK;
 }
 
 /* Streams header and tensors into a temporary beside path, then renames it over path. */
 static int write_file(const char *path, const struct item *items, size_t n,
                       const char *header, size_t header_len, struct smelt_error *err) {
-    size_t lp = strlen(path);
-    char *tmp = malloc(lp + 16);
     void *scratch = malloc(CONVERT_CHUNK_ELEMS * sizeof(float));
-    if (!tmp || !scratch) {
-        free(tmp);
-        free(scratch);
-        return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
-    }
-    snprintf(tmp, lp + 16, "%s.tmpXXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        free(scratch);
-        return error_set(err, SMELT_EIO, "%s: cannot create a temporary file: %s", path,
-                         strerror(e));
-    }
+    if (!scratch) return error_set(err, SMELT_ENOMEM, "%s: out of memory", path);
+    struct file_atomic f;
     uint64_t n_le = header_len; /* little-endian host: the bytes are already LE */
-    int bad = write_fully(fd, &n_le, 8) || write_fully(fd, header, header_len);
-    for (size_t i = 0; i < n && !bad; i++) bad = write_tensor(fd, &items[i], scratch);
-    if (!bad) bad = fsync(fd) != 0 || fchmod(fd, 0644) != 0;
-    int e = errno;
-    if (close(fd) != 0 && !bad) {
-        bad = 1;
-        e = errno;
-    }
-    if (!bad && rename(tmp, path) != 0) {
-        bad = 1;
-        e = errno;
-    }
-    if (bad) unlink(tmp);
-    free(tmp);
+    int rc = file_atomic_open(&f, path, err);
+    if (!rc) rc = file_atomic_write(&f, &n_le, 8, err);
+    if (!rc) rc = file_atomic_write(&f, header, header_len, err);
+    for (size_t i = 0; i < n && !rc; i++) rc = write_tensor(&f, &items[i], scratch, err);
+    if (!rc) rc = file_atomic_commit(&f, err);
     free(scratch);
-    if (bad) return error_set(err, SMELT_EIO, "%s: write failed: %s", path, strerror(e));
-    return SMELT_OK;
+    return rc;
 }
 
 int safetensors_write(const char *path, const struct safetensors_tensor_desc *tensors,
