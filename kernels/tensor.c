@@ -177,7 +177,7 @@ const char *tensor_shape_str(const struct tensor *t, char *buf, size_t buf_bytes
     return buf;
 }
 
-static const struct backend_ops *backend_table(enum backend backend) {
+const struct backend_ops *backend_ops_get(enum backend backend) {
     if (backend == BACKEND_CPU) return &cpu_backend_ops;
 #ifdef SMELT_CUDA
     if (backend == BACKEND_CUDA && backend_available(BACKEND_CUDA)) return &cuda_backend_ops;
@@ -185,8 +185,6 @@ static const struct backend_ops *backend_table(enum backend backend) {
     return NULL;
 }
 
-/* Used by ops.c too. */
-const struct backend_ops *backend_ops_get(enum backend backend) { return backend_table(backend); }
 
 static int check_tensor_form(const char *what, const struct tensor *t, struct smelt_error *err) {
     if (t->ndim < 1 || t->ndim > TENSOR_MAX_DIMS)
@@ -196,7 +194,7 @@ static int check_tensor_form(const char *what, const struct tensor *t, struct sm
     for (int i = 0; i < t->ndim; i++)
         if (t->shape[i] < 0)
             return error_set(err, SMELT_EINVAL, "%s: negative dimension %lld", what, (long long)t->shape[i]);
-    if (!backend_table(t->backend))
+    if (!backend_ops_get(t->backend))
         return error_set(err, SMELT_EUNSUPPORTED, "%s: backend %s is not available", what,
                          backend_name(t->backend));
     return SMELT_OK;
@@ -217,12 +215,12 @@ int tensor_alloc(struct tensor *t, enum backend backend, enum dtype dtype, int n
     }
     size_t bytes = (size_t)numel * dtype_size(dtype);
     if (bytes == 0) return SMELT_OK;
-    return backend_table(backend)->alloc(&t->data, bytes, err);
+    return backend_ops_get(backend)->alloc(&t->data, bytes, err);
 }
 
 void tensor_free(struct tensor *t) {
     if (!t || !t->data) return;
-    const struct backend_ops *ops = backend_table(t->backend);
+    const struct backend_ops *ops = backend_ops_get(t->backend);
     if (ops) ops->free(t->data);
     t->data = NULL;
 }
@@ -233,7 +231,7 @@ int tensor_zero(struct tensor *t, struct smelt_error *err) {
     size_t bytes = tensor_nbytes(t);
     if (bytes == 0) return SMELT_OK;
     if (!t->data) return error_set(err, SMELT_EINVAL, "tensor_zero: tensor has no data");
-    return backend_table(t->backend)->zero(t->data, bytes, err);
+    return backend_ops_get(t->backend)->zero(t->data, bytes, err);
 }
 
 int tensor_copy(struct tensor *dst, const struct tensor *src, struct smelt_error *err) {
@@ -248,11 +246,11 @@ int tensor_copy(struct tensor *dst, const struct tensor *src, struct smelt_error
     if (bytes == 0) return SMELT_OK;
     if (!dst->data || !src->data) return error_set(err, SMELT_EINVAL, "tensor_copy: tensor has no data");
     if (dst->backend == src->backend)
-        return backend_table(src->backend)->copy_within(dst->data, src->data, bytes, err);
+        return backend_ops_get(src->backend)->copy_within(dst->data, src->data, bytes, err);
     if (dst->backend == BACKEND_CPU)
-        return backend_table(src->backend)->copy_to_host(dst->data, src->data, bytes, err);
+        return backend_ops_get(src->backend)->copy_to_host(dst->data, src->data, bytes, err);
     if (src->backend == BACKEND_CPU)
-        return backend_table(dst->backend)->copy_from_host(dst->data, src->data, bytes, err);
+        return backend_ops_get(dst->backend)->copy_from_host(dst->data, src->data, bytes, err);
     return error_set(err, SMELT_EUNSUPPORTED, "tensor_copy: %s to %s", backend_name(src->backend),
                      backend_name(dst->backend));
 }

@@ -515,8 +515,9 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
         struct layer_acts *la = &a->layers[l];
         struct tensor scratch_out;
         if (a->recompute) {
-            /* Re-run the layer from its saved input; its output goes to dh's twin buffer
-             * so the real next-layer input (already consumed) is not needed. */
+            /* Re-run the layer from its saved input. Its output is not needed (the next
+             * layer's input is saved), so it goes to hf, free once the head's backward
+             * is done. */
             a->scratch.x_in = la->x_in;
             la = &a->scratch;
             scratch_out = a->hf; /* the final norm output is no longer needed */
