@@ -42,6 +42,21 @@ static struct tensor slice_rows(const struct tensor *buf, int64_t r0, int64_t n,
 static const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
 static struct tensor *opt_mut(struct tensor *t) { return t->data ? t : NULL; }
 
+/* ---- adapter hooks ---- */
+
+static int adapt_fwd(const struct model *m, int64_t layer, enum model_linear linear,
+                     const struct tensor *x, struct tensor *y, struct smelt_error *err) {
+    const struct model_adapter *ad = m->adapter;
+    return ad ? ad->forward(ad->ctx, layer, linear, x, y, err) : SMELT_OK;
+}
+
+static int adapt_bwd(const struct model *m, int64_t layer, enum model_linear linear,
+                     const struct tensor *x, const struct tensor *dy, struct tensor *dx,
+                     struct smelt_error *err) {
+    const struct model_adapter *ad = m->adapter;
+    return ad ? ad->backward(ad->ctx, layer, linear, x, dy, dx, err) : SMELT_OK;
+}
+
 /* ---- activation buffers ---- */
 
 struct dims {
@@ -225,7 +240,7 @@ static struct layer_views layer_views(const struct model *m, const struct layer_
     return v;
 }
 
-static int layer_forward(const struct model *m, const struct layer_weights *w,
+static int layer_forward(const struct model *m, int64_t l, const struct layer_weights *w,
                          struct layer_views *v, const struct tensor *positions,
                          const struct tensor *cu_seqlens, struct smelt_error *err) {
     const struct model_config *c = &m->config;
@@ -237,6 +252,9 @@ static int layer_forward(const struct model *m, const struct layer_weights *w,
     TRY(ops_matmul(qp, &v->h1, &w->q_w, opt(&w->q_b), false, true, 1.0f, 0.0f, err));
     TRY(ops_matmul(kp, &v->h1, &w->k_w, opt(&w->k_b), false, true, 1.0f, 0.0f, err));
     TRY(ops_matmul(&v->v, &v->h1, &w->v_w, opt(&w->v_b), false, true, 1.0f, 0.0f, err));
+    TRY(adapt_fwd(m, l, MODEL_LINEAR_Q, &v->h1, qp, err));
+    TRY(adapt_fwd(m, l, MODEL_LINEAR_K, &v->h1, kp, err));
+    TRY(adapt_fwd(m, l, MODEL_LINEAR_V, &v->h1, &v->v, err));
     if (c->qk_norm) {
         struct tensor qn = rows2(&v->q, v->q.shape[0] * d.Hq, d.D);
         struct tensor kn = rows2(&v->k, v->k.shape[0] * d.Hkv, d.D);
@@ -251,24 +269,30 @@ static int layer_forward(const struct model *m, const struct layer_weights *w,
     /* x_mid = x_in + att @ o^T (+ b): copy the residual, then accumulate the GEMM. */
     TRY(tensor_copy(&v->x_mid, &v->x_in, err));
     TRY(ops_matmul(&v->x_mid, &v->att, &w->o_w, opt(&w->o_b), false, true, 1.0f, 1.0f, err));
+    TRY(adapt_fwd(m, l, MODEL_LINEAR_O, &v->att, &v->x_mid, err));
     TRY(norm_forward(m, &v->h2, opt_mut(&v->mean2), &v->rstd2, &v->x_mid, &w->mlp_norm_w,
                      opt(&w->mlp_norm_b), err));
     TRY(tensor_copy(&v->x_out, &v->x_mid, err));
     if (c->mlp == MODEL_MLP_SWIGLU) {
         TRY(ops_matmul(&v->gate, &v->h2, &w->gate_w, NULL, false, true, 1.0f, 0.0f, err));
         TRY(ops_matmul(&v->up, &v->h2, &w->up_w, NULL, false, true, 1.0f, 0.0f, err));
+        TRY(adapt_fwd(m, l, MODEL_LINEAR_GATE, &v->h2, &v->gate, err));
+        TRY(adapt_fwd(m, l, MODEL_LINEAR_UP, &v->h2, &v->up, err));
         TRY(ops_swiglu(&v->act, &v->gate, &v->up, err));
         TRY(ops_matmul(&v->x_out, &v->act, &w->down_w, NULL, false, true, 1.0f, 1.0f, err));
+        TRY(adapt_fwd(m, l, MODEL_LINEAR_DOWN, &v->act, &v->x_out, err));
     } else {
         TRY(ops_matmul(&v->gate, &v->h2, &w->fc_w, opt(&w->fc_b), false, true, 1.0f, 0.0f, err));
+        TRY(adapt_fwd(m, l, MODEL_LINEAR_FC, &v->h2, &v->gate, err));
         TRY(ops_gelu(&v->act, &v->gate, err));
         TRY(ops_matmul(&v->x_out, &v->act, &w->proj_w, opt(&w->proj_b), false, true, 1.0f, 1.0f, err));
+        TRY(adapt_fwd(m, l, MODEL_LINEAR_PROJ, &v->act, &v->x_out, err));
     }
     return SMELT_OK;
 }
 
 /* dres holds dL/dx_out on entry and dL/dx_in on return. */
-static int layer_backward(const struct model *m, const struct layer_weights *w,
+static int layer_backward(const struct model *m, int64_t l, const struct layer_weights *w,
                           struct layer_weights *g, const struct layer_views *v,
                           struct model_acts *a, const struct tensor *positions,
                           const struct tensor *cu_seqlens, struct smelt_error *err) {
@@ -286,14 +310,19 @@ static int layer_backward(const struct model *m, const struct layer_weights *w,
     TRY(tensor_zero(&dh, err));
     if (c->mlp == MODEL_MLP_SWIGLU) {
         TRY(ops_matmul_backward(&dact, opt_mut(&g->down_w), NULL, &dres, &v->act, &w->down_w, false, true, 1.0f, err));
+        TRY(adapt_bwd(m, l, MODEL_LINEAR_DOWN, &v->act, &dres, &dact, err));
         TRY(tensor_zero(&dup, err));
         TRY(ops_swiglu_backward(&dgate, &dup, &dact, &v->gate, &v->up, err));
         TRY(ops_matmul_backward(&dh, opt_mut(&g->gate_w), NULL, &dgate, &v->h2, &w->gate_w, false, true, 1.0f, err));
         TRY(ops_matmul_backward(&dh, opt_mut(&g->up_w), NULL, &dup, &v->h2, &w->up_w, false, true, 1.0f, err));
+        TRY(adapt_bwd(m, l, MODEL_LINEAR_GATE, &v->h2, &dgate, &dh, err));
+        TRY(adapt_bwd(m, l, MODEL_LINEAR_UP, &v->h2, &dup, &dh, err));
     } else {
         TRY(ops_matmul_backward(&dact, opt_mut(&g->proj_w), opt_mut(&g->proj_b), &dres, &v->act, &w->proj_w, false, true, 1.0f, err));
+        TRY(adapt_bwd(m, l, MODEL_LINEAR_PROJ, &v->act, &dres, &dact, err));
         TRY(ops_gelu_backward(&dgate, &dact, &v->gate, err));
         TRY(ops_matmul_backward(&dh, opt_mut(&g->fc_w), opt_mut(&g->fc_b), &dgate, &v->h2, &w->fc_w, false, true, 1.0f, err));
+        TRY(adapt_bwd(m, l, MODEL_LINEAR_FC, &v->h2, &dgate, &dh, err));
     }
     TRY(norm_backward(m, &dres, opt_mut(&g->mlp_norm_w), opt_mut(&g->mlp_norm_b), &dh, &v->x_mid,
                       &w->mlp_norm_w, opt(&v->mean2), &v->rstd2, err));
@@ -304,6 +333,7 @@ static int layer_backward(const struct model *m, const struct layer_weights *w,
     struct tensor dv3 = rows3(&a->dv, T, d.Hkv, d.D), dv = rows2(&a->dv, T, d.KD);
     TRY(tensor_zero(&datt, err));
     TRY(ops_matmul_backward(&datt, opt_mut(&g->o_w), opt_mut(&g->o_b), &dres, &v->att, &w->o_w, false, true, 1.0f, err));
+    TRY(adapt_bwd(m, l, MODEL_LINEAR_O, &v->att, &dres, &datt, err));
     TRY(tensor_zero(&dq3, err));
     TRY(tensor_zero(&dk3, err));
     TRY(tensor_zero(&dv3, err));
@@ -335,6 +365,9 @@ static int layer_backward(const struct model *m, const struct layer_weights *w,
     TRY(ops_matmul_backward(&dh, opt_mut(&g->q_w), opt_mut(&g->q_b), &dq, &v->h1, &w->q_w, false, true, 1.0f, err));
     TRY(ops_matmul_backward(&dh, opt_mut(&g->k_w), opt_mut(&g->k_b), &dk, &v->h1, &w->k_w, false, true, 1.0f, err));
     TRY(ops_matmul_backward(&dh, opt_mut(&g->v_w), opt_mut(&g->v_b), &dv, &v->h1, &w->v_w, false, true, 1.0f, err));
+    TRY(adapt_bwd(m, l, MODEL_LINEAR_Q, &v->h1, &dq, &dh, err));
+    TRY(adapt_bwd(m, l, MODEL_LINEAR_K, &v->h1, &dk, &dh, err));
+    TRY(adapt_bwd(m, l, MODEL_LINEAR_V, &v->h1, &dv, &dh, err));
     TRY(norm_backward(m, &dres, opt_mut(&g->attn_norm_w), opt_mut(&g->attn_norm_b), &dh, &v->x_in,
                       &w->attn_norm_w, opt(&v->mean1), &v->rstd1, err));
     return SMELT_OK;
@@ -442,7 +475,7 @@ int model_forward(struct model *m, struct model_acts *a, const struct model_batc
             la = &a->scratch;
         }
         struct layer_views v = layer_views(m, la, layer_output(a, l, c->n_layers), T);
-        int rc = layer_forward(m, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
+        int rc = layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
         if (a->recompute) a->scratch.x_in = (struct tensor){0};
         if (rc) return error_wrap(err, "layer %lld", (long long)l);
     }
@@ -474,7 +507,8 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
     const struct model_config *c = &m->config;
     struct dims d = model_dims(m);
     if (!a->forward_done) return error_set(err, SMELT_EINVAL, "model_backward: no forward pass to differentiate");
-    if (!m->grads.data) return error_set(err, SMELT_EINVAL, "model_backward: gradients are not allocated (model_grads_alloc)");
+    if (!m->grads.data && !m->adapter)
+        return error_set(err, SMELT_EINVAL, "model_backward: gradients are not allocated (model_grads_alloc) and no adapter is attached");
     int64_t T = a->n_tokens;
     if (dlogprobs && !a->has_targets)
         return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs given but the forward had no targets");
@@ -502,13 +536,13 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
             TRY(ops_matmul(&lg, &h, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
             TRY(tensor_zero(&dlg, err));
             TRY(ops_logprobs_backward(&dlg, &dlp, &lg, &tg, &lse, err));
-            TRY(ops_matmul_backward(&dhc, &m->g.lm_head, NULL, &dlg, &h, &m->w.lm_head, false, true, 1.0f, err));
+            TRY(ops_matmul_backward(&dhc, opt_mut(&m->g.lm_head), NULL, &dlg, &h, &m->w.lm_head, false, true, 1.0f, err));
         }
     }
     struct tensor xf = rows2(&a->x_final, T, d.C);
     struct tensor meanf = rows1(&a->meanf, T), rstdf = rows1(&a->rstdf, T);
     TRY(tensor_zero(&dres, err));
-    TRY(norm_backward(m, &dres, &m->g.final_norm_w, opt_mut(&m->g.final_norm_b), &dh, &xf,
+    TRY(norm_backward(m, &dres, opt_mut(&m->g.final_norm_w), opt_mut(&m->g.final_norm_b), &dh, &xf,
                       &m->w.final_norm_w, opt(&meanf), &rstdf, err));
 
     for (int64_t l = c->n_layers - 1; l >= 0; l--) {
@@ -524,13 +558,15 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
         }
         struct layer_views v = layer_views(m, la, a->recompute ? &scratch_out : layer_output(a, l, c->n_layers), T);
         int rc = SMELT_OK;
-        if (a->recompute) rc = layer_forward(m, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
-        if (!rc) rc = layer_backward(m, &m->w.layers[l], &m->g.layers[l], &v, a, &positions, &a->cu_seqlens, err);
+        if (a->recompute) rc = layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
+        if (!rc) rc = layer_backward(m, l, &m->w.layers[l], &m->g.layers[l], &v, a, &positions, &a->cu_seqlens, err);
         if (a->recompute) a->scratch.x_in = (struct tensor){0};
         if (rc) return error_wrap(err, "layer %lld backward", (long long)l);
     }
-    TRY(ops_embedding_backward(&m->g.wte, &dres, &ids, err));
-    if (c->positions == MODEL_POS_LEARNED) TRY(ops_embedding_backward(&m->g.wpe, &dres, &positions, err));
+    if (m->grads.data) {
+        TRY(ops_embedding_backward(&m->g.wte, &dres, &ids, err));
+        if (c->positions == MODEL_POS_LEARNED) TRY(ops_embedding_backward(&m->g.wpe, &dres, &positions, err));
+    }
     /* hf was overwritten by recompute; a second backward needs a new forward. */
     if (a->recompute) a->forward_done = false;
     return SMELT_OK;

@@ -55,6 +55,31 @@ struct model_weights {
     struct layer_weights *layers;             /* [n_layers] */
 };
 
+/* The linear layers of a block that an adapter (LoRA) can wrap. GPT-2's fused c_attn
+ * is seen as Q, K and V with the same input; its attn.c_proj is O, mlp.c_fc is FC and
+ * mlp.c_proj is PROJ. */
+enum model_linear {
+    MODEL_LINEAR_Q, MODEL_LINEAR_K, MODEL_LINEAR_V, MODEL_LINEAR_O,
+    MODEL_LINEAR_GATE, MODEL_LINEAR_UP, MODEL_LINEAR_DOWN,
+    MODEL_LINEAR_FC, MODEL_LINEAR_PROJ,
+    MODEL_LINEAR_COUNT
+};
+
+/* A trainable addition to linear layers (LoRA), called by model_forward/model_backward
+ * for every linear of every layer, after the base matmul:
+ *   forward:  y += delta(x)              (x: [T, in], y: [T, out])
+ *   backward: dx += (d delta / dx)^T dy, and the adapter accumulates its own gradients.
+ * A hook returns SMELT_OK doing nothing for the linears it does not wrap. With
+ * activation recompute the forward hook runs again during the backward, so a hook must
+ * give the same result for the same inputs until the next model_forward. */
+struct model_adapter {
+    void *ctx;
+    int (*forward)(void *ctx, int64_t layer, enum model_linear linear, const struct tensor *x,
+                   struct tensor *y, struct smelt_error *err);
+    int (*backward)(void *ctx, int64_t layer, enum model_linear linear, const struct tensor *x,
+                    const struct tensor *dy, struct tensor *dx, struct smelt_error *err);
+};
+
 struct model {
     struct model_config config;
     enum backend backend;
@@ -65,6 +90,10 @@ struct model {
     struct tensor grads;         /* f32 [n_weights]; data NULL until model_grads_alloc */
     struct model_weights w;      /* views into weights */
     struct model_weights g;      /* the same views into grads */
+    /* Borrowed, NULL when none (set by lora_attach). With an adapter and no grads
+     * allocated the base is frozen: the backward computes only what flows to the
+     * adapter. */
+    const struct model_adapter *adapter;
 };
 
 /* Loads config.json and the safetensors weights of a HF model directory. Every
@@ -136,7 +165,9 @@ int model_forward(struct model *model, struct model_acts *acts, const struct mod
                   struct smelt_error *err);
 
 /* Accumulates into model->grads the gradient of a loss given dL/dlogprobs (f32 [T],
- * or NULL) and dL/dhidden (f32 [T, C], or NULL) for the last model_forward on acts. */
+ * or NULL) and dL/dhidden (f32 [T, C], or NULL) for the last model_forward on acts.
+ * Without grads (model_grads_alloc never called) the model must have an adapter: only
+ * the adapter's gradients are produced. */
 int model_backward(struct model *model, struct model_acts *acts,
                    const struct tensor *dlogprobs, const struct tensor *dhidden,
                    struct smelt_error *err);
