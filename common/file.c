@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,20 @@ int dir_create_all(const char *path, struct smelt_error *err) {
     free(buf);
     if (!path_is_dir(path))
         return error_set(err, SMELT_EIO, "%s: exists and is not a directory", path);
+    return SMELT_OK;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st;
+    (void)ftw;
+    return (type == FTW_DP ? rmdir(path) : unlink(path)) ? errno : 0;
+}
+
+int dir_remove_all(const char *path, struct smelt_error *err) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? SMELT_OK : error_set(err, SMELT_EIO, "%s: %s", path, strerror(errno));
+    int rc = nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (rc) return error_set(err, SMELT_EIO, "%s: cannot remove: %s", path, strerror(rc > 0 ? rc : errno));
     return SMELT_OK;
 }
 

@@ -31,6 +31,10 @@ void file_atomic_abort(struct file_atomic *f);
 /* mkdir -p with mode 0755. */
 int dir_create_all(const char *path, struct smelt_error *err);
 
+/* rm -rf without following symbolic links (a link is removed, not its target).
+ * A missing path is SMELT_OK. */
+int dir_remove_all(const char *path, struct smelt_error *err);
+
 bool path_exists(const char *path);
 bool path_is_dir(const char *path);
 

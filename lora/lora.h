@@ -1,0 +1,107 @@
+/* lora/: LoRA adapters on a struct model's linear layers (Hu et al. 2021, as PEFT does
+ * it): y = W x + scaling * B(A(dropout(x))), A [r, in] ~ kaiming-uniform, B [out, r] = 0
+ * at creation, scaling = alpha / r (alpha / sqrt(r) with rslora). The base model stays
+ * frozen: it needs no gradient buffer (model_grads_alloc is not called) and no
+ * optimizer state; only the adapter's flat buffer trains.
+ *
+ * Target modules use PEFT's names: q_proj k_proj v_proj o_proj gate_proj up_proj
+ * down_proj for Llama/Mistral/Qwen; c_attn c_proj c_fc for GPT-2 (c_proj matches both
+ * attn.c_proj and mlp.c_proj, as PEFT's suffix match does); the short forms q k v o
+ * gate up down are accepted, and "all-linear" takes every linear of a block (never
+ * lm_head). GPT-2's c_attn has one A shared by q, k and v and one B [3C, r] whose row
+ * blocks feed q, k and v.
+ *
+ * Dropout masks come from a hash of (seed, layer, module, element), not from a stream:
+ * the same seed gives the same masks, so activation recompute and exact resume need no
+ * saved state. lora_set_dropout_seed picks the masks for the next forward; training is
+ * off (no dropout) until lora_set_training(l, true).
+ *
+ * Files (PEFT format): adapter_config.json ({"peft_type": "LORA", "r", "lora_alpha",
+ * "lora_dropout", "target_modules", "fan_in_fan_out", "bias": "none", "use_rslora",
+ * "task_type": "CAUSAL_LM", "base_model_name_or_path", ...}) and
+ * adapter_model.safetensors with PEFT's names, e.g.
+ * base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight [r, in] and
+ * ...lora_B.weight [out, r]; GPT-2: base_model.model.transformer.h.0.attn.c_attn....
+ * Loading refuses what would change the maths silently (use_dora, rank_pattern,
+ * alpha_pattern, layers_to_transform, modules_to_save, bias other than "none", a
+ * tensor missing or of the wrong shape, an unknown tensor).
+ *
+ * Ownership: lora_create/lora_load return a struct lora freed with lora_free (which
+ * detaches it first). The model is borrowed and must outlive the adapter. */
+#ifndef SMELT_LORA_H
+#define SMELT_LORA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "kernels/ops.h"
+#include "model/transformer.h"
+
+#define LORA_MAX_TARGETS 16
+
+struct lora_config {
+    int rank;                   /* >= 1 */
+    float alpha;                /* > 0 */
+    float dropout;              /* [0, 1) */
+    bool use_rslora;
+    int n_targets;
+    char targets[LORA_MAX_TARGETS][32]; /* names as given (PEFT or short forms) */
+};
+
+/* One adapter tensor: a view into the flat buffers. */
+struct lora_param {
+    char name[160];             /* PEFT's name in adapter_model.safetensors */
+    int64_t shape[2];
+    int64_t offset, numel;      /* in elements, into weights/grads */
+};
+
+struct lora {
+    struct lora_config config;
+    float scaling;
+    struct model *model;        /* borrowed */
+    struct lora_param *params;  /* [n_params]: A then B for each wrapped module */
+    int n_params;
+    int64_t n_weights;
+    struct tensor weights;      /* f32 [n_weights], on the model's backend */
+    struct tensor grads;        /* f32 [n_weights], zeroed at creation */
+    struct model_adapter adapter; /* what lora_attach puts on the model */
+    struct lora_state *state;   /* private: module table, scratch, dropout */
+};
+
+/* Parses {"rank", "alpha", "dropout", "target_modules", "use_rslora"} (the job spec's
+ * "lora" object; rank defaults to 8, alpha to 2 * rank, dropout to 0; without
+ * target_modules n_targets is 0 and lora_create uses the architecture's default, PEFT's:
+ * q_proj and v_proj, or c_attn for GPT-2). Unknown keys and out-of-range values are
+ * SMELT_EINVAL naming "<where>.<field>". json is a jansson json_t *. */
+int lora_config_from_json(const void *json, const char *where, struct lora_config *out,
+                          struct smelt_error *err);
+
+/* A new adapter for the model: A from a seeded kaiming-uniform (a = sqrt(5), PEFT's
+ * init), B zero, so the model's outputs are unchanged until it trains. A target that
+ * names no linear of this architecture is SMELT_EINVAL naming it. */
+int lora_create(struct model *model, const struct lora_config *config, uint64_t seed,
+                struct lora **out, struct smelt_error *err);
+
+/* Loads a PEFT adapter directory for this model (errors name the file and tensor). */
+int lora_load(struct model *model, const char *dir, struct lora **out, struct smelt_error *err);
+
+/* Writes adapter_config.json and adapter_model.safetensors (f32) into dir (created if
+ * needed). base_model_name_or_path is written as given (may be NULL). */
+int lora_save(const struct lora *lora, const char *dir, const char *base_model_name_or_path,
+              struct smelt_error *err);
+
+/* Puts the adapter's hooks on the model (model->adapter); one adapter at a time. */
+int lora_attach(struct lora *lora, struct smelt_error *err);
+void lora_detach(struct lora *lora);
+
+void lora_set_training(struct lora *lora, bool training);
+void lora_set_dropout_seed(struct lora *lora, uint64_t seed);
+
+/* W += scaling * B A for every wrapped module, in the model's weights (detach first: a
+ * merged adapter still attached would count twice). */
+int lora_merge(const struct lora *lora, struct smelt_error *err);
+
+void lora_free(struct lora *lora);
+
+#endif

@@ -1,0 +1,142 @@
+/* trainer/: the job spec, the optimizer, learning-rate schedules, checkpoints and the
+ * training loops (SFT now; DPO, reward model, PPO and GRPO come later), run by the
+ * `smelt-trainer` program. docs/job-spec.md documents the spec and the job directory.
+ *
+ * Ownership: a struct job_spec is a plain value (fixed-size strings, no heap). The
+ * optimizer owns its moment buffers (optimizer_free). trainer_run owns everything it
+ * loads for the duration of the call. */
+#ifndef SMELT_TRAINER_H
+#define SMELT_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "datasets/datasets.h"
+#include "kernels/ops.h"
+#include "lora/lora.h"
+
+#define JOB_PATH_BYTES 1024
+
+/* ---- learning-rate schedules ---- */
+
+enum lr_schedule_kind { LR_SCHEDULE_CONSTANT, LR_SCHEDULE_LINEAR, LR_SCHEDULE_COSINE };
+const char *lr_schedule_name(enum lr_schedule_kind kind);
+int lr_schedule_from_name(const char *name, enum lr_schedule_kind *out, struct smelt_error *err);
+
+struct lr_schedule {
+    enum lr_schedule_kind kind;
+    double peak;
+    int64_t warmup_steps;
+    int64_t total_steps;
+    double min_lr_ratio;
+};
+
+/* The learning rate of optimizer step `step` (1-based): linear warmup from peak/warmup
+ * at step 1 to peak at step warmup_steps, then constant, or linear / cosine decay to
+ * min_lr_ratio * peak at total_steps (HF transformers' schedules with a floor). */
+double lr_at(const struct lr_schedule *s, int64_t step);
+
+/* ---- the job spec ---- */
+
+enum job_type { JOB_SFT };
+
+struct job_spec {
+    enum job_type type;
+    char model[JOB_PATH_BYTES];
+    bool model_init_random;
+    char tokenizer[JOB_PATH_BYTES];      /* "" = the model directory */
+    char chat_template[32];              /* "" = detect */
+    struct {
+        char train[JOB_PATH_BYTES];
+        char validation[JOB_PATH_BYTES]; /* "" = none */
+        double validation_fraction;
+        int64_t max_seq_len;             /* 0 = the model's context */
+        enum dataset_truncation truncation;
+        enum dataset_loss_on loss_on;
+        bool add_bos;
+        bool shuffle;
+    } data;
+    struct {
+        int64_t epochs, max_steps, batch_size, batch_tokens, grad_accum;
+        double learning_rate;
+        enum lr_schedule_kind lr_schedule;
+        int64_t warmup_steps;
+        double min_lr_ratio, weight_decay, beta1, beta2, eps, max_grad_norm;
+        bool recompute;
+    } hp;
+    bool has_lora;
+    struct lora_config lora;
+    struct {
+        int64_t every_steps, accuracy_examples, max_new_tokens;
+    } eval;
+    struct {
+        int64_t every_steps, keep_last;
+    } checkpoint;
+    char output_dir[JOB_PATH_BYTES];
+    bool save_merged;
+    bool save_bf16;
+    uint64_t seed;
+    enum backend backend;
+    int64_t log_every_steps;
+};
+
+/* Parses and validates a spec (json: a jansson json_t *). Errors name the field with
+ * its path ("<where>: hyperparameters.learning_rate: ..."). */
+int job_spec_from_json(const void *json, const char *where, struct job_spec *out,
+                       struct smelt_error *err);
+int job_spec_load(const char *path, struct job_spec *out, struct smelt_error *err);
+/* The spec with every default filled in, as a new jansson object (json_decref it). */
+int job_spec_to_json(const struct job_spec *spec, void **out, struct smelt_error *err);
+
+/* ---- the optimizer ---- */
+
+/* AdamW over one flat f32 parameter buffer (the whole model, or a LoRA adapter). */
+struct optimizer {
+    struct tensor m, v;     /* first and second moments, like the parameters */
+    int64_t step;           /* optimizer steps taken */
+};
+
+int optimizer_init(struct optimizer *opt, const struct tensor *params, struct smelt_error *err);
+void optimizer_free(struct optimizer *opt);
+
+/* One step: the gradient is grads * grad_scale, clipped to a global norm of max_norm
+ * (0: no clipping; torch's clip_grad_norm_ rule, coefficient max_norm / (norm + 1e-6)).
+ * *norm_out receives the norm before clipping. */
+int optimizer_step(struct optimizer *opt, struct tensor *params, const struct tensor *grads,
+                   double grad_scale, double max_norm, double lr, double beta1, double beta2,
+                   double eps, double weight_decay, double *norm_out, struct smelt_error *err);
+
+/* optimizer.safetensors: "exp_avg", "exp_avg_sq" (f32 [n]) and the step in the metadata. */
+int optimizer_save(const struct optimizer *opt, const char *path, struct smelt_error *err);
+int optimizer_load(struct optimizer *opt, const char *path, struct smelt_error *err);
+
+/* ---- running a job ---- */
+
+struct trainer_options {
+    const char *resume;       /* NULL: fresh start (refused if checkpoints exist);
+                                 "latest": the newest checkpoint; else a checkpoint dir */
+    int64_t stop_after_step;  /* > 0: checkpoint and stop after this step (tests, pause) */
+    bool quiet;               /* no metrics on stdout */
+};
+
+struct trainer_result {
+    int64_t steps;            /* optimizer steps done in total */
+    bool stopped;             /* stopped early (stop_after_step or SIGTERM/SIGINT) */
+    double last_loss;
+    double val_loss;          /* NAN without validation data */
+    double accuracy;          /* NAN when not measured */
+    int64_t accuracy_examples;
+    bool base_unchanged;      /* LoRA: the base weights were verified untouched */
+    char output[JOB_PATH_BYTES];
+};
+
+/* Runs the job to the end (or until stopped), writing the job directory. */
+int trainer_run(const struct job_spec *spec, const struct trainer_options *options,
+                struct trainer_result *result, struct smelt_error *err);
+
+/* Set by SIGTERM/SIGINT in smelt-trainer: trainer_run checkpoints after the current step
+ * and returns with result->stopped. */
+void trainer_request_stop(void);
+
+#endif
