@@ -4,19 +4,22 @@
  * Row formats (one JSON object per line; blank lines are skipped; UTF-8):
  *   SFT         {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
  *               {"prompt": "...", "completion": "..."}
+ *               {"prompt": [messages], "completion": [assistant turn(s)]}
  *   preference  {"prompt": P, "chosen": R, "rejected": R}
  *               P: a string or a message list; R: a string, or a message list holding
  *               the assistant turn(s) that follow the prompt
  *   prompts     {"prompt": P, "answer": "..." (optional), "metadata": {...} (optional)}
- * Any other key is refused, naming it. Every problem is reported as
- * "<file>:<line>: <field>: <what>" (field like messages[2].content).
+ * Any other key is refused, naming it. A file holds one kind: a row of another kind is
+ * an error. Every problem is reported as "<file>:<line>: <field>: <what>" (field like
+ * messages[2].content; "<file>:<line>: <what>" for the row as a whole).
  *
  * Tokenization: message lists go through the chat template (chat_tokenize) and its
  * assistant mask; a prompt/completion pair of strings is raw text, TRL's way:
  * [bos] + encode(prompt) + encode(completion) + [eos], bos only when the tokenizer has
  * one and add_bos is set, eos when the tokenizer has one. Loss mask: by default only
  * assistant / completion tokens (and the eos closing them) are trained; loss_on = ALL
- * trains every token but the first.
+ * trains every token but the first (SFT only: preference examples always mark their
+ * response, which is what the preference losses compare).
  *
  * Ownership: dataset_load returns a struct dataset the caller frees with dataset_free;
  * dataset_split moves examples into a new dataset the caller frees. Loaders borrow
@@ -45,7 +48,9 @@ int dataset_kind_from_name(const char *name, enum dataset_kind *out, struct smel
 enum dataset_truncation {
     DATASET_TRUNCATE_ERROR,  /* refuse the file (default): the error names the line */
     DATASET_TRUNCATE_DROP,   /* skip the example; counted in the report */
-    DATASET_TRUNCATE_RIGHT,  /* keep the first max_seq_len tokens; counted */
+    DATASET_TRUNCATE_RIGHT,  /* keep the first max_seq_len tokens; counted (an example left
+                                with nothing to train is dropped). Prompts rows are never
+                                cut: a long prompt is an error, as under ERROR */
 };
 const char *dataset_truncation_name(enum dataset_truncation t); /* "error", "drop", "truncate" */
 int dataset_truncation_from_name(const char *name, enum dataset_truncation *out,
@@ -69,7 +74,7 @@ struct dataset_format {
 
 /* One line that failed validation. */
 struct dataset_issue {
-    int64_t line;                 /* 1-based */
+    int64_t line;                 /* 1-based; 0 for the file as a whole (no rows) */
     char field[64];               /* "messages[1].content", "chosen", "" for the row */
     char message[256];
 };
@@ -91,8 +96,8 @@ struct dataset_report {
 };
 
 /* One tokenized sequence. mask[i] = 1 when ids[i] is a training target (predicted at
- * position i - 1); mask[0] is always 0. n_prompt: tokens before the first trained token
- * (what a model is given to generate the rest). */
+ * position i - 1); mask[0] is always 0. n_prompt: tokens before the first assistant /
+ * completion token, whatever loss_on says (what a model is given to generate the rest). */
 struct dataset_example {
     int32_t *ids;
     uint8_t *mask;
@@ -141,7 +146,9 @@ int dataset_load(const char *path, enum dataset_kind kind, const struct dataset_
 void dataset_free(struct dataset *ds);
 
 /* Moves round(fraction * n) rows (at least 1, leaving at least 1), chosen by a seeded
- * shuffle, from ds into a new dataset *val. For preference data a pair moves together. */
+ * shuffle, from ds into a new dataset *val; both keep file order. For preference data a
+ * pair moves together. fraction in (0, 1), ds->n >= 2. The reports' n_examples, n_tokens
+ * and n_trained_tokens are recounted for the rows each now holds. */
 int dataset_split(struct dataset *ds, double fraction, uint64_t seed, struct dataset **val,
                   struct smelt_error *err);
 
@@ -156,7 +163,7 @@ struct dataset_batch {
     int32_t *cu_seqlens;   /* [n_seqs + 1] */
     int32_t *targets;      /* [n_tokens] */
     int64_t n_targets;     /* targets >= 0 */
-    const int64_t *rows;   /* [n_seqs] example indices into the dataset */
+    const int64_t *rows;   /* [n_seqs] indices into ds->examples (a pair: 2i, 2i + 1) */
 };
 
 struct dataset_loader_config {
@@ -165,13 +172,16 @@ struct dataset_loader_config {
                               max_tokens (an example is never split) */
     bool shuffle;
     uint64_t seed;         /* epoch e uses a permutation drawn from (seed, e) */
-    bool drop_last;        /* drop an epoch's last, smaller batch */
+    bool drop_last;        /* drop an epoch's last batch when it has fewer than
+                              batch_size units or, packing, fewer than max_tokens / 2
+                              tokens — never an epoch's only batch */
 };
 
-/* Where a loader is: enough to continue exactly (checkpoints store it). */
+/* Where a loader is: enough to continue exactly (checkpoints store it). It always
+ * names the start of the next batch: after an epoch's last batch, (epoch + 1, 0). */
 struct dataset_cursor {
     int64_t epoch;         /* 0-based */
-    int64_t index;         /* position in the epoch's permutation */
+    int64_t index;         /* position in the epoch's permutation (in units) */
 };
 
 struct dataset_loader;
@@ -187,9 +197,11 @@ void dataset_loader_free(struct dataset_loader *loader);
  * *batch points into the loader. */
 int dataset_loader_next(struct dataset_loader *loader, const struct dataset_batch **batch,
                         struct smelt_error *err);
-/* Batches in epoch e (depends on e's permutation when packing). */
+/* Batches in epoch e (depends on e's permutation when packing); -1 when out of memory. */
 int64_t dataset_loader_batches_in_epoch(const struct dataset_loader *loader, int64_t epoch);
 struct dataset_cursor dataset_loader_cursor(const struct dataset_loader *loader);
+/* After seeking to a cursor dataset_loader_cursor gave, the batches are exactly those
+ * the loader gave from there. SMELT_EINVAL for a cursor outside the dataset. */
 int dataset_loader_seek(struct dataset_loader *loader, const struct dataset_cursor *cursor,
                         struct smelt_error *err);
 
