@@ -8,8 +8,10 @@
  * down_proj for Llama/Mistral/Qwen; c_attn c_proj c_fc for GPT-2 (c_proj matches both
  * attn.c_proj and mlp.c_proj, as PEFT's suffix match does); the short forms q k v o
  * gate up down are accepted, and "all-linear" takes every linear of a block (never
- * lm_head). GPT-2's c_attn has one A shared by q, k and v and one B [3C, r] whose row
- * blocks feed q, k and v.
+ * lm_head). Like PEFT, a name matches a module whose full path equals it or ends with
+ * "." + name, so "attn.c_proj" or "model.layers.0.self_attn.q_proj" work too. GPT-2's
+ * c_attn has one A shared by q, k and v and one B [3C, r] whose row blocks feed q, k
+ * and v.
  *
  * Dropout masks come from a hash of (seed, layer, module, element), not from a stream:
  * the same seed gives the same masks, so activation recompute and exact resume need no
@@ -57,7 +59,7 @@ struct lora_param {
 };
 
 struct lora {
-    struct lora_config config;
+    struct lora_config config;  /* targets: the wrapped module kinds in PEFT's names */
     float scaling;
     struct model *model;        /* borrowed */
     struct lora_param *params;  /* [n_params]: A then B for each wrapped module */
@@ -83,11 +85,15 @@ int lora_config_from_json(const void *json, const char *where, struct lora_confi
 int lora_create(struct model *model, const struct lora_config *config, uint64_t seed,
                 struct lora **out, struct smelt_error *err);
 
-/* Loads a PEFT adapter directory for this model (errors name the file and tensor). */
+/* Loads a PEFT adapter directory for this model (errors name the file and the field
+ * or tensor): SMELT_EINVAL for bad values or targets this model lacks,
+ * SMELT_EUNSUPPORTED for features smelt does not implement, SMELT_ENOTFOUND for a
+ * missing file or tensor, SMELT_EFORMAT for a tensor the adapter does not have. */
 int lora_load(struct model *model, const char *dir, struct lora **out, struct smelt_error *err);
 
 /* Writes adapter_config.json and adapter_model.safetensors (f32) into dir (created if
- * needed). base_model_name_or_path is written as given (may be NULL). */
+ * needed). base_model_name_or_path is written as given (may be NULL). target_modules
+ * lists config.targets, or every wrapped module's full path when the layers differ. */
 int lora_save(const struct lora *lora, const char *dir, const char *base_model_name_or_path,
               struct smelt_error *err);
 

@@ -3,8 +3,12 @@
  *   smelt-model init --config config.json --out DIR [--seed N] [--bf16] [--byte-tokenizer]
  *       a randomly initialised model (N(0, 0.02) weights) saved as a HF directory;
  *       --byte-tokenizer adds the byte tokenizer's tokenizer.json (vocab must cover it)
- *   smelt-model logits --model DIR --ids 1,2,3
- *       prints {"logits": [[...], ...]} for one sequence (for parity checks)
+ *   smelt-model logits --model DIR --ids 1,2,3 [--adapter DIR]
+ *       prints {"logits": [[...], ...]} for one sequence (for parity checks), with a
+ *       PEFT LoRA adapter applied when --adapter is given
+ *   smelt-model adapter-save --model DIR --adapter DIR --out DIR
+ *       loads a PEFT LoRA adapter onto the model and writes it as smelt saves adapters
+ *       (f32; also converts bf16/f16 adapters)
  *   smelt-model info --model DIR
  *       prints the architecture and parameter count */
 #include <stdio.h>
@@ -12,16 +16,18 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "lora/lora.h"
 #include "model/model.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-model init --config FILE --out DIR [--seed N] [--bf16] [--byte-tokenizer]\n"
-               "       smelt-model logits --model DIR --ids 1,2,3\n"
+               "       smelt-model logits --model DIR --ids 1,2,3 [--adapter DIR]\n"
+               "       smelt-model adapter-save --model DIR --adapter DIR --out DIR\n"
                "       smelt-model info --model DIR\n");
 }
 
 struct options {
-    const char *command, *config, *out, *model, *ids;
+    const char *command, *config, *out, *model, *ids, *adapter;
     uint64_t seed;
     bool bf16, byte_tokenizer;
 };
@@ -40,6 +46,7 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
         else if (strcmp(a, "--out") == 0) o->out = v;
         else if (strcmp(a, "--model") == 0) o->model = v;
         else if (strcmp(a, "--ids") == 0) o->ids = v;
+        else if (strcmp(a, "--adapter") == 0) o->adapter = v;
         else if (strcmp(a, "--seed") == 0) {
             int64_t s;
             if ((rc = args_int(a, v, 0, INT64_MAX, &s, err))) return rc;
@@ -79,6 +86,16 @@ static int cmd_logits(const struct options *o, struct smelt_error *err) {
     struct model *m;
     int rc = model_load(o->model, BACKEND_CPU, &m, err);
     if (rc) return rc;
+    struct lora *adapter = NULL;
+    if (o->adapter) {
+        rc = lora_load(m, o->adapter, &adapter, err);
+        if (!rc) rc = lora_attach(adapter, err);
+        if (rc) {
+            lora_free(adapter);
+            model_free(m);
+            return rc;
+        }
+    }
     int32_t *ids = NULL;
     int64_t n = 0;
     struct model_acts *acts = NULL;
@@ -107,6 +124,24 @@ static int cmd_logits(const struct options *o, struct smelt_error *err) {
     free(logits);
     free(ids);
     model_acts_free(acts);
+    lora_free(adapter);
+    model_free(m);
+    return rc;
+}
+
+static int cmd_adapter_save(const struct options *o, struct smelt_error *err) {
+    if (!o->model || !o->adapter || !o->out)
+        return error_set(err, SMELT_EINVAL, "adapter-save needs --model, --adapter and --out");
+    struct model *m;
+    int rc = model_load(o->model, BACKEND_CPU, &m, err);
+    if (rc) return rc;
+    struct lora *adapter;
+    rc = lora_load(m, o->adapter, &adapter, err);
+    if (!rc) {
+        rc = lora_save(adapter, o->out, o->model, err);
+        if (!rc) printf("%s: %d adapter tensors, %lld parameters\n", o->out, adapter->n_params, (long long)adapter->n_weights);
+        lora_free(adapter);
+    }
     model_free(m);
     return rc;
 }
@@ -135,6 +170,7 @@ int main(int argc, char **argv) {
         if (strcmp(o.command, "init") == 0) rc = cmd_init(&o, &err);
         else if (strcmp(o.command, "logits") == 0) rc = cmd_logits(&o, &err);
         else if (strcmp(o.command, "info") == 0) rc = cmd_info(&o, &err);
+        else if (strcmp(o.command, "adapter-save") == 0) rc = cmd_adapter_save(&o, &err);
         else if (strcmp(o.command, "--help") == 0 || strcmp(o.command, "-h") == 0) {
             usage(stdout);
             return 0;

@@ -1,0 +1,103 @@
+/* PEFT adapter directories: adapter_config.json + adapter_model.safetensors with
+ * PEFT's tensor names (base_model.model.<module path>.lora_A.weight [r, in],
+ * .lora_B.weight [out, r]). */
+#include "lora/lora_internal.h"
+#include "model/safetensors.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CONFIG_FILE "adapter_config.json"
+#define WEIGHTS_FILE "adapter_model.safetensors"
+
+int lora_save(const struct lora *lora, const char *dir, const char *base_model_name_or_path,
+              struct smelt_error *err) {
+    char weights_path[4096], config_path[4096];
+    int rc = dir_create_all(dir, err);
+    if (!rc) rc = path_join(weights_path, sizeof weights_path, dir, WEIGHTS_FILE, err);
+    if (!rc) rc = path_join(config_path, sizeof config_path, dir, CONFIG_FILE, err);
+    if (rc) return rc;
+    float *host = malloc((size_t)lora->n_weights * sizeof *host);
+    struct safetensors_tensor_desc *desc = calloc((size_t)lora->n_params, sizeof *desc);
+    if (!host || !desc) rc = error_set(err, SMELT_ENOMEM, "lora_save: out of memory");
+    if (!rc) {
+        struct tensor dst = tensor_f32(host, 1, &lora->n_weights);
+        rc = tensor_copy(&dst, &lora->weights, err);
+    }
+    for (int i = 0; !rc && i < lora->n_params; i++) {
+        const struct lora_param *p = &lora->params[i];
+        desc[i] = (struct safetensors_tensor_desc){
+            .name = p->name, .tensor = tensor_f32(host + p->offset, 2, p->shape), .file_dtype = DTYPE_F32};
+    }
+    /* PEFT and transformers expect format=pt in the metadata. */
+    const struct safetensors_kv meta[] = {{"format", "pt"}};
+    if (!rc) rc = safetensors_write(weights_path, desc, (size_t)lora->n_params, meta, 1, err);
+    if (!rc) rc = lora_file_config_save(lora, config_path, base_model_name_or_path, err);
+    free(host);
+    free(desc);
+    return rc;
+}
+
+/* Reads every parameter from st into host and refuses tensors the adapter lacks. */
+static int read_tensors(const struct lora *lora, const struct safetensors *st, float *host,
+                        struct smelt_error *err) {
+    bool *used = calloc(st->n_entries ? st->n_entries : 1, sizeof *used);
+    if (!used) return error_set(err, SMELT_ENOMEM, "lora_load: out of memory");
+    int rc = SMELT_OK;
+    for (int i = 0; !rc && i < lora->n_params; i++) {
+        const struct lora_param *p = &lora->params[i];
+        const struct safetensors_entry *e = safetensors_find(st, p->name);
+        if (!e) {
+            rc = error_set(err, SMELT_ENOTFOUND, "%s: tensor '%s' is missing", st->path, p->name);
+            break;
+        }
+        used[e - st->entries] = true;
+        rc = safetensors_read_f32(st, p->name, host + p->offset, 2, p->shape, err);
+    }
+    for (size_t i = 0; !rc && i < st->n_entries; i++)
+        if (!used[i])
+            rc = error_set(err, SMELT_EFORMAT,
+                           "%s: tensor '%s' is not part of this adapter (r %d, target_modules as in %s)",
+                           st->path, st->entries[i].name, lora->config.rank, CONFIG_FILE);
+    free(used);
+    return rc;
+}
+
+static int load_weights(struct lora *lora, const char *path, struct smelt_error *err) {
+    if (!path_exists(path))
+        return error_set(err, SMELT_ENOTFOUND, "%s: not found (smelt reads adapters in the safetensors format)", path);
+    struct safetensors *st;
+    int rc = safetensors_open(path, &st, err);
+    if (rc) return rc;
+    float *host = malloc((size_t)lora->n_weights * sizeof *host);
+    if (!host) rc = error_set(err, SMELT_ENOMEM, "lora_load: out of memory");
+    if (!rc) rc = read_tensors(lora, st, host, err);
+    if (!rc) {
+        struct tensor src = tensor_f32(host, 1, &lora->n_weights);
+        rc = tensor_copy(&lora->weights, &src, err);
+    }
+    free(host);
+    safetensors_close(st);
+    return rc;
+}
+
+int lora_load(struct model *model, const char *dir, struct lora **out, struct smelt_error *err) {
+    char weights_path[4096], config_path[4096];
+    int rc = path_join(weights_path, sizeof weights_path, dir, WEIGHTS_FILE, err);
+    if (!rc) rc = path_join(config_path, sizeof config_path, dir, CONFIG_FILE, err);
+    if (rc) return rc;
+    struct lora_file_config fc;
+    if ((rc = lora_file_config_load(config_path, &fc, err))) return rc;
+    struct lora_selection sel;
+    struct lora *lora = NULL;
+    rc = lora_select(model, fc.targets, fc.n_targets, config_path, &sel, err);
+    if (!rc) rc = lora_build(model, &fc.config, &sel, &lora, err);
+    lora_file_config_free(&fc);
+    if (!rc) rc = load_weights(lora, weights_path, err);
+    if (rc) {
+        lora_free(lora);
+        return rc;
+    }
+    *out = lora;
+    return SMELT_OK;
+}

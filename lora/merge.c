@@ -1,0 +1,45 @@
+/* Folding an adapter into the base: W += s B A for every wrapped linear (GPT-2's q, k
+ * and v each take their row block of c_attn's B), with ops_matmul so it runs where the
+ * weights live. */
+#include "lora/lora_internal.h"
+
+static struct tensor *base_weight(struct layer_weights *w, enum model_linear linear) {
+    switch (linear) {
+    case MODEL_LINEAR_Q: return &w->q_w;
+    case MODEL_LINEAR_K: return &w->k_w;
+    case MODEL_LINEAR_V: return &w->v_w;
+    case MODEL_LINEAR_O: return &w->o_w;
+    case MODEL_LINEAR_GATE: return &w->gate_w;
+    case MODEL_LINEAR_UP: return &w->up_w;
+    case MODEL_LINEAR_DOWN: return &w->down_w;
+    case MODEL_LINEAR_FC: return &w->fc_w;
+    case MODEL_LINEAR_PROJ: return &w->proj_w;
+    case MODEL_LINEAR_COUNT: break;
+    }
+    return NULL;
+}
+
+int lora_merge(const struct lora *lora, struct smelt_error *err) {
+    struct model *m = lora->model;
+    if (m->adapter == &lora->adapter)
+        return error_set(err, SMELT_EINVAL, "lora_merge: detach the adapter first (merged and attached, it would count twice)");
+    int n_kinds;
+    const struct lora_kind *kinds = lora_kinds(m, &n_kinds);
+    const struct lora_state *s = lora->state;
+    for (int i = 0; i < s->n_modules; i++) {
+        const struct lora_module *mod = &s->modules[i];
+        const struct lora_kind *kind = &kinds[mod->kind];
+        struct tensor a = lora_param_view(lora, &lora->weights, mod->param_a);
+        struct tensor b = lora_param_view(lora, &lora->weights, mod->param_a + 1);
+        int64_t r = lora->config.rank, rows = mod->out / kind->n_linears;
+        for (int j = 0; j < kind->n_linears; j++) {
+            struct tensor *w = base_weight(&m->w.layers[mod->layer], kind->linears[j]);
+            SMELT_ASSERT(w && w->shape[0] == rows && w->shape[1] == mod->in);
+            int64_t shape[2] = {rows, r};
+            struct tensor block = tensor_make(b.backend, DTYPE_F32, (float *)b.data + j * rows * r, 2, shape);
+            int rc = ops_matmul(w, &block, &a, NULL, false, false, lora->scaling, 1.0f, err);
+            if (rc) return error_wrap(err, "lora_merge: %s", lora->params[mod->param_a].name);
+        }
+    }
+    return SMELT_OK;
+}
