@@ -76,7 +76,7 @@ help:
 	@echo "make test       install what is missing, build, run every test"
 	@echo "make test-gpu   compare every CUDA op with the CPU backend (skips without a GPU)"
 	@echo "make bench      run the CPU benchmarks (bench/)"
-	@echo "make test-parity  smelt-saved models against transformers (needs torch, transformers)"
+	@echo "make test-parity  smelt-saved models and adapters against transformers/PEFT (needs torch, transformers, peft)"
 	@echo "make run        install what is missing, build, start the service"
 	@echo "options: SANITIZE=1 (ASan+UBSan), CUDA=0|1, CUDA_ARCH=90"
 
@@ -148,6 +148,7 @@ run: deps all
 # transformers with the same logits. Fixtures: python3 tests/parity/make_fixtures.py.
 test-parity: $(BINS)
 	$(PYTHON) tests/parity/check_saved_model.py $(BUILD)
+	$(PYTHON) tests/parity/check_saved_adapter.py $(BUILD)
 
 # The programs end to end: generation is deterministic, bad flags are refused.
 test-tools: $(BINS)

@@ -230,7 +230,7 @@ int job_spec_to_json(const struct job_spec *s, void **out, struct smelt_error *e
     bad |= set(data, "train", json_string(s->data.train));
     bad |= set(data, "validation", string_or_null(s->data.validation));
     bad |= set(data, "validation_fraction", json_real(s->data.validation_fraction));
-    bad |= set(data, "max_seq_len", json_integer(s->data.max_seq_len));
+    bad |= set(data, "max_seq_len", s->data.max_seq_len ? json_integer(s->data.max_seq_len) : json_null());
     bad |= set(data, "truncation", json_string(dataset_truncation_name(s->data.truncation)));
     bad |= set(data, "loss_on", json_string(dataset_loss_on_name(s->data.loss_on)));
     bad |= set(data, "add_bos", json_boolean(s->data.add_bos));

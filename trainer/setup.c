@@ -157,7 +157,11 @@ static int plan(struct trainer_run *r, struct smelt_error *err) {
         r->total_micro = s->hp.max_steps * s->hp.grad_accum;
     } else {
         r->total_micro = 0;
-        for (int64_t e = 0; e < s->hp.epochs; e++) r->total_micro += dataset_loader_batches_in_epoch(r->loader, e);
+        for (int64_t e = 0; e < s->hp.epochs; e++) {
+            int64_t n = dataset_loader_batches_in_epoch(r->loader, e);
+            if (n < 0) return error_set(err, SMELT_ENOMEM, "trainer: out of memory counting batches");
+            r->total_micro += n;
+        }
         r->total_steps = (r->total_micro + s->hp.grad_accum - 1) / s->hp.grad_accum;
     }
     if (r->total_steps < 1) return error_set(err, SMELT_EINVAL, "data.train: no batch to train on");

@@ -37,5 +37,27 @@ if "$B/smelt-generate" --model "$T/nope" --prompt x 2>"$T/err"; then fail "missi
 if "$B/smelt-model" init --config tests/data/parity/llama/config.json --out "$T/x" --byte-tokenizer >/dev/null 2>"$T/err"; then
   fail "byte tokenizer on a 96-token vocabulary accepted"; else grep -q "vocab_size" "$T/err" && ok || fail "vocab error: $(cat "$T/err")"; fi
 
+# smelt-trainer: a short SFT run, SIGTERM checkpoints and --resume finishes it
+i=0; : >"$T/train.jsonl"
+for w in ab cd ef gh ij kl mn op qr st uv wx; do
+  r=$(echo "$w" | rev); echo "{\"prompt\": \"$w>\", \"completion\": \"$r\"}" >>"$T/train.jsonl"; done
+cat >"$T/job.json" <<EOS
+{"type": "sft", "model": "$T/m", "data": {"train": "$T/train.jsonl", "validation_fraction": 0.25},
+ "hyperparameters": {"max_steps": 1000, "batch_size": 4, "learning_rate": 0.003},
+ "eval": {"accuracy_examples": 3}, "output_dir": "$T/run"}
+EOS
+"$B/smelt-trainer" --spec "$T/job.json" >"$T/trainer.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do grep -q '"type":"train"' "$T/trainer.out" 2>/dev/null && break; sleep 0.05; done
+kill -TERM "$pid"; wait "$pid" && ok || fail "smelt-trainer did not exit cleanly on SIGTERM: $(tail -3 "$T/trainer.out")"
+ls "$T/run/checkpoints" | grep -q '^step-' && ok || fail "SIGTERM left no checkpoint"
+"$B/smelt-trainer" --spec "$T/job.json" --resume --quiet >"$T/resume.out" 2>&1 && ok || fail "resume: $(tail -3 "$T/resume.out")"
+grep -q "^accuracy: " "$T/resume.out" && ok || fail "no accuracy line: $(tail -3 "$T/resume.out")"
+[ -f "$T/run/output/model.safetensors" ] && [ -f "$T/run/output/tokenizer.json" ] && ok || fail "no output model"
+n=$(grep -c '"type":"train"' "$T/run/metrics.jsonl"); [ "$n" -eq 1000 ] && ok || fail "metrics.jsonl has $n train lines, expected 1000"
+sed 's/"max_steps": 1000/"max_steps": 1000, "warmup": 3/' "$T/job.json" >"$T/bad.json"
+if "$B/smelt-trainer" --spec "$T/bad.json" 2>"$T/err"; then fail "unknown spec field accepted"; else
+  grep -q "warmup" "$T/err" && ok || fail "spec error does not name the field: $(cat "$T/err")"; fi
+
 echo "tools: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

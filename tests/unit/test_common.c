@@ -426,3 +426,21 @@ Test(common, log_lines, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     cr_expect(text[4] == '-' && text[10] == 'T' && strchr(text, 'Z') != NULL, "timestamp: %.30s", text);
     free(text);
 }
+
+Test(common, dir_remove_all_removes_trees_not_link_targets, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    struct smelt_error err = {0};
+    char tree[256], deep[256], file[256], keep[256], link[256];
+    test_tmp_path(tree, sizeof tree, "tree");
+    test_tmp_path(deep, sizeof deep, "tree/a/b/c");
+    test_tmp_path(file, sizeof file, "tree/a/b/f.txt");
+    test_tmp_path(keep, sizeof keep, "keep.txt");
+    test_tmp_path(link, sizeof link, "tree/a/link");
+    TEST_OK(dir_create_all(deep, &err), &err);
+    TEST_OK(file_write_atomic(file, "x", 1, &err), &err);
+    TEST_OK(file_write_atomic(keep, "y", 1, &err), &err);
+    cr_assert_eq(symlink(keep, link), 0);
+    TEST_OK(dir_remove_all(tree, &err), &err);
+    cr_expect(!path_exists(tree));
+    cr_expect(path_exists(keep), "the link's target was removed");
+    TEST_OK(dir_remove_all(tree, &err), &err); /* missing is fine */
+}
