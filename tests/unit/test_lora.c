@@ -8,7 +8,7 @@
 
 static struct model *random_model(const char *type, uint64_t seed) {
     char dir[256];
-    snprintf(dir, sizeof dir, LORA_PARITY_DIR "/%s", type);
+    snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
     struct smelt_error err;
     struct model_config cfg;
     TEST_OK(model_config_load(dir, &cfg, &err), &err);
@@ -50,8 +50,8 @@ static void check_fd(const char *type, bool recompute, float dropout) {
         lora_set_training(l, true);
         lora_set_dropout_seed(l, 1234);
     }
-    struct lora_packed p;
-    lora_load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     struct model_acts *acts;
     TEST_OK(model_acts_alloc(m, p.T, recompute, &acts, &err), &err);
     lora_loss(m, acts, &p);
@@ -104,8 +104,8 @@ static void check_frozen(const char *type) {
     size_t base_bytes = (size_t)m->n_weights * sizeof(float);
     float *before = malloc(base_bytes);
     memcpy(before, m->weights.data, base_bytes);
-    struct lora_packed p;
-    lora_load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     struct model_acts *acts;
     TEST_OK(model_acts_alloc(m, p.T, false, &acts, &err), &err);
     double loss0 = lora_loss(m, acts, &p);
@@ -132,8 +132,8 @@ Test(lora, grads_accumulate) {
     struct smelt_error err;
     struct model *m = random_model("llama", 3);
     struct lora *l = random_adapter(m, 0.0f, 4);
-    struct lora_packed p;
-    lora_load_inputs("llama", &p);
+    struct parity_packed p;
+    parity_load_inputs("llama", &p);
     struct model_acts *acts;
     TEST_OK(model_acts_alloc(m, p.T, false, &acts, &err), &err);
     lora_loss(m, acts, &p);
@@ -157,8 +157,8 @@ static void check_merge(const char *type) {
     struct smelt_error err;
     struct model *m = random_model(type, 8);
     struct lora *l = random_adapter(m, 0.1f, 9);
-    struct lora_packed p;
-    lora_load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     int64_t n = p.T * m->config.vocab_size;
     float *attached = test_zeros_f32(n), *merged = test_zeros_f32(n), *base = test_zeros_f32(n);
     struct model_acts *acts;
@@ -217,8 +217,8 @@ static void check_save_load(const char *type, bool rslora) {
     cr_expect(memcmp(a->weights.data, b->weights.data, (size_t)a->n_weights * sizeof(float)) == 0,
               "%s: weights changed through save/load", type);
 
-    struct lora_packed p;
-    lora_load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     int64_t n = p.T * m->config.vocab_size;
     float *la = test_zeros_f32(n), *lb = test_zeros_f32(n);
     struct model_acts *acts;
@@ -269,8 +269,8 @@ Test(lora, dropout_deterministic) {
     struct smelt_error err;
     struct model *m = random_model("llama", 13);
     struct lora *l = random_adapter(m, 0.5f, 14);
-    struct lora_packed p;
-    lora_load_inputs("llama", &p);
+    struct parity_packed p;
+    parity_load_inputs("llama", &p);
     int64_t n = p.T * m->config.vocab_size;
     size_t bytes = (size_t)n * sizeof(float);
     float *off = test_zeros_f32(n), *off2 = test_zeros_f32(n), *s1 = test_zeros_f32(n);

@@ -8,23 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Compares a float buffer with an f32 tensor of the expected file, elementwise. */
-static void expect_matches(const struct safetensors *st, const char *name, const float *got,
-                           int64_t n, double rtol, double atol_frac) {
-    const struct safetensors_entry *e = safetensors_find(st, name);
-    cr_assert(e, "expected tensor %s missing", name);
-    cr_assert_eq(e->numel, n, "%s: %lld elements expected, smelt has %lld", name, (long long)e->numel, (long long)n);
-    float *want = malloc((size_t)n * sizeof *want);
-    struct smelt_error err;
-    cr_assert_eq(safetensors_read_f32(st, name, want, e->ndim, e->shape, &err), 0, "%s", err.message);
-    double scale = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
-    double *want64 = test_to_f64(want, n);
-    test_expect_close(name, got, want64, n, rtol, atol_frac * scale + 1e-7);
-    free(want);
-    free(want64);
-}
-
 /* Every tensor of a and b: same names, shapes and bits. */
 static void expect_same_tensors(const char *a_path, const char *b_path) {
     struct smelt_error err;
@@ -89,15 +72,15 @@ static void expect_same_config(const char *ours_path, const char *peft_path, con
 static void check_peft(const char *type) {
     struct smelt_error err;
     char base[256], adapter[256], path[512], ours[512], out[256];
-    snprintf(base, sizeof base, LORA_PARITY_DIR "/%s", type);
-    snprintf(adapter, sizeof adapter, LORA_PARITY_DIR "/%s-lora", type);
+    snprintf(base, sizeof base, PARITY_DIR "/%s", type);
+    snprintf(adapter, sizeof adapter, PARITY_DIR "/%s-lora", type);
     struct model *m;
     struct lora *l;
     TEST_OK(model_load(base, BACKEND_CPU, &m, &err), &err);
     TEST_OK(lora_load(m, adapter, &l, &err), &err);
     TEST_OK(lora_attach(l, &err), &err);
-    struct lora_packed p;
-    lora_load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     int64_t V = m->config.vocab_size;
     float *logits = test_zeros_f32(p.T * V), lp[64];
     struct model_acts *acts;
@@ -111,14 +94,14 @@ static void check_peft(const char *type) {
     char name[256];
     for (int s = 0; s < p.n_seqs; s++) {
         snprintf(name, sizeof name, "logits.%d", s);
-        expect_matches(st, name, logits + (int64_t)p.cu[s] * V, p.len[s] * V, 1e-4, 1e-5);
+        parity_expect_matches(st, name, logits + (int64_t)p.cu[s] * V, p.len[s] * V, 1e-4, 1e-5);
         snprintf(name, sizeof name, "logprobs.%d", s);
-        expect_matches(st, name, lp + p.cu[s], p.len[s] - 1, 1e-4, 1e-5);
+        parity_expect_matches(st, name, lp + p.cu[s], p.len[s] - 1, 1e-4, 1e-5);
     }
     const float *g = l->grads.data;
     for (int i = 0; i < l->n_params; i++) {
         snprintf(name, sizeof name, "grad.%s", l->params[i].name);
-        expect_matches(st, name, g + l->params[i].offset, l->params[i].numel, 1e-3, 1e-4);
+        parity_expect_matches(st, name, g + l->params[i].offset, l->params[i].numel, 1e-3, 1e-4);
     }
     cr_expect_eq((size_t)l->n_params + 2 * (size_t)p.n_seqs, st->n_entries, "%s: PEFT has other adapter tensors", type);
     safetensors_close(st);
@@ -156,7 +139,7 @@ static const char *copy_adapter(const char *name, const char *key, const char *v
     cr_assert(mkdir(dir, 0755) == 0, "mkdir %s", dir);
     char src[256], dst[512];
     json_t *cfg;
-    TEST_OK(json_load_path(LORA_PARITY_DIR "/llama-lora/adapter_config.json", &cfg, &err), &err);
+    TEST_OK(json_load_path(PARITY_DIR "/llama-lora/adapter_config.json", &cfg, &err), &err);
     if (key && value_json) {
         json_error_t jerr;
         json_t *v = json_loads(value_json, JSON_DECODE_ANY, &jerr);
@@ -168,7 +151,7 @@ static const char *copy_adapter(const char *name, const char *key, const char *v
     snprintf(dst, sizeof dst, "%s/adapter_config.json", dir);
     TEST_OK(json_save_atomic(cfg, JSON_INDENT(2), dst, &err), &err);
     json_decref(cfg);
-    snprintf(src, sizeof src, LORA_PARITY_DIR "/llama-lora/adapter_model.safetensors");
+    snprintf(src, sizeof src, PARITY_DIR "/llama-lora/adapter_model.safetensors");
     char *data;
     size_t len;
     TEST_OK(file_read_all(src, &data, &len, &err), &err);
@@ -196,7 +179,7 @@ static void expect_config_refused(struct model *m, const char *key, const char *
 Test(lora, load_config_errors, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     struct model *m;
-    TEST_OK(model_load(LORA_PARITY_DIR "/llama", BACKEND_CPU, &m, &err), &err);
+    TEST_OK(model_load(PARITY_DIR "/llama", BACKEND_CPU, &m, &err), &err);
     expect_config_refused(m, "use_dora", "true", SMELT_EUNSUPPORTED);
     expect_config_refused(m, "rank_pattern", "{\"q_proj\": 8}", SMELT_EUNSUPPORTED);
     expect_config_refused(m, "alpha_pattern", "{\"q_proj\": 8}", SMELT_EUNSUPPORTED);
@@ -238,7 +221,7 @@ Test(lora, load_config_errors, .init = test_tmp_setup, .fini = test_tmp_teardown
 static void write_tensors(const char *dir, const char *drop, const char *reshape, const char *extra) {
     struct smelt_error err;
     struct safetensors *st;
-    TEST_OK(safetensors_open(LORA_PARITY_DIR "/llama-lora/adapter_model.safetensors", &st, &err), &err);
+    TEST_OK(safetensors_open(PARITY_DIR "/llama-lora/adapter_model.safetensors", &st, &err), &err);
     size_t n = st->n_entries;
     struct safetensors_tensor_desc *desc = calloc(n + 1, sizeof *desc);
     float **bufs = calloc(n + 1, sizeof *bufs);
@@ -272,7 +255,7 @@ static void write_tensors(const char *dir, const char *drop, const char *reshape
 Test(lora, load_tensor_errors, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
     struct model *m;
-    TEST_OK(model_load(LORA_PARITY_DIR "/llama", BACKEND_CPU, &m, &err), &err);
+    TEST_OK(model_load(PARITY_DIR "/llama", BACKEND_CPU, &m, &err), &err);
     char dir[256];
     const char *q1b = "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight";
     copy_adapter("missing", NULL, NULL, dir, sizeof dir);
@@ -301,8 +284,8 @@ Test(lora, load_tensor_errors, .init = test_tmp_setup, .fini = test_tmp_teardown
     cr_assert(mkdir(dir, 0755) == 0);
     expect_load_error(m, dir, SMELT_EIO, "adapter_config.json", NULL);
     struct model *gpt2;
-    TEST_OK(model_load(LORA_PARITY_DIR "/gpt2", BACKEND_CPU, &gpt2, &err), &err);
-    expect_load_error(gpt2, LORA_PARITY_DIR "/llama-lora", SMELT_EINVAL, "adapter_config.json", "names no linear layer");
+    TEST_OK(model_load(PARITY_DIR "/gpt2", BACKEND_CPU, &gpt2, &err), &err);
+    expect_load_error(gpt2, PARITY_DIR "/llama-lora", SMELT_EINVAL, "adapter_config.json", "names no linear layer");
     model_free(gpt2);
     model_free(m);
 }

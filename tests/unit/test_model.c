@@ -3,7 +3,7 @@
  * logprobs and parameter gradients transformers computed for two sequences. smelt packs
  * both sequences into one row. Also: recompute equals no recompute, save/load round
  * trip, finite differences through the whole model, and bad batches. */
-#include "tests/unit/testutil.h"
+#include "tests/unit/parity_testutil.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -11,81 +11,21 @@
 
 #include "model/model.h"
 
-#define PARITY_DIR "tests/data/parity"
-
-struct packed {
-    int64_t T;
-    int n_seqs;
-    int32_t ids[64], targets[64], cu[8];
-    float weights[64]; /* dL/dlogprob per token */
-    int64_t len[8];
-};
-
-static void load_inputs(const char *type, struct packed *p) {
-    char path[256];
-    snprintf(path, sizeof path, PARITY_DIR "/%s/inputs.json", type);
-    json_t *root;
-    struct smelt_error err;
-    cr_assert_eq(json_load_path(path, &root, &err), 0, "%s", err.message);
-    json_t *seqs = json_object_get(root, "sequences"), *ws = json_object_get(root, "loss_weights");
-    memset(p, 0, sizeof *p);
-    p->n_seqs = (int)json_array_size(seqs);
-    cr_assert(p->n_seqs > 0 && p->n_seqs < 8);
-    for (int s = 0; s < p->n_seqs; s++) {
-        json_t *seq = json_array_get(seqs, (size_t)s), *w = json_array_get(ws, (size_t)s);
-        int64_t n = (int64_t)json_array_size(seq);
-        p->len[s] = n;
-        p->cu[s] = (int32_t)p->T;
-        for (int64_t t = 0; t < n; t++) {
-            int64_t i = p->T + t;
-            cr_assert(i < 64);
-            p->ids[i] = (int32_t)json_integer_value(json_array_get(seq, (size_t)t));
-            p->targets[i] = t + 1 < n ? (int32_t)json_integer_value(json_array_get(seq, (size_t)t + 1)) : -1;
-            p->weights[i] = t + 1 < n ? (float)json_real_value(json_array_get(w, (size_t)t)) : 0.0f;
-        }
-        p->T += n;
-    }
-    p->cu[p->n_seqs] = (int32_t)p->T;
-    json_decref(root);
-}
-
-static struct model_batch batch_of(const struct packed *p) {
-    return (struct model_batch){.n_tokens = p->T, .n_seqs = p->n_seqs, .ids = p->ids,
-                                .cu_seqlens = p->cu, .targets = p->targets};
-}
-
-/* Compares a float buffer with an f32 tensor of the expected file, elementwise. */
-static void expect_matches(const struct safetensors *st, const char *name, const float *got,
-                           int64_t n, double rtol, double atol_frac) {
-    const struct safetensors_entry *e = safetensors_find(st, name);
-    cr_assert(e, "expected tensor %s missing", name);
-    cr_assert_eq(e->numel, n, "%s: %lld elements expected, smelt has %lld", name, (long long)e->numel, (long long)n);
-    float *want = malloc((size_t)n * sizeof *want);
-    struct smelt_error err;
-    cr_assert_eq(safetensors_read_f32(st, name, want, e->ndim, e->shape, &err), 0, "%s", err.message);
-    double scale = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
-    double *want64 = test_to_f64(want, n);
-    test_expect_close(name, got, want64, n, rtol, atol_frac * scale + 1e-7);
-    free(want);
-    free(want64);
-}
-
 static void check_parity(const char *type) {
     char dir[256];
     snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
     struct smelt_error err;
     struct model *m;
     TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
-    struct packed p;
-    load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     int64_t V = m->config.vocab_size, T = p.T;
     struct model_acts *acts;
     TEST_OK(model_acts_alloc(m, 64, false, &acts, &err), &err);
     float *logits = test_zeros_f32(T * V), *lp = test_zeros_f32(T);
     int64_t sl[2] = {T, V};
     struct tensor tl = tensor_f32(logits, 2, sl), tlp = tensor_f32(lp, 1, &T);
-    struct model_batch b = batch_of(&p);
+    struct model_batch b = parity_batch_of(&p);
     TEST_OK(model_forward(m, acts, &b, &tlp, &tl, NULL, &err), &err);
 
     struct safetensors *st;
@@ -94,9 +34,9 @@ static void check_parity(const char *type) {
     char name[128];
     for (int s = 0; s < p.n_seqs; s++) {
         snprintf(name, sizeof name, "logits.%d", s);
-        expect_matches(st, name, logits + (int64_t)p.cu[s] * V, p.len[s] * V, 1e-4, 1e-5);
+        parity_expect_matches(st, name, logits + (int64_t)p.cu[s] * V, p.len[s] * V, 1e-4, 1e-5);
         snprintf(name, sizeof name, "logprobs.%d", s);
-        expect_matches(st, name, lp + p.cu[s], p.len[s] - 1, 1e-4, 1e-5);
+        parity_expect_matches(st, name, lp + p.cu[s], p.len[s] - 1, 1e-4, 1e-5);
     }
 
     TEST_OK(model_grads_alloc(m, &err), &err);
@@ -107,7 +47,7 @@ static void check_parity(const char *type) {
     TEST_OK(model_hf_tensors(m, m->grads.data, &g, &n, &err), &err);
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "grad.%s", g[i].name);
-        expect_matches(st, name, g[i].data, g[i].shape[0] * g[i].shape[1], 1e-3, 1e-4);
+        parity_expect_matches(st, name, g[i].data, g[i].shape[0] * g[i].shape[1], 1e-3, 1e-4);
     }
     model_hf_tensors_free(g, n);
     safetensors_close(st);
@@ -127,8 +67,8 @@ static void check_recompute(const char *type) {
     char dir[256];
     snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
     struct smelt_error err;
-    struct packed p;
-    load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     float *grads[2], lps[2][64];
     for (int r = 0; r < 2; r++) {
         struct model *m;
@@ -137,7 +77,7 @@ static void check_recompute(const char *type) {
         TEST_OK(model_grads_alloc(m, &err), &err);
         TEST_OK(model_acts_alloc(m, p.T, r == 1, &acts, &err), &err);
         struct tensor tlp = tensor_f32(lps[r], 1, &p.T), dlp = tensor_f32(p.weights, 1, &p.T);
-        struct model_batch b = batch_of(&p);
+        struct model_batch b = parity_batch_of(&p);
         TEST_OK(model_forward(m, acts, &b, &tlp, NULL, NULL, &err), &err);
         TEST_OK(model_backward(m, acts, &dlp, NULL, &err), &err);
         grads[r] = malloc((size_t)m->n_weights * sizeof(float));
@@ -162,8 +102,8 @@ static void check_save_load(const char *type) {
     snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
     snprintf(out, sizeof out, "/tmp/smelt-test-save-%s-%d", type, (int)getpid());
     struct smelt_error err;
-    struct packed p;
-    load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     struct model *a, *b2;
     TEST_OK(model_load(dir, BACKEND_CPU, &a, &err), &err);
     TEST_OK(model_save(a, out, false, &err), &err);
@@ -188,10 +128,10 @@ Test(model, save_load_gpt2) { check_save_load("gpt2"); }
 
 /* Finite differences through the whole model (f32, so a loose tolerance) on random
  * coordinates of every parameter, from a random init. */
-static double fd_loss(struct model *m, struct model_acts *acts, const struct packed *p) {
+static double fd_loss(struct model *m, struct model_acts *acts, const struct parity_packed *p) {
     float lp[64];
     struct tensor tlp = tensor_f32(lp, 1, &p->T);
-    struct model_batch b = batch_of(p);
+    struct model_batch b = parity_batch_of(p);
     struct smelt_error err;
     cr_assert_eq(model_forward(m, acts, &b, &tlp, NULL, NULL, &err), 0, "%s", err.message);
     double s = 0;
@@ -211,8 +151,8 @@ static void check_fd(const char *type) {
     float *w = m->weights.data;
     struct test_rng rng = {11};
     for (int64_t i = 0; i < m->n_weights; i++) w[i] += (float)test_rng_uniform(&rng, -0.2, 0.2);
-    struct packed p;
-    load_inputs(type, &p);
+    struct parity_packed p;
+    parity_load_inputs(type, &p);
     struct model_acts *acts;
     TEST_OK(model_grads_alloc(m, &err), &err);
     TEST_OK(model_acts_alloc(m, p.T, false, &acts, &err), &err);
@@ -294,11 +234,11 @@ Test(model, load_errors) {
 }
 
 /* The value/reward-head path: a loss on the final hidden states only. */
-static double hidden_loss(struct model *m, struct model_acts *acts, const struct packed *p,
+static double hidden_loss(struct model *m, struct model_acts *acts, const struct parity_packed *p,
                           const float *wh, float *hidden) {
     int64_t C = m->config.hidden_size, shape[2] = {p->T, C};
     struct tensor th = tensor_f32(hidden, 2, shape);
-    struct model_batch b = batch_of(p);
+    struct model_batch b = parity_batch_of(p);
     struct smelt_error err;
     cr_assert_eq(model_forward(m, acts, &b, NULL, NULL, &th, &err), 0, "%s", err.message);
     double s = 0;
@@ -310,8 +250,8 @@ Test(model, fd_hidden_gradient) {
     struct smelt_error err;
     struct model *m;
     TEST_OK(model_load(PARITY_DIR "/qwen3", BACKEND_CPU, &m, &err), &err);
-    struct packed p;
-    load_inputs("qwen3", &p);
+    struct parity_packed p;
+    parity_load_inputs("qwen3", &p);
     int64_t C = m->config.hidden_size, n = p.T * C, shape[2] = {p.T, C};
     struct test_rng rng = {5};
     float *wh = test_rand_f32(&rng, n, -1, 1), *hidden = test_zeros_f32(n);

@@ -242,6 +242,36 @@ static int read_losses(const char *out, double *loss, int cap) {
     return last;
 }
 
+/* Runs the spec uninterrupted into p->out, then stopped after stop_at and resumed into
+ * out2; expects the same n losses to the bit. */
+static void expect_resume_identical(const struct run_paths *p, const char *hp, int n, int stop_at,
+                                    char *out2, size_t out2_cap, double *straight) {
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    struct trainer_result res;
+    struct trainer_options quiet = {.quiet = true};
+    load_spec(p, p->model, p->out, hp, &spec);
+    TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
+    cr_expect_eq(res.steps, n);
+    cr_expect(!spec.has_lora || res.base_unchanged);
+    cr_assert_eq(read_losses(p->out, straight, 16), n);
+    snprintf(out2, out2_cap, "%s2", p->out);
+    load_spec(p, p->model, out2, hp, &spec);
+    struct trainer_options stop = {.quiet = true, .stop_after_step = stop_at};
+    TEST_OK(trainer_run(&spec, &stop, &res, &err), &err);
+    cr_expect(res.stopped);
+    cr_expect_eq(res.steps, stop_at);
+    /* A fresh start over existing checkpoints is refused rather than mixing runs. */
+    TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_EINVAL, &err);
+    struct trainer_options resume = {.quiet = true, .resume = "latest"};
+    TEST_OK(trainer_run(&spec, &resume, &res, &err), &err);
+    cr_expect_eq(res.steps, n);
+    double resumed[16];
+    cr_assert_eq(read_losses(out2, resumed, 16), n);
+    for (int s = 1; s <= n; s++)
+        cr_expect_eq(straight[s], resumed[s], "step %d: %.17g uninterrupted vs %.17g resumed", s, straight[s], resumed[s]);
+}
+
 static const char *const full_hp =
     "\"model_init\":\"random\",\"hyperparameters\":{\"max_steps\":8,\"batch_size\":8,\"grad_accum\":2,"
     "\"learning_rate\":0.01,\"warmup_steps\":2},\"checkpoint\":{\"every_steps\":3},";
@@ -252,34 +282,17 @@ Test(trainer, full_run_resumes_bit_identically) {
     struct smelt_error err = {0};
     struct job_spec spec;
     struct trainer_result res;
-    struct trainer_options quiet = {.quiet = true};
-    load_spec(&p, p.model, p.out, full_hp, &spec);
-    TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
-    cr_expect_eq(res.steps, 8);
+    struct trainer_options quiet = {.quiet = true}, resume = {.quiet = true, .resume = "latest"};
     double straight[16], resumed[16];
-    cr_assert_eq(read_losses(p.out, straight, 16), 8);
-
     char out2[600];
-    snprintf(out2, sizeof out2, "%s2", p.out);
-    load_spec(&p, p.model, out2, full_hp, &spec);
-    struct trainer_options stop = {.quiet = true, .stop_after_step = 5};
-    TEST_OK(trainer_run(&spec, &stop, &res, &err), &err);
-    cr_expect(res.stopped);
-    cr_expect_eq(res.steps, 5);
-    /* A fresh start over existing checkpoints is refused rather than mixing runs. */
-    TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_EINVAL, &err);
-    struct trainer_options resume = {.quiet = true, .resume = "latest"};
-    TEST_OK(trainer_run(&spec, &resume, &res, &err), &err);
-    cr_expect_eq(res.steps, 8);
-    cr_assert_eq(read_losses(out2, resumed, 16), 8);
-    for (int s = 1; s <= 8; s++)
-        cr_expect_eq(straight[s], resumed[s], "step %d: %.17g uninterrupted vs %.17g resumed", s, straight[s], resumed[s]);
+    expect_resume_identical(&p, full_hp, 8, 5, out2, sizeof out2, straight);
     cr_expect(straight[8] < straight[1], "the loss did not fall: %g -> %g", straight[1], straight[8]);
 
     /* Resuming from an earlier checkpoint replays the same steps too. */
     char ck[700];
     snprintf(ck, sizeof ck, "%s/checkpoints/step-3", out2);
     struct trainer_options from3 = {.quiet = true, .resume = ck};
+    load_spec(&p, p.model, out2, full_hp, &spec);
     TEST_OK(trainer_run(&spec, &from3, &res, &err), &err);
     cr_assert_eq(read_losses(out2, resumed, 16), 8);
     for (int s = 1; s <= 8; s++) cr_expect_eq(straight[s], resumed[s], "step %d after resuming from 3", s);
@@ -344,22 +357,9 @@ Test(trainer, lora_run_resumes_bit_identically_and_keeps_the_base) {
     struct job_spec spec;
     struct trainer_result res;
     struct trainer_options quiet = {.quiet = true};
-    load_spec(&p, p.model, p.out, lora_hp, &spec);
-    TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
-    cr_expect(res.base_unchanged);
-    double straight[16], resumed[16];
-    cr_assert_eq(read_losses(p.out, straight, 16), 6);
-
+    double straight[16];
     char out2[600];
-    snprintf(out2, sizeof out2, "%s2", p.out);
-    load_spec(&p, p.model, out2, lora_hp, &spec);
-    struct trainer_options stop = {.quiet = true, .stop_after_step = 3};
-    TEST_OK(trainer_run(&spec, &stop, &res, &err), &err);
-    struct trainer_options resume = {.quiet = true, .resume = "latest"};
-    TEST_OK(trainer_run(&spec, &resume, &res, &err), &err);
-    cr_assert_eq(read_losses(out2, resumed, 16), 6);
-    for (int s = 1; s <= 6; s++)
-        cr_expect_eq(straight[s], resumed[s], "step %d: %.17g vs %.17g", s, straight[s], resumed[s]);
+    expect_resume_identical(&p, lora_hp, 6, 3, out2, sizeof out2, straight);
 
     /* The base directory's weights are unchanged on disk too. */
     struct model *base, *fresh;

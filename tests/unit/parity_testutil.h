@@ -1,0 +1,76 @@
+/* Helpers shared by the tests that compare with the Hugging Face fixtures of
+ * tests/data/parity (tests/parity/make_fixtures.py, make_lora_fixtures.py): the packed
+ * inputs of a fixture and an elementwise comparison with an expected tensor. */
+#ifndef SMELT_TESTS_PARITY_TESTUTIL_H
+#define SMELT_TESTS_PARITY_TESTUTIL_H
+
+#include "tests/unit/testutil.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "model/model.h"
+
+#define PARITY_DIR "tests/data/parity"
+
+struct parity_packed {
+    int64_t T;
+    int n_seqs;
+    int32_t ids[64], targets[64], cu[8];
+    float weights[64]; /* dL/dlogprob per token */
+    int64_t len[8];
+};
+
+static inline void parity_load_inputs(const char *type, struct parity_packed *p) {
+    char path[256];
+    snprintf(path, sizeof path, PARITY_DIR "/%s/inputs.json", type);
+    json_t *root;
+    struct smelt_error err;
+    cr_assert_eq(json_load_path(path, &root, &err), 0, "%s", err.message);
+    json_t *seqs = json_object_get(root, "sequences"), *ws = json_object_get(root, "loss_weights");
+    memset(p, 0, sizeof *p);
+    p->n_seqs = (int)json_array_size(seqs);
+    cr_assert(p->n_seqs > 0 && p->n_seqs < 8);
+    for (int s = 0; s < p->n_seqs; s++) {
+        json_t *seq = json_array_get(seqs, (size_t)s), *w = json_array_get(ws, (size_t)s);
+        int64_t n = (int64_t)json_array_size(seq);
+        p->len[s] = n;
+        p->cu[s] = (int32_t)p->T;
+        for (int64_t t = 0; t < n; t++) {
+            int64_t i = p->T + t;
+            cr_assert(i < 64);
+            p->ids[i] = (int32_t)json_integer_value(json_array_get(seq, (size_t)t));
+            p->targets[i] = t + 1 < n ? (int32_t)json_integer_value(json_array_get(seq, (size_t)t + 1)) : -1;
+            p->weights[i] = t + 1 < n ? (float)json_real_value(json_array_get(w, (size_t)t)) : 0.0f;
+        }
+        p->T += n;
+    }
+    p->cu[p->n_seqs] = (int32_t)p->T;
+    json_decref(root);
+}
+
+static inline struct model_batch parity_batch_of(const struct parity_packed *p) {
+    return (struct model_batch){.n_tokens = p->T, .n_seqs = p->n_seqs, .ids = p->ids,
+                                .cu_seqlens = p->cu, .targets = p->targets};
+}
+
+/* Compares a float buffer with an f32 tensor of the expected file, elementwise. */
+static inline void parity_expect_matches(const struct safetensors *st, const char *name, const float *got,
+                           int64_t n, double rtol, double atol_frac) {
+    const struct safetensors_entry *e = safetensors_find(st, name);
+    cr_assert(e, "expected tensor %s missing", name);
+    cr_assert_eq(e->numel, n, "%s: %lld elements expected, smelt has %lld", name, (long long)e->numel, (long long)n);
+    float *want = malloc((size_t)n * sizeof *want);
+    struct smelt_error err;
+    cr_assert_eq(safetensors_read_f32(st, name, want, e->ndim, e->shape, &err), 0, "%s", err.message);
+    double scale = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+    double *want64 = test_to_f64(want, n);
+    test_expect_close(name, got, want64, n, rtol, atol_frac * scale + 1e-7);
+    free(want);
+    free(want64);
+}
+
+#endif
