@@ -181,6 +181,36 @@ int ops_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *
                            const struct tensor *cu_seqlens, float scale,
                            struct smelt_error *err);
 
+/* ---- paged KV cache (the rollout engine) ----------------------------------------- */
+
+/* One layer's cache is a pool of blocks: k_cache, v_cache [n_blocks, block_size, Hkv, D].
+ * A token's slot is block * block_size + offset; a sequence's block table lists its
+ * blocks in order, so its token at position p lives in block_table[p / block_size] at
+ * offset p % block_size.
+ *
+ * ops_kv_append writes k, v [T, Hkv, D] (the new tokens' keys and values, after rope)
+ * to slots slot_mapping (i32 [T], on the tensors' backend; a negative slot skips the
+ * token). A slot outside the pool is SMELT_EINVAL naming it. */
+int ops_kv_append(struct tensor *k_cache, struct tensor *v_cache, const struct tensor *k,
+                  const struct tensor *v, const struct tensor *slot_mapping,
+                  struct smelt_error *err);
+
+/* Causal attention of new query tokens over the cached keys and values.
+ *   q, out: [T, Hq, D], sequences packed: sequence s owns query tokens
+ *   [cu_q[s], cu_q[s+1]) — the LAST n_s = cu_q[s+1] - cu_q[s] tokens of a context of
+ *   context_lens[s] tokens whose keys/values (the new ones included) are already in the
+ *   cache. Query i of sequence s sits at position context_lens[s] - n_s + i and attends
+ *   to positions 0..itself. A prefill is n_s = context_len (or a chunk of it), a decode
+ *   step n_s = 1.
+ *   block_tables: i32 [S, max_blocks] on the tensors' backend (unused entries ignored).
+ *   cu_q: host i32 [S + 1]; context_lens: host i32 [S]; GQA as ops_attention.
+ * Forward only (generation needs no gradient). Gives ops_attention's output for the
+ * same tokens up to float rounding. */
+int ops_paged_attention(struct tensor *out, const struct tensor *q, const struct tensor *k_cache,
+                        const struct tensor *v_cache, const struct tensor *block_tables,
+                        const struct tensor *cu_q, const struct tensor *context_lens,
+                        float scale, struct smelt_error *err);
+
 /* ---- activations and residuals --------------------------------------------------- */
 
 /* out = silu(gate) * up, silu(x) = x / (1 + exp(-x)). All the same shape; out may alias

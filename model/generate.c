@@ -1,87 +1,24 @@
-/* The reference generator and its sampler (temperature, top-k, top-p, min-p). */
+/* The reference generator: the whole sequence through the model for every token. */
 #include "model/generate.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+static struct sample_params sample_params_of(const struct generate_params *p) {
+    return (struct sample_params){.temperature = p->temperature, .top_k = p->top_k,
+                                  .top_p = p->top_p, .min_p = p->min_p};
+}
+
 static int check_params(const struct generate_params *p, struct smelt_error *err) {
     if (p->max_new_tokens < 1)
         return error_set(err, SMELT_EINVAL, "max_new_tokens must be >= 1 (got %lld)", (long long)p->max_new_tokens);
-    if (!(p->temperature >= 0) || !isfinite(p->temperature))
-        return error_set(err, SMELT_EINVAL, "temperature must be >= 0 (got %g)", p->temperature);
-    if (p->top_k < 0) return error_set(err, SMELT_EINVAL, "top_k must be >= 0 (got %lld)", (long long)p->top_k);
-    if (!(p->top_p > 0 && p->top_p <= 1)) return error_set(err, SMELT_EINVAL, "top_p must be in (0, 1] (got %g)", p->top_p);
-    if (!(p->min_p >= 0 && p->min_p < 1)) return error_set(err, SMELT_EINVAL, "min_p must be in [0, 1) (got %g)", p->min_p);
+    struct sample_params sp = sample_params_of(p);
+    int rc = sample_params_check(&sp, err);
+    if (rc) return rc;
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return error_set(err, SMELT_EINVAL, "stop_ids: %d given without the array", p->n_stop_ids);
     return SMELT_OK;
-}
-
-struct candidate {
-    float prob;
-    int32_t id;
-};
-
-static int by_prob_desc(const void *a, const void *b) {
-    const struct candidate *x = a, *y = b;
-    if (x->prob != y->prob) return x->prob < y->prob ? 1 : -1;
-    return x->id < y->id ? -1 : x->id > y->id; /* deterministic order on ties */
-}
-
-/* Picks a token from logits[V]; work has room for V candidates. */
-static int32_t sample_token(const float *logits, int64_t V, const struct generate_params *p,
-                            struct rng *rng, struct candidate *work) {
-    if (p->temperature == 0) {
-        int64_t best = 0;
-        for (int64_t v = 1; v < V; v++)
-            if (logits[v] > logits[best]) best = v;
-        return (int32_t)best;
-    }
-    float max = logits[0];
-    for (int64_t v = 1; v < V; v++) max = fmaxf(max, logits[v]);
-    double sum = 0;
-    for (int64_t v = 0; v < V; v++) {
-        float e = expf((logits[v] - max) / p->temperature);
-        work[v] = (struct candidate){e, (int32_t)v};
-        sum += e;
-    }
-    for (int64_t v = 0; v < V; v++) work[v].prob = (float)(work[v].prob / sum);
-    qsort(work, (size_t)V, sizeof *work, by_prob_desc);
-    int64_t keep = V;
-    if (p->top_k > 0 && p->top_k < keep) keep = p->top_k;
-    if (p->min_p > 0) {
-        float floor_p = p->min_p * work[0].prob;
-        int64_t k = 1;
-        while (k < keep && work[k].prob >= floor_p) k++;
-        keep = k;
-    }
-    if (p->top_p < 1) {
-        /* the smallest prefix whose mass reaches top_p */
-        double mass = 0;
-        int64_t k = 0;
-        while (k < keep) {
-            mass += work[k++].prob;
-            if (mass >= p->top_p) break;
-        }
-        keep = k;
-    }
-    double total = 0;
-    for (int64_t k = 0; k < keep; k++) total += work[k].prob;
-    double u = rng_uniform(rng) * total, acc = 0;
-    for (int64_t k = 0; k < keep; k++) {
-        acc += work[k].prob;
-        if (u < acc) return work[k].id;
-    }
-    return work[keep - 1].id;
-}
-
-static float token_logprob(const float *logits, int64_t V, int32_t id) {
-    float max = logits[0];
-    for (int64_t v = 1; v < V; v++) max = fmaxf(max, logits[v]);
-    double sum = 0;
-    for (int64_t v = 0; v < V; v++) sum += exp((double)logits[v] - max);
-    return (float)((double)logits[id] - max - log(sum));
 }
 
 void generate_result_free(struct generate_result *r) {
@@ -110,7 +47,8 @@ int model_generate_reference(struct model *m, const int32_t *prompt, int64_t n_p
     int32_t *seq = malloc((size_t)max_total * sizeof *seq);
     float *hidden = malloc((size_t)(max_total * C) * sizeof *hidden);
     float *logits = malloc((size_t)V * sizeof *logits);
-    struct candidate *work = malloc((size_t)V * sizeof *work);
+    struct sample_candidate *work = malloc((size_t)V * sizeof *work);
+    struct sample_params sp = sample_params_of(p);
     out->ids = malloc((size_t)p->max_new_tokens * sizeof *out->ids);
     out->logprobs = malloc((size_t)p->max_new_tokens * sizeof *out->logprobs);
     struct model_acts *acts = NULL;
@@ -133,9 +71,9 @@ int model_generate_reference(struct model *m, const int32_t *prompt, int64_t n_p
         struct tensor last = tensor_f32(hidden + (n - 1) * C, 2, one);
         rc = ops_matmul(&tl, &last, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err);
         if (rc) break;
-        int32_t tok = sample_token(logits, V, p, &rng, work);
+        int32_t tok = sample_token(logits, V, &sp, &rng, work);
         out->ids[out->n] = tok;
-        out->logprobs[out->n] = token_logprob(logits, V, tok);
+        out->logprobs[out->n] = sample_logprob(logits, V, tok);
         out->n++;
         seq[n++] = tok;
         bool stop = false;
