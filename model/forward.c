@@ -15,30 +15,6 @@
         if (rc_) return rc_;      \
     } while (0)
 
-/* ---- views ---- */
-
-/* The first `rows` rows of a buffer, shaped [rows, cols]. */
-static struct tensor rows2(const struct tensor *buf, int64_t rows, int64_t cols) {
-    int64_t shape[2] = {rows, cols};
-    return tensor_make(buf->backend, buf->dtype, buf->data, 2, shape);
-}
-
-static struct tensor rows3(const struct tensor *buf, int64_t rows, int64_t heads, int64_t dim) {
-    int64_t shape[3] = {rows, heads, dim};
-    return tensor_make(buf->backend, buf->dtype, buf->data, 3, shape);
-}
-
-static struct tensor rows1(const struct tensor *buf, int64_t n) {
-    return tensor_make(buf->backend, buf->dtype, buf->data, 1, &n);
-}
-
-/* Rows [r0, r0 + n) of a [*, cols] buffer. */
-static struct tensor slice_rows(const struct tensor *buf, int64_t r0, int64_t n, int64_t cols) {
-    int64_t shape[2] = {n, cols};
-    char *base = (char *)buf->data + (size_t)(r0 * cols) * dtype_size(buf->dtype);
-    return tensor_make(buf->backend, buf->dtype, base, 2, shape);
-}
-
 static const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
 static struct tensor *opt_mut(struct tensor *t) { return t->data ? t : NULL; }
 
@@ -59,25 +35,13 @@ static int adapt_bwd(const struct model *m, int64_t layer, enum model_linear lin
 
 /* ---- activation buffers ---- */
 
-struct dims {
-    int64_t C, QD, KD, F, V, Hq, Hkv, D;
-};
-
-static struct dims model_dims(const struct model *m) {
-    const struct model_config *c = &m->config;
-    return (struct dims){.C = c->hidden_size, .QD = c->n_heads * c->head_dim,
-                         .KD = c->n_kv_heads * c->head_dim, .F = c->intermediate_size,
-                         .V = c->vocab_size, .Hq = c->n_heads, .Hkv = c->n_kv_heads,
-                         .D = c->head_dim};
-}
-
 static int buf(struct tensor *t, enum backend be, enum dtype dt, int64_t rows, int64_t cols,
                struct smelt_error *err) {
     int64_t shape[2] = {rows, cols};
     return tensor_alloc(t, be, dt, 2, shape, err);
 }
 
-static void layer_acts_free(struct layer_acts *a) {
+void model_layer_acts_free(struct layer_acts *a) {
     struct tensor *all[] = {&a->x_in, &a->h1, &a->mean1, &a->rstd1, &a->q_raw, &a->k_raw,
                             &a->qn_rstd, &a->kn_rstd, &a->q, &a->k, &a->v, &a->att, &a->lse,
                             &a->x_mid, &a->h2, &a->mean2, &a->rstd2, &a->gate, &a->up, &a->act};
@@ -85,7 +49,7 @@ static void layer_acts_free(struct layer_acts *a) {
 }
 
 /* Everything but x_in, which the caller owns the policy for. */
-static int layer_acts_alloc_body(const struct model *m, struct layer_acts *a, int64_t T,
+int model_layer_acts_alloc(const struct model *m, struct layer_acts *a, int64_t T,
                                  struct smelt_error *err) {
     struct dims d = model_dims(m);
     const struct model_config *c = &m->config;
@@ -122,9 +86,9 @@ static int acts_alloc_all(const struct model *m, struct model_acts *a, struct sm
     int64_t T = a->max_tokens;
     for (int64_t l = 0; l < c->n_layers; l++) {
         TRY(buf(&a->layers[l].x_in, be, DTYPE_F32, T, d.C, err));
-        if (!a->recompute) TRY(layer_acts_alloc_body(m, &a->layers[l], T, err));
+        if (!a->recompute) TRY(model_layer_acts_alloc(m, &a->layers[l], T, err));
     }
-    if (a->recompute) TRY(layer_acts_alloc_body(m, &a->scratch, T, err));
+    if (a->recompute) TRY(model_layer_acts_alloc(m, &a->scratch, T, err));
     TRY(buf(&a->x_final, be, DTYPE_F32, T, d.C, err));
     TRY(buf(&a->hf, be, DTYPE_F32, T, d.C, err));
     if (c->norm == MODEL_NORM_LAYERNORM) TRY(buf(&a->meanf, be, DTYPE_F32, T, 1, err));
@@ -152,10 +116,10 @@ static int acts_alloc_all(const struct model *m, struct model_acts *a, struct sm
 void model_acts_free(struct model_acts *a) {
     if (!a) return;
     if (a->layers) {
-        for (int64_t l = 0; l < a->n_layers_allocated; l++) layer_acts_free(&a->layers[l]);
+        for (int64_t l = 0; l < a->n_layers_allocated; l++) model_layer_acts_free(&a->layers[l]);
         free(a->layers);
     }
-    layer_acts_free(&a->scratch);
+    model_layer_acts_free(&a->scratch);
     struct tensor *all[] = {&a->x_final, &a->hf, &a->meanf, &a->rstdf, &a->ids, &a->positions,
                             &a->targets, &a->lse, &a->logits_chunk, &a->dres, &a->dh, &a->dq_a,
                             &a->dq_b, &a->dk_a, &a->dk_b, &a->dv, &a->datt, &a->dgate, &a->dup,
@@ -192,7 +156,7 @@ int model_acts_alloc(const struct model *m, int64_t max_tokens, bool recompute,
 
 /* ---- norms ---- */
 
-static int norm_forward(const struct model *m, struct tensor *y, struct tensor *mean,
+int model_norm_forward(const struct model *m, struct tensor *y, struct tensor *mean,
                         struct tensor *rstd, const struct tensor *x, const struct tensor *w,
                         const struct tensor *b, struct smelt_error *err) {
     float eps = (float)m->config.norm_eps;
@@ -211,14 +175,7 @@ static int norm_backward(const struct model *m, struct tensor *dx, struct tensor
 
 /* ---- one layer ---- */
 
-/* Views of a layer's activations for T tokens. */
-struct layer_views {
-    struct tensor x_in, h1, mean1, rstd1, q_raw, k_raw, qn_rstd, kn_rstd;
-    struct tensor q, k, v, q3, k3, v3, q_raw3, k_raw3, att, att3, lse;
-    struct tensor x_mid, h2, mean2, rstd2, gate, up, act, x_out;
-};
-
-static struct layer_views layer_views(const struct model *m, const struct layer_acts *a,
+struct layer_views model_layer_views(const struct model *m, const struct layer_acts *a,
                                       const struct tensor *x_out, int64_t T) {
     struct dims d = model_dims(m);
     struct layer_views v = {
@@ -240,13 +197,14 @@ static struct layer_views layer_views(const struct model *m, const struct layer_
     return v;
 }
 
-static int layer_forward(const struct model *m, int64_t l, const struct layer_weights *w,
-                         struct layer_views *v, const struct tensor *positions,
-                         const struct tensor *cu_seqlens, struct smelt_error *err) {
+int model_layer_forward(const struct model *m, int64_t l, const struct layer_weights *w,
+                        struct layer_views *v, const struct tensor *positions,
+                        const struct tensor *cu_seqlens, const struct paged_attn *paged,
+                        struct smelt_error *err) {
     const struct model_config *c = &m->config;
     struct dims d = model_dims(m);
     float theta = (float)c->rope_theta, scale = (float)(1.0 / sqrt((double)d.D));
-    TRY(norm_forward(m, &v->h1, opt_mut(&v->mean1), &v->rstd1, &v->x_in, &w->attn_norm_w,
+    TRY(model_norm_forward(m, &v->h1, opt_mut(&v->mean1), &v->rstd1, &v->x_in, &w->attn_norm_w,
                      opt(&w->attn_norm_b), err));
     struct tensor *qp = c->qk_norm ? &v->q_raw : &v->q, *kp = c->qk_norm ? &v->k_raw : &v->k;
     TRY(ops_matmul(qp, &v->h1, &w->q_w, opt(&w->q_b), false, true, 1.0f, 0.0f, err));
@@ -265,12 +223,18 @@ static int layer_forward(const struct model *m, int64_t l, const struct layer_we
         TRY(ops_rope(&v->q3, &v->q3, positions, theta, err));
         TRY(ops_rope(&v->k3, &v->k3, positions, theta, err));
     }
-    TRY(ops_attention(&v->att3, &v->lse, &v->q3, &v->k3, &v->v3, cu_seqlens, scale, err));
+    if (paged) {
+        TRY(ops_kv_append(paged->k_cache, paged->v_cache, &v->k3, &v->v3, paged->slot_mapping, err));
+        TRY(ops_paged_attention(&v->att3, &v->q3, paged->k_cache, paged->v_cache, paged->block_tables,
+                                paged->cu_q, paged->context_lens, scale, err));
+    } else {
+        TRY(ops_attention(&v->att3, &v->lse, &v->q3, &v->k3, &v->v3, cu_seqlens, scale, err));
+    }
     /* x_mid = x_in + att @ o^T (+ b): copy the residual, then accumulate the GEMM. */
     TRY(tensor_copy(&v->x_mid, &v->x_in, err));
     TRY(ops_matmul(&v->x_mid, &v->att, &w->o_w, opt(&w->o_b), false, true, 1.0f, 1.0f, err));
     TRY(adapt_fwd(m, l, MODEL_LINEAR_O, &v->att, &v->x_mid, err));
-    TRY(norm_forward(m, &v->h2, opt_mut(&v->mean2), &v->rstd2, &v->x_mid, &w->mlp_norm_w,
+    TRY(model_norm_forward(m, &v->h2, opt_mut(&v->mean2), &v->rstd2, &v->x_mid, &w->mlp_norm_w,
                      opt(&w->mlp_norm_b), err));
     TRY(tensor_copy(&v->x_out, &v->x_mid, err));
     if (c->mlp == MODEL_MLP_SWIGLU) {
@@ -474,14 +438,14 @@ int model_forward(struct model *m, struct model_acts *a, const struct model_batc
             a->scratch.x_in = la->x_in; /* borrowed: scratch never frees x_in */
             la = &a->scratch;
         }
-        struct layer_views v = layer_views(m, la, layer_output(a, l, c->n_layers), T);
-        int rc = layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
+        struct layer_views v = model_layer_views(m, la, layer_output(a, l, c->n_layers), T);
+        int rc = model_layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, NULL, err);
         if (a->recompute) a->scratch.x_in = (struct tensor){0};
         if (rc) return error_wrap(err, "layer %lld", (long long)l);
     }
     struct tensor xf = rows2(&a->x_final, T, d.C), hf = rows2(&a->hf, T, d.C);
     struct tensor meanf = rows1(&a->meanf, T), rstdf = rows1(&a->rstdf, T);
-    TRY(norm_forward(m, &hf, opt_mut(&meanf), &rstdf, &xf, &m->w.final_norm_w, opt(&m->w.final_norm_b), err));
+    TRY(model_norm_forward(m, &hf, opt_mut(&meanf), &rstdf, &xf, &m->w.final_norm_w, opt(&m->w.final_norm_b), err));
     if (hidden) TRY(tensor_copy(hidden, &hf, err));
     if (logits) {
         struct tensor lv = rows2(logits, T, d.V);
@@ -556,9 +520,9 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
             la = &a->scratch;
             scratch_out = a->hf; /* the final norm output is no longer needed */
         }
-        struct layer_views v = layer_views(m, la, a->recompute ? &scratch_out : layer_output(a, l, c->n_layers), T);
+        struct layer_views v = model_layer_views(m, la, a->recompute ? &scratch_out : layer_output(a, l, c->n_layers), T);
         int rc = SMELT_OK;
-        if (a->recompute) rc = layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, err);
+        if (a->recompute) rc = model_layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, NULL, err);
         if (!rc) rc = layer_backward(m, l, &m->w.layers[l], &m->g.layers[l], &v, a, &positions, &a->cu_seqlens, err);
         if (a->recompute) a->scratch.x_in = (struct tensor){0};
         if (rc) return error_wrap(err, "layer %lld backward", (long long)l);

@@ -2,6 +2,8 @@
 #ifndef SMELT_MODEL_INTERNAL_H
 #define SMELT_MODEL_INTERNAL_H
 
+#include <math.h>
+
 #include "model/transformer.h"
 
 /* A model with its parameter table laid out and zeroed weights. */
@@ -48,5 +50,73 @@ struct model_acts {
     bool has_targets;
     bool forward_done;
 };
+
+/* ---- shared by forward.c (training) and forward_paged.c (generation) ---- */
+
+/* ---- views ---- */
+
+/* The first `rows` rows of a buffer, shaped [rows, cols]. */
+static inline struct tensor rows2(const struct tensor *buf, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    return tensor_make(buf->backend, buf->dtype, buf->data, 2, shape);
+}
+
+static inline struct tensor rows3(const struct tensor *buf, int64_t rows, int64_t heads, int64_t dim) {
+    int64_t shape[3] = {rows, heads, dim};
+    return tensor_make(buf->backend, buf->dtype, buf->data, 3, shape);
+}
+
+static inline struct tensor rows1(const struct tensor *buf, int64_t n) {
+    return tensor_make(buf->backend, buf->dtype, buf->data, 1, &n);
+}
+
+/* Rows [r0, r0 + n) of a [*, cols] buffer. */
+static inline struct tensor slice_rows(const struct tensor *buf, int64_t r0, int64_t n, int64_t cols) {
+    int64_t shape[2] = {n, cols};
+    char *base = (char *)buf->data + (size_t)(r0 * cols) * dtype_size(buf->dtype);
+    return tensor_make(buf->backend, buf->dtype, base, 2, shape);
+}
+
+struct dims {
+    int64_t C, QD, KD, F, V, Hq, Hkv, D;
+};
+
+static inline struct dims model_dims(const struct model *m) {
+    const struct model_config *c = &m->config;
+    return (struct dims){.C = c->hidden_size, .QD = c->n_heads * c->head_dim,
+                         .KD = c->n_kv_heads * c->head_dim, .F = c->intermediate_size,
+                         .V = c->vocab_size, .Hq = c->n_heads, .Hkv = c->n_kv_heads,
+                         .D = c->head_dim};
+}
+
+/* Views of a layer's activations for T tokens. */
+struct layer_views {
+    struct tensor x_in, h1, mean1, rstd1, q_raw, k_raw, qn_rstd, kn_rstd;
+    struct tensor q, k, v, q3, k3, v3, q_raw3, k_raw3, att, att3, lse;
+    struct tensor x_mid, h2, mean2, rstd2, gate, up, act, x_out;
+};
+
+/* The paged-KV attention of one layer (generation): keys and values go to the cache,
+ * attention reads it. See ops_kv_append / ops_paged_attention. */
+struct paged_attn {
+    struct tensor *k_cache, *v_cache;
+    const struct tensor *slot_mapping, *block_tables, *cu_q, *context_lens;
+};
+
+struct layer_views model_layer_views(const struct model *m, const struct layer_acts *a,
+                                     const struct tensor *x_out, int64_t T);
+/* One block: x_in -> x_out through attention (ops_attention over cu_seqlens, or the
+ * paged cache when paged is not NULL) and the MLP, adapter hooks included. */
+int model_layer_forward(const struct model *m, int64_t l, const struct layer_weights *w,
+                        struct layer_views *v, const struct tensor *positions,
+                        const struct tensor *cu_seqlens, const struct paged_attn *paged,
+                        struct smelt_error *err);
+/* Everything of a layer's activations but x_in, for T tokens. */
+int model_layer_acts_alloc(const struct model *m, struct layer_acts *a, int64_t T,
+                           struct smelt_error *err);
+void model_layer_acts_free(struct layer_acts *a);
+int model_norm_forward(const struct model *m, struct tensor *y, struct tensor *mean,
+                       struct tensor *rstd, const struct tensor *x, const struct tensor *w,
+                       const struct tensor *b, struct smelt_error *err);
 
 #endif

@@ -172,4 +172,51 @@ int model_backward(struct model *model, struct model_acts *acts,
                    const struct tensor *dlogprobs, const struct tensor *dhidden,
                    struct smelt_error *err);
 
+/* ---- generation with a paged KV cache (the rollout engine) ---- */
+
+/* Per layer, the keys and values of every cached token: k[l], v[l] are
+ * [n_blocks, block_size, Hkv, D] on the model's backend (ops_kv_append's layout). */
+struct model_kv_cache {
+    int64_t n_blocks, block_size;
+    int64_t n_layers;
+    struct tensor *k, *v;        /* [n_layers] */
+};
+
+int model_kv_cache_alloc(const struct model *model, int64_t n_blocks, int64_t block_size,
+                         struct model_kv_cache *out, struct smelt_error *err);
+void model_kv_cache_free(struct model_kv_cache *cache);
+/* Bytes of cache one token takes (keys and values, every layer). */
+int64_t model_kv_bytes_per_token(const struct model *model);
+/* Block src's keys and values copied to block dst in every layer (copy-on-write). */
+int model_kv_cache_copy_block(struct model_kv_cache *cache, int32_t src, int32_t dst,
+                              struct smelt_error *err);
+
+/* One engine step: S sequences, each adding its next n_s tokens (a prefill chunk or one
+ * decoded token) at positions context_lens[s] - n_s .. context_lens[s] - 1. Host memory
+ * owned by the caller. */
+struct model_paged_batch {
+    int64_t n_tokens;            /* T = sum of n_s */
+    int n_seqs;                  /* S */
+    const int32_t *ids;          /* [T] */
+    const int32_t *cu_q;         /* [S + 1] token offsets of the sequences */
+    const int32_t *context_lens; /* [S] tokens of each sequence in the cache after this step */
+    const int32_t *slot_mapping; /* [T] cache slot of each new token */
+    const int32_t *block_tables; /* [S * max_blocks] */
+    int max_blocks;
+};
+
+/* Scratch for model_forward_paged, sized for at most max_tokens tokens, max_seqs
+ * sequences and max_blocks blocks per sequence. */
+struct model_step_buffers;
+int model_step_buffers_alloc(const struct model *model, int64_t max_tokens, int max_seqs,
+                             int max_blocks, struct model_step_buffers **out,
+                             struct smelt_error *err);
+void model_step_buffers_free(struct model_step_buffers *b);
+
+/* Writes the batch's keys and values into the cache and returns, in logits (host f32
+ * [S, V]), the next-token logits after each sequence's last new token. */
+int model_forward_paged(struct model *model, struct model_step_buffers *buffers,
+                        struct model_kv_cache *cache, const struct model_paged_batch *batch,
+                        float *logits, struct smelt_error *err);
+
 #endif

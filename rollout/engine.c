@@ -1,0 +1,552 @@
+/* The engine: sequences, the step loop (schedule → model → sample), forking the samples
+ * of a prompt after its prefill, finishing, preemption and weight updates. */
+#include "rollout/rollout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout/kv_blocks.h"
+
+#define TRY(expr)                 \
+    do {                          \
+        int rc_ = (expr);         \
+        if (rc_) return rc_;      \
+    } while (0)
+
+/* What the samples of one request share. */
+struct request {
+    struct rollout_request r;   /* prompt points at prompt below; stop strings at copies */
+    int32_t *prompt;
+    char *stop_copies[ROLLOUT_MAX_STOP];
+    int live;                   /* sequences still referring to it */
+};
+
+struct seq {
+    struct request *req;
+    int sample_index;           /* -1: the parent that prefills for all n samples */
+    int64_t arrival;            /* scheduling order: lower is older */
+    int32_t *tokens;            /* prompt then generated */
+    float *logprobs;            /* [generated] */
+    int64_t n_tokens, cap, n_cached;
+    struct kv_block_table table;
+    struct rng rng;
+    bool running;
+};
+
+struct rollout_engine {
+    struct model *model;
+    const struct tokenizer *tok;
+    struct rollout_config config;
+    struct model_kv_cache cache;
+    struct kv_pool pool;
+    struct model_step_buffers *buffers;
+    int max_blocks;                       /* per sequence: the model's context */
+    struct seq **seqs;                    /* live sequences, any order */
+    int n_seqs, cap_seqs;
+    int64_t next_arrival;
+    struct rollout_result *done;          /* finished, not yet taken */
+    int n_done, cap_done;
+    struct rollout_stats stats;
+    /* per-step scratch */
+    int32_t *ids, *slots, *cu_q, *ctx, *tables;
+    struct seq **batch;
+    int64_t *batch_n;
+    float *logits;
+    struct sample_candidate *work;
+};
+
+/* ---- sequences ---- */
+
+static int seq_reserve(struct seq *s, int64_t n, struct smelt_error *err) {
+    if (n <= s->cap) return SMELT_OK;
+    int64_t cap = s->cap ? s->cap : 64;
+    while (cap < n) cap *= 2;
+    int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
+    if (!t) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+    s->tokens = t;
+    float *lp = realloc(s->logprobs, (size_t)cap * sizeof *lp);
+    if (!lp) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+    s->logprobs = lp;
+    s->cap = cap;
+    return SMELT_OK;
+}
+
+static void request_release(struct request *q) {
+    if (--q->live > 0) return;
+    for (int i = 0; i < q->r.n_stop_strings; i++) free(q->stop_copies[i]);
+    free(q->prompt);
+    free(q);
+}
+
+static void seq_free(struct rollout_engine *e, struct seq *s) {
+    kv_table_release(&e->pool, &s->table);
+    request_release(s->req);
+    free(s->tokens);
+    free(s->logprobs);
+    free(s);
+}
+
+static int add_seq(struct rollout_engine *e, struct seq *s, struct smelt_error *err) {
+    if (e->n_seqs == e->cap_seqs) {
+        int cap = e->cap_seqs ? 2 * e->cap_seqs : 64;
+        struct seq **grown = realloc(e->seqs, (size_t)cap * sizeof *grown);
+        if (!grown) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+        e->seqs = grown;
+        e->cap_seqs = cap;
+    }
+    e->seqs[e->n_seqs++] = s;
+    return SMELT_OK;
+}
+
+static void remove_seq(struct rollout_engine *e, struct seq *s) {
+    for (int i = 0; i < e->n_seqs; i++)
+        if (e->seqs[i] == s) {
+            e->seqs[i] = e->seqs[--e->n_seqs];
+            return;
+        }
+}
+
+/* Back to waiting with nothing cached: its known tokens are recomputed when admitted. */
+static void preempt(struct rollout_engine *e, struct seq *s) {
+    kv_table_release(&e->pool, &s->table);
+    s->n_cached = 0;
+    s->running = false;
+    e->stats.preemptions++;
+}
+
+/* ---- results ---- */
+
+static int finish(struct rollout_engine *e, struct seq *s, const char *reason, struct smelt_error *err) {
+    if (e->n_done == e->cap_done) {
+        int cap = e->cap_done ? 2 * e->cap_done : 64;
+        struct rollout_result *grown = realloc(e->done, (size_t)cap * sizeof *grown);
+        if (!grown) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+        e->done = grown;
+        e->cap_done = cap;
+    }
+    int64_t n = s->n_tokens - s->req->r.n_prompt;
+    struct rollout_result *r = &e->done[e->n_done];
+    *r = (struct rollout_result){.request_id = s->req->r.id, .sample_index = s->sample_index < 0 ? 0 : s->sample_index,
+                                 .n = n, .finish_reason = reason, .policy_version = e->stats.policy_version};
+    r->ids = malloc((size_t)(n ? n : 1) * sizeof *r->ids);
+    r->logprobs = malloc((size_t)(n ? n : 1) * sizeof *r->logprobs);
+    if (!r->ids || !r->logprobs) {
+        free(r->ids);
+        free(r->logprobs);
+        return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+    }
+    memcpy(r->ids, s->tokens + s->req->r.n_prompt, (size_t)n * sizeof *r->ids);
+    memcpy(r->logprobs, s->logprobs, (size_t)n * sizeof *r->logprobs);
+    e->n_done++;
+    remove_seq(e, s);
+    seq_free(e, s);
+    return SMELT_OK;
+}
+
+int rollout_engine_take(struct rollout_engine *e, struct rollout_result **results, int *n,
+                        struct smelt_error *err) {
+    (void)err;
+    *results = e->n_done ? e->done : NULL;
+    *n = e->n_done;
+    e->done = NULL;
+    e->n_done = e->cap_done = 0;
+    return SMELT_OK;
+}
+
+void rollout_results_free(struct rollout_result *results, int n) {
+    for (int i = 0; i < n; i++) {
+        free(results[i].ids);
+        free(results[i].logprobs);
+    }
+    free(results);
+}
+
+/* ---- requests ---- */
+
+int rollout_engine_add(struct rollout_engine *e, const struct rollout_request *r, struct smelt_error *err) {
+    const struct model_config *c = &e->model->config;
+    if (!r->prompt || r->n_prompt < 1) return error_set(err, SMELT_EINVAL, "prompt: empty");
+    if (r->n_prompt >= c->max_seq_len)
+        return error_set(err, SMELT_EINVAL, "prompt: %lld tokens leave no room in the model's context of %lld",
+                         (long long)r->n_prompt, (long long)c->max_seq_len);
+    for (int64_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size)
+            return error_set(err, SMELT_EINVAL, "prompt: token %lld is %d, outside the vocabulary [0, %lld)",
+                             (long long)i, r->prompt[i], (long long)c->vocab_size);
+    if (r->n < 1 || r->n > 256) return error_set(err, SMELT_EINVAL, "n: must be in [1, 256], got %d", r->n);
+    if (r->max_new_tokens < 1) return error_set(err, SMELT_EINVAL, "max_new_tokens: must be >= 1, got %lld", (long long)r->max_new_tokens);
+    if (sample_params_check(&r->sampling, err)) return error_wrap(err, "sampling");
+    if (r->n_stop_ids < 0 || r->n_stop_ids > ROLLOUT_MAX_STOP)
+        return error_set(err, SMELT_EINVAL, "stop_ids: at most %d", ROLLOUT_MAX_STOP);
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= c->vocab_size)
+            return error_set(err, SMELT_EINVAL, "stop_ids[%d]: %d is outside the vocabulary", i, r->stop_ids[i]);
+    if (r->n_stop_strings < 0 || r->n_stop_strings > ROLLOUT_MAX_STOP)
+        return error_set(err, SMELT_EINVAL, "stop_strings: at most %d", ROLLOUT_MAX_STOP);
+    if (r->n_stop_strings && !e->tok) return error_set(err, SMELT_EINVAL, "stop_strings: the engine has no tokenizer");
+    for (int i = 0; i < r->n_stop_strings; i++)
+        if (!r->stop_strings[i] || !r->stop_strings[i][0])
+            return error_set(err, SMELT_EINVAL, "stop_strings[%d]: empty", i);
+
+    struct request *q = calloc(1, sizeof *q);
+    struct seq *s = calloc(1, sizeof *s);
+    if (q) q->prompt = malloc((size_t)r->n_prompt * sizeof *q->prompt);
+    int rc = q && s && q->prompt ? SMELT_OK : error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+    if (!rc) {
+        q->r = *r;
+        memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof *q->prompt);
+        q->r.prompt = q->prompt;
+        for (int i = 0; i < r->n_stop_strings && !rc; i++) {
+            q->stop_copies[i] = strdup(r->stop_strings[i]);
+            q->r.stop_strings[i] = q->stop_copies[i];
+            if (!q->stop_copies[i]) rc = error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+        }
+        q->live = 1;
+        s->req = q;
+        s->sample_index = r->n > 1 ? -1 : 0;
+        s->arrival = e->next_arrival++;
+        sample_stream_seed(&s->rng, r->seed, 0);
+    }
+    if (!rc) rc = seq_reserve(s, r->n_prompt + 1, err);
+    if (!rc) {
+        memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof *s->tokens);
+        s->n_tokens = r->n_prompt;
+        rc = add_seq(e, s, err);
+    }
+    if (rc) {
+        if (s && s->req) seq_free(e, s);
+        else {
+            if (q) {
+                for (int i = 0; i < ROLLOUT_MAX_STOP; i++) free(q->stop_copies[i]);
+                free(q->prompt);
+            }
+            free(q);
+            free(s);
+        }
+    }
+    return rc;
+}
+
+int rollout_engine_abort(struct rollout_engine *e, uint64_t id) {
+    int aborted = 0;
+    struct smelt_error ignore = {0};
+    for (int i = 0; i < e->n_seqs;) {
+        struct seq *s = e->seqs[i];
+        if (s->req->r.id != id) {
+            i++;
+            continue;
+        }
+        /* a parent that never forked stands for all n samples */
+        int count = s->sample_index < 0 ? s->req->r.n : 1;
+        if (finish(e, s, ROLLOUT_FINISH_ABORT, &ignore)) {
+            remove_seq(e, s); /* no memory for a result: drop it rather than loop */
+            seq_free(e, s);
+        }
+        aborted += count;
+    }
+    return aborted;
+}
+
+/* ---- one step ---- */
+
+static int by_arrival(const void *a, const void *b) {
+    const struct seq *x = *(struct seq *const *)a, *y = *(struct seq *const *)b;
+    if (x->arrival != y->arrival) return x->arrival < y->arrival ? -1 : 1;
+    return x->sample_index - y->sample_index;
+}
+
+/* The newest running sequence other than keep (NULL if none). */
+static struct seq *newest_running(struct rollout_engine *e, const struct seq *keep) {
+    struct seq *best = NULL;
+    for (int i = 0; i < e->n_seqs; i++) {
+        struct seq *s = e->seqs[i];
+        if (!s->running || s == keep) continue;
+        if (!best || by_arrival(&s, &best) > 0) best = s;
+    }
+    return best;
+}
+
+struct plan {
+    int n;
+    int64_t tokens;
+    struct kv_copy copies[1024];
+    int n_copies;
+};
+
+/* Reserves blocks for n new tokens of s, preempting newer running sequences when the
+ * pool is short. Returns false when s itself had to wait (or was preempted). */
+static int reserve(struct rollout_engine *e, struct plan *p, struct seq *s, int64_t n, bool may_preempt,
+                   bool *ok, struct smelt_error *err) {
+    *ok = false;
+    for (;;) {
+        if (p->n_copies == (int)(sizeof p->copies / sizeof *p->copies)) return SMELT_OK;
+        bool has_copy = false;
+        int rc = kv_table_extend(&e->pool, &s->table, s->n_cached, n, &p->copies[p->n_copies], &has_copy, err);
+        if (rc < 0) return rc;
+        if (rc == SMELT_OK) {
+            p->n_copies += has_copy;
+            *ok = true;
+            return SMELT_OK;
+        }
+        if (!may_preempt) return SMELT_OK;
+        struct seq *victim = newest_running(e, s);
+        /* Never preempt a sequence already in this step's batch (its blocks are in use). */
+        for (int i = 0; victim && i < p->n; i++)
+            if (e->batch[i] == victim) victim = NULL;
+        if (!victim || by_arrival(&victim, &s) < 0) {
+            if (s->running) preempt(e, s);
+            return SMELT_OK;
+        }
+        preempt(e, victim);
+    }
+}
+
+static int schedule(struct rollout_engine *e, struct plan *p, struct smelt_error *err) {
+    qsort(e->seqs, (size_t)e->n_seqs, sizeof *e->seqs, by_arrival);
+    int64_t budget = e->config.max_batch_tokens;
+    /* Running sequences first, oldest first: decode tokens and unfinished prefills. */
+    for (int i = 0; i < e->n_seqs && budget > 0 && p->n < e->config.max_seqs; i++) {
+        struct seq *s = e->seqs[i];
+        if (!s->running) continue;
+        int64_t n = s->n_tokens - s->n_cached;
+        if (n > e->config.prefill_chunk) n = e->config.prefill_chunk;
+        if (n > budget) n = budget;
+        bool ok;
+        TRY(reserve(e, p, s, n, true, &ok, err));
+        if (!ok) continue;
+        e->batch[p->n] = s;
+        e->batch_n[p->n++] = n;
+        budget -= n;
+    }
+    /* Then admit waiting ones, oldest first, while blocks last (no preemption for them). */
+    int running = 0;
+    for (int i = 0; i < e->n_seqs; i++) running += e->seqs[i]->running;
+    for (int i = 0; i < e->n_seqs && budget > 0 && p->n < e->config.max_seqs && running < e->config.max_seqs; i++) {
+        struct seq *s = e->seqs[i];
+        if (s->running) continue;
+        int64_t n = s->n_tokens - s->n_cached;
+        if (n > e->config.prefill_chunk) n = e->config.prefill_chunk;
+        if (n > budget) n = budget;
+        bool ok;
+        TRY(reserve(e, p, s, n, false, &ok, err));
+        if (!ok) break; /* keep arrival order: nothing newer jumps the queue */
+        s->running = true;
+        running++;
+        e->batch[p->n] = s;
+        e->batch_n[p->n++] = n;
+        budget -= n;
+    }
+    p->tokens = e->config.max_batch_tokens - budget;
+    return SMELT_OK;
+}
+
+static bool hits_stop_string(const struct rollout_engine *e, const struct seq *s) {
+    const struct rollout_request *r = &s->req->r;
+    if (!r->n_stop_strings) return false;
+    /* Decode a tail long enough to hold any stop string that ends at the new token. */
+    size_t longest = 0;
+    for (int i = 0; i < r->n_stop_strings; i++) longest = strlen(r->stop_strings[i]) > longest ? strlen(r->stop_strings[i]) : longest;
+    int64_t gen = s->n_tokens - r->n_prompt;
+    int64_t tail = (int64_t)longest + 4 < gen ? (int64_t)longest + 4 : gen;
+    char *text = NULL;
+    size_t len = 0;
+    struct smelt_error ignore = {0};
+    if (tokenizer_decode(e->tok, s->tokens + s->n_tokens - tail, (size_t)tail, true, &text, &len, &ignore)) return false;
+    bool hit = false;
+    for (int i = 0; i < r->n_stop_strings && !hit; i++) hit = strstr(text, r->stop_strings[i]) != NULL;
+    free(text);
+    return hit;
+}
+
+/* Appends a sampled token; finishes the sequence when it should stop. */
+static int sample_into(struct rollout_engine *e, struct seq *s, const float *logits, struct smelt_error *err) {
+    const struct rollout_request *r = &s->req->r;
+    int64_t V = e->model->config.vocab_size;
+    int32_t tok = sample_token(logits, V, &r->sampling, &s->rng, e->work);
+    TRY(seq_reserve(s, s->n_tokens + 1, err));
+    s->logprobs[s->n_tokens - r->n_prompt] = sample_logprob(logits, V, tok);
+    s->tokens[s->n_tokens++] = tok;
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (tok == r->stop_ids[i]) return finish(e, s, ROLLOUT_FINISH_STOP, err);
+    if (hits_stop_string(e, s)) return finish(e, s, ROLLOUT_FINISH_STOP, err);
+    if (s->n_tokens - r->n_prompt >= r->max_new_tokens || s->n_tokens >= e->model->config.max_seq_len)
+        return finish(e, s, ROLLOUT_FINISH_LENGTH, err);
+    return SMELT_OK;
+}
+
+/* The parent's prefill is done: it becomes sample 0 and n - 1 samples share its blocks. */
+static int fork_samples(struct rollout_engine *e, struct seq *parent, struct seq **out, struct smelt_error *err) {
+    const struct rollout_request *r = &parent->req->r;
+    parent->sample_index = 0;
+    out[0] = parent;
+    for (int i = 1; i < r->n; i++) {
+        struct seq *c = calloc(1, sizeof *c);
+        if (!c) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+        *c = (struct seq){.req = parent->req, .sample_index = i, .arrival = parent->arrival,
+                          .n_cached = parent->n_cached, .running = true};
+        parent->req->live++;
+        sample_stream_seed(&c->rng, r->seed, (uint64_t)i);
+        int rc = seq_reserve(c, parent->n_tokens + 1, err);
+        if (!rc) rc = kv_table_fork(&e->pool, &parent->table, &c->table, err);
+        if (!rc) {
+            memcpy(c->tokens, parent->tokens, (size_t)parent->n_tokens * sizeof *c->tokens);
+            c->n_tokens = parent->n_tokens;
+            rc = add_seq(e, c, err);
+        }
+        if (rc) {
+            seq_free(e, c);
+            return rc;
+        }
+        out[i] = c;
+    }
+    return SMELT_OK;
+}
+
+int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
+    struct plan *p = calloc(1, sizeof *p);
+    if (!p) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+    int rc = schedule(e, p, err);
+    if (!rc && p->n == 0 && e->n_seqs > 0)
+        rc = error_set(err, SMELT_EINVAL, "rollout: the KV pool (%lld blocks) cannot hold one sequence's next step",
+                       (long long)e->pool.n_blocks);
+    for (int i = 0; !rc && i < p->n_copies; i++)
+        rc = model_kv_cache_copy_block(&e->cache, p->copies[i].src, p->copies[i].dst, err);
+    if (rc || p->n == 0) {
+        free(p);
+        return rc;
+    }
+    /* The packed batch. */
+    int64_t T = 0;
+    e->cu_q[0] = 0;
+    for (int i = 0; i < p->n; i++) {
+        struct seq *s = e->batch[i];
+        for (int64_t t = 0; t < e->batch_n[i]; t++) {
+            int64_t pos = s->n_cached + t;
+            e->ids[T] = s->tokens[pos];
+            e->slots[T++] = kv_table_slot(&s->table, pos);
+        }
+        e->cu_q[i + 1] = (int32_t)T;
+        e->ctx[i] = (int32_t)(s->n_cached + e->batch_n[i]);
+        for (int b = 0; b < e->max_blocks; b++) e->tables[i * e->max_blocks + b] = b < s->table.n ? s->table.blocks[b] : 0;
+    }
+    struct model_paged_batch pb = {.n_tokens = T, .n_seqs = p->n, .ids = e->ids, .cu_q = e->cu_q,
+                                   .context_lens = e->ctx, .slot_mapping = e->slots,
+                                   .block_tables = e->tables, .max_blocks = e->max_blocks};
+    rc = model_forward_paged(e->model, e->buffers, &e->cache, &pb, e->logits, err);
+    int64_t V = e->model->config.vocab_size;
+    for (int i = 0; !rc && i < p->n; i++) {
+        struct seq *s = e->batch[i];
+        bool prefill = s->n_cached < s->req->r.n_prompt;
+        s->n_cached += e->batch_n[i];
+        if (prefill) e->stats.prefill_tokens += e->batch_n[i];
+        else e->stats.decode_tokens += e->batch_n[i];
+        if (s->n_cached < s->n_tokens) continue; /* a prefill chunk; more to come */
+        const float *lg = e->logits + (size_t)i * (size_t)V;
+        if (s->sample_index < 0) {
+            struct seq *samples[256];
+            int n = s->req->r.n;
+            rc = fork_samples(e, s, samples, err);
+            for (int k = 0; !rc && k < n; k++) rc = sample_into(e, samples[k], lg, err);
+        } else {
+            rc = sample_into(e, s, lg, err);
+        }
+    }
+    e->stats.steps++;
+    free(p);
+    return rc;
+}
+
+bool rollout_engine_idle(const struct rollout_engine *e) { return e->n_seqs == 0; }
+
+/* ---- weights ---- */
+
+int rollout_engine_set_weights(struct rollout_engine *e, const float *weights, int64_t n, struct smelt_error *err) {
+    if (n != e->model->n_weights)
+        return error_set(err, SMELT_EINVAL, "weights: %lld values given, the model has %lld", (long long)n,
+                         (long long)e->model->n_weights);
+    struct tensor host = tensor_f32((float *)weights, 1, &n);
+    TRY(tensor_copy(&e->model->weights, &host, err));
+    e->stats.policy_version++;
+    /* Re-run every unfinished sample from its prompt on the new weights. */
+    for (int i = 0; i < e->n_seqs; i++) {
+        struct seq *s = e->seqs[i];
+        if (s->running) preempt(e, s);
+        e->stats.preemptions--; /* a re-run is not a preemption */
+        s->n_tokens = s->req->r.n_prompt;
+        sample_stream_seed(&s->rng, s->req->r.seed, (uint64_t)(s->sample_index < 0 ? 0 : s->sample_index));
+    }
+    return SMELT_OK;
+}
+
+/* ---- life cycle ---- */
+
+struct rollout_stats rollout_engine_stats(const struct rollout_engine *e) {
+    struct rollout_stats st = e->stats;
+    st.n_blocks = e->pool.n_blocks;
+    st.free_blocks = e->pool.n_free;
+    st.running = st.waiting = 0;
+    for (int i = 0; i < e->n_seqs; i++) {
+        if (e->seqs[i]->running) st.running++;
+        else st.waiting++;
+    }
+    st.kv_bytes_per_token = model_kv_bytes_per_token(e->model);
+    return st;
+}
+
+void rollout_engine_free(struct rollout_engine *e) {
+    if (!e) return;
+    while (e->n_seqs) {
+        struct seq *s = e->seqs[--e->n_seqs];
+        seq_free(e, s);
+    }
+    free(e->seqs);
+    rollout_results_free(e->done, e->n_done);
+    model_step_buffers_free(e->buffers);
+    model_kv_cache_free(&e->cache);
+    kv_pool_destroy(&e->pool);
+    free(e->ids), free(e->slots), free(e->cu_q), free(e->ctx), free(e->tables);
+    free(e->batch), free(e->batch_n), free(e->logits), free(e->work);
+    free(e);
+}
+
+int rollout_engine_create(struct model *model, const struct tokenizer *tok, const struct rollout_config *config,
+                          struct rollout_engine **out, struct smelt_error *err) {
+    const struct rollout_config *c = config;
+    if (c->max_batch_tokens < 1) return error_set(err, SMELT_EINVAL, "max_batch_tokens: must be >= 1");
+    if (c->max_seqs < 1 || c->max_seqs > 65536) return error_set(err, SMELT_EINVAL, "max_seqs: must be in [1, 65536]");
+    if (c->prefill_chunk < 1) return error_set(err, SMELT_EINVAL, "prefill_chunk: must be >= 1");
+    int64_t per_block = KV_BLOCK_SIZE * model_kv_bytes_per_token(model);
+    int64_t n_blocks = c->kv_memory_bytes / per_block;
+    if (n_blocks < 1)
+        return error_set(err, SMELT_EINVAL, "kv_memory_bytes: %lld holds no block of %lld bytes",
+                         (long long)c->kv_memory_bytes, (long long)per_block);
+    struct rollout_engine *e = calloc(1, sizeof *e);
+    if (!e) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+    e->model = model;
+    e->tok = tok;
+    e->config = *c;
+    e->max_blocks = (int)((model->config.max_seq_len + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE);
+    int64_t T = c->max_batch_tokens, S = c->max_seqs, V = model->config.vocab_size;
+    int rc = kv_pool_init(&e->pool, n_blocks, err);
+    if (!rc) rc = model_kv_cache_alloc(model, n_blocks, KV_BLOCK_SIZE, &e->cache, err);
+    if (!rc) rc = model_step_buffers_alloc(model, T, (int)S, e->max_blocks, &e->buffers, err);
+    if (!rc) {
+        e->ids = malloc((size_t)T * sizeof *e->ids);
+        e->slots = malloc((size_t)T * sizeof *e->slots);
+        e->cu_q = malloc((size_t)(S + 1) * sizeof *e->cu_q);
+        e->ctx = malloc((size_t)S * sizeof *e->ctx);
+        e->tables = malloc((size_t)S * (size_t)e->max_blocks * sizeof *e->tables);
+        e->batch = malloc((size_t)S * sizeof *e->batch);
+        e->batch_n = malloc((size_t)S * sizeof *e->batch_n);
+        e->logits = malloc((size_t)(S * V) * sizeof *e->logits);
+        e->work = malloc((size_t)V * sizeof *e->work);
+        if (!e->ids || !e->slots || !e->cu_q || !e->ctx || !e->tables || !e->batch || !e->batch_n || !e->logits || !e->work)
+            rc = error_set(err, SMELT_ENOMEM, "rollout: out of memory");
+    }
+    if (rc) {
+        rollout_engine_free(e);
+        return error_wrap(err, "rollout engine");
+    }
+    *out = e;
+    return SMELT_OK;
+}

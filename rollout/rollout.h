@@ -1,0 +1,108 @@
+/* rollout/: the generation engine (vLLM's design, DESIGN.md §6): keys and values in a
+ * pool of 16-token blocks, a block table per sequence, the n samples of a prompt sharing
+ * its blocks (copy-on-write), continuous batching with chunked prefill, preemption by
+ * recompute when the pool runs out, per-sample random streams, and weights replaced in
+ * place between steps.
+ *
+ * Usage: create an engine on a loaded model, add requests, call rollout_engine_step
+ * until idle, taking finished samples with rollout_engine_take as they come.
+ *
+ * Weight updates: rollout_engine_set_weights copies new weights in between steps and
+ * bumps the policy version. Every sample not yet finished is RE-RUN from its prompt on
+ * the new weights (its stream restarts), so every result comes entirely from the one
+ * policy version it carries — what PPO/GRPO's importance ratios assume.
+ *
+ * Ownership: the engine borrows the model (and tokenizer) and must be freed before
+ * them. Results handed out by rollout_engine_take belong to the caller
+ * (rollout_results_free). */
+#ifndef SMELT_ROLLOUT_H
+#define SMELT_ROLLOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "model/model.h"
+
+struct rollout_config {
+    int64_t kv_memory_bytes;   /* the cache's budget; blocks = bytes / (16 * bytes per token) */
+    int64_t max_batch_tokens;  /* tokens per step, prefill and decode together (>= 1) */
+    int max_seqs;              /* sequences running at once (>= 1) */
+    int64_t prefill_chunk;     /* most prompt tokens of one sequence per step (>= 1) */
+};
+
+#define ROLLOUT_MAX_STOP 16
+
+struct rollout_request {
+    uint64_t id;                         /* the caller's; results carry it */
+    const int32_t *prompt;               /* copied */
+    int64_t n_prompt;
+    int n;                               /* samples, 1..256 */
+    struct sample_params sampling;
+    uint64_t seed;                       /* sample i uses sample_stream_seed(seed, i) */
+    int64_t max_new_tokens;              /* >= 1 */
+    int32_t stop_ids[ROLLOUT_MAX_STOP];
+    int n_stop_ids;
+    const char *stop_strings[ROLLOUT_MAX_STOP]; /* copied; need the engine's tokenizer */
+    int n_stop_strings;
+};
+
+#define ROLLOUT_FINISH_STOP "stop"
+#define ROLLOUT_FINISH_LENGTH "length"
+#define ROLLOUT_FINISH_ABORT "abort"
+
+struct rollout_result {
+    uint64_t request_id;
+    int sample_index;
+    int32_t *ids;                /* generated tokens */
+    float *logprobs;             /* log p(token) under the unscaled distribution */
+    int64_t n;
+    const char *finish_reason;   /* ROLLOUT_FINISH_* (static) */
+    int64_t policy_version;
+};
+
+struct rollout_stats {
+    int64_t n_blocks, free_blocks;
+    int64_t running, waiting;
+    int64_t preemptions;          /* sequences preempted so far */
+    int64_t steps, prefill_tokens, decode_tokens;
+    int64_t policy_version;
+    int64_t kv_bytes_per_token;
+};
+
+struct rollout_engine;
+
+/* tok may be NULL (then stop strings are refused). */
+int rollout_engine_create(struct model *model, const struct tokenizer *tok,
+                          const struct rollout_config *config, struct rollout_engine **out,
+                          struct smelt_error *err);
+void rollout_engine_free(struct rollout_engine *engine);
+
+/* Validates (errors name the field: prompt, n, max_new_tokens, sampling fields,
+ * stop_ids, stop_strings) and queues the request. */
+int rollout_engine_add(struct rollout_engine *engine, const struct rollout_request *request,
+                       struct smelt_error *err);
+
+/* One step: schedule, run the model once, sample. */
+int rollout_engine_step(struct rollout_engine *engine, struct smelt_error *err);
+
+bool rollout_engine_idle(const struct rollout_engine *engine);
+
+/* Finished samples since the last call, in finishing order; *results is malloc'd (NULL
+ * when none). */
+int rollout_engine_take(struct rollout_engine *engine, struct rollout_result **results, int *n,
+                        struct smelt_error *err);
+void rollout_results_free(struct rollout_result *results, int n);
+
+/* Ends a request's unfinished samples now (finish reason "abort", tokens so far).
+ * Returns how many samples were aborted (0: unknown or already finished). */
+int rollout_engine_abort(struct rollout_engine *engine, uint64_t request_id);
+
+/* Replaces the model's weights (f32, laid out like model->weights, host memory) between
+ * steps; see the header comment for what happens to unfinished samples. */
+int rollout_engine_set_weights(struct rollout_engine *engine, const float *weights, int64_t n,
+                               struct smelt_error *err);
+
+struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
+
+#endif
