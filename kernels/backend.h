@@ -57,6 +57,16 @@ struct backend_ops {
                               const struct tensor *out, const struct tensor *lse,
                               const struct tensor *cu_seqlens, float scale,
                               struct smelt_error *err);
+    /* Paged KV cache: slots and block ids are data, checked by the backend before any
+     * write. */
+    int (*kv_append)(struct tensor *k_cache, struct tensor *v_cache, const struct tensor *k,
+                     const struct tensor *v, const struct tensor *slot_mapping,
+                     struct smelt_error *err);
+    int (*paged_attention)(struct tensor *out, const struct tensor *q,
+                           const struct tensor *k_cache, const struct tensor *v_cache,
+                           const struct tensor *block_tables, const struct tensor *cu_q,
+                           const struct tensor *context_lens, float scale,
+                           struct smelt_error *err);
     int (*swiglu)(struct tensor *out, const struct tensor *gate, const struct tensor *up,
                   struct smelt_error *err);
     int (*swiglu_backward)(struct tensor *dgate, struct tensor *dup, const struct tensor *dout,

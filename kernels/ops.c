@@ -366,6 +366,26 @@ int ops_rope_backward(struct tensor *dx, const struct tensor *dy, const struct t
 
 /* ---- attention ---- */
 
+/* Sequence offsets into a packed token axis: host i32 [S + 1], cu[0] = 0,
+ * nondecreasing, cu[S] = tokens. */
+static int check_cu(struct call *c, const char *name, const struct tensor *cu_t, int64_t tokens) {
+    TRY(check_on(c, name, cu_t, DTYPE_I32, BACKEND_CPU));
+    int64_t n = tensor_numel(cu_t);
+    const int32_t *cu = cu_t->data;
+    if (n < 2)
+        return error_set(c->err, SMELT_EINVAL, "%s: %s needs at least 2 entries, has %lld", c->op, name,
+                         (long long)n);
+    if (cu[0] != 0) return error_set(c->err, SMELT_EINVAL, "%s: %s[0] is %d, must be 0", c->op, name, cu[0]);
+    for (int64_t i = 1; i < n; i++)
+        if (cu[i] < cu[i - 1])
+            return error_set(c->err, SMELT_EINVAL, "%s: %s decreases at index %lld (%d after %d)", c->op,
+                             name, (long long)i, cu[i], cu[i - 1]);
+    if (cu[n - 1] != tokens)
+        return error_set(c->err, SMELT_EINVAL, "%s: %s ends at %d but q has %lld tokens", c->op, name,
+                         cu[n - 1], (long long)tokens);
+    return SMELT_OK;
+}
+
 static int check_attention(struct call *c, const struct tensor *q, const struct tensor *k,
                            const struct tensor *v, const struct tensor *cu_seqlens,
                            const struct tensor *lse, float scale) {
@@ -386,20 +406,7 @@ static int check_attention(struct call *c, const struct tensor *q, const struct 
         TRY(check_numel(c, "lse", lse, tokens * hq, "[tokens, q heads]"));
     }
     if (!(scale > 0)) return error_set(c->err, SMELT_EINVAL, "%s: scale %g must be > 0", c->op, scale);
-    TRY(check_on(c, "cu_seqlens", cu_seqlens, DTYPE_I32, BACKEND_CPU));
-    int64_t n = tensor_numel(cu_seqlens);
-    const int32_t *cu = cu_seqlens->data;
-    if (n < 2)
-        return error_set(c->err, SMELT_EINVAL, "%s: cu_seqlens needs at least 2 entries, has %lld", c->op, (long long)n);
-    if (cu[0] != 0) return error_set(c->err, SMELT_EINVAL, "%s: cu_seqlens[0] is %d, must be 0", c->op, cu[0]);
-    for (int64_t i = 1; i < n; i++)
-        if (cu[i] < cu[i - 1])
-            return error_set(c->err, SMELT_EINVAL, "%s: cu_seqlens decreases at index %lld (%d after %d)",
-                             c->op, (long long)i, cu[i], cu[i - 1]);
-    if (cu[n - 1] != tokens)
-        return error_set(c->err, SMELT_EINVAL, "%s: cu_seqlens ends at %d but q has %lld tokens", c->op,
-                         cu[n - 1], (long long)tokens);
-    return SMELT_OK;
+    return check_cu(c, "cu_seqlens", cu_seqlens, tokens);
 }
 
 int ops_attention(struct tensor *out, struct tensor *lse, const struct tensor *q,
@@ -441,6 +448,97 @@ int ops_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *
     }
     if (!c.impl->attention_backward) return unsupported(&c);
     return c.impl->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, scale, err);
+}
+
+/* ---- paged KV cache ---- */
+
+/* k_cache, v_cache: [n_blocks, block_size, Hkv, D], the same shape. */
+static int check_kv_cache(struct call *c, const struct tensor *k_cache, const struct tensor *v_cache) {
+    char s[96];
+    if (k_cache->ndim != 4 || k_cache->shape[1] == 0 || k_cache->shape[2] == 0)
+        return error_set(c->err, SMELT_EINVAL,
+                         "%s: k_cache has shape %s, expected [n_blocks, block_size, kv_heads, head_dim] "
+                         "with block_size and kv_heads >= 1",
+                         c->op, tensor_shape_str(k_cache, s, sizeof s));
+    TRY(check_compute(c, "v_cache", v_cache));
+    return check_same_shape(c, "v_cache", v_cache, "k_cache", k_cache);
+}
+
+int ops_kv_append(struct tensor *k_cache, struct tensor *v_cache, const struct tensor *k,
+                  const struct tensor *v, const struct tensor *slot_mapping,
+                  struct smelt_error *err) {
+    struct call c;
+    char sk[96], sc[96];
+    TRY(call_begin(&c, "ops_kv_append", "k_cache", k_cache, err));
+    TRY(check_kv_cache(&c, k_cache, v_cache));
+    TRY(check_compute(&c, "k", k));
+    TRY(check_compute(&c, "v", v));
+    if (k->ndim != 3 || k->shape[1] != k_cache->shape[2] || k->shape[2] != k_cache->shape[3])
+        return error_set(err, SMELT_EINVAL,
+                         "ops_kv_append: k has shape %s, expected [tokens, %lld, %lld] to match k_cache %s",
+                         tensor_shape_str(k, sk, sizeof sk), (long long)k_cache->shape[2],
+                         (long long)k_cache->shape[3], tensor_shape_str(k_cache, sc, sizeof sc));
+    TRY(check_same_shape(&c, "v", v, "k", k));
+    TRY(check_i32(&c, "slot_mapping", slot_mapping));
+    TRY(check_numel(&c, "slot_mapping", slot_mapping, k->shape[0], "one slot per token of k"));
+    if (!c.impl->kv_append) return unsupported(&c);
+    return c.impl->kv_append(k_cache, v_cache, k, v, slot_mapping, err);
+}
+
+/* context_lens: host i32 [S]; each context holds its sequence's query tokens and fits
+ * in a block table row. */
+static int check_context_lens(struct call *c, const struct tensor *context_lens, const int32_t *cu,
+                              int64_t nseq, int64_t capacity, int64_t max_blocks, int64_t block_size) {
+    TRY(check_on(c, "context_lens", context_lens, DTYPE_I32, BACKEND_CPU));
+    TRY(check_numel(c, "context_lens", context_lens, nseq, "one per sequence of cu_q"));
+    const int32_t *len = context_lens->data;
+    for (int64_t s = 0; s < nseq; s++) {
+        int64_t queries = (int64_t)cu[s + 1] - cu[s];
+        if (len[s] < queries)
+            return error_set(c->err, SMELT_EINVAL,
+                             "%s: context_lens[%lld] is %d, fewer than the %lld query tokens of sequence %lld",
+                             c->op, (long long)s, len[s], (long long)queries, (long long)s);
+        if (len[s] > capacity)
+            return error_set(c->err, SMELT_EINVAL,
+                             "%s: context_lens[%lld] is %d, more than a block_tables row holds "
+                             "(%lld blocks of %lld positions)",
+                             c->op, (long long)s, len[s], (long long)max_blocks, (long long)block_size);
+    }
+    return SMELT_OK;
+}
+
+int ops_paged_attention(struct tensor *out, const struct tensor *q, const struct tensor *k_cache,
+                        const struct tensor *v_cache, const struct tensor *block_tables,
+                        const struct tensor *cu_q, const struct tensor *context_lens,
+                        float scale, struct smelt_error *err) {
+    struct call c;
+    char sq[96], sc[96];
+    TRY(call_begin(&c, "ops_paged_attention", "q", q, err));
+    TRY(check_compute(&c, "out", out));
+    if (q->ndim != 3)
+        return error_set(err, SMELT_EINVAL, "ops_paged_attention: q has shape %s, expected [tokens, heads, head_dim]",
+                         tensor_shape_str(q, sq, sizeof sq));
+    TRY(check_same_shape(&c, "out", out, "q", q));
+    TRY(check_compute(&c, "k_cache", k_cache));
+    TRY(check_kv_cache(&c, k_cache, v_cache));
+    int64_t hq = q->shape[1], hkv = k_cache->shape[2], block_size = k_cache->shape[1];
+    if (q->shape[2] != k_cache->shape[3] || hq % hkv != 0)
+        return error_set(err, SMELT_EINVAL,
+                         "ops_paged_attention: q %s and k_cache %s must share head_dim, with q heads a multiple of kv heads",
+                         tensor_shape_str(q, sq, sizeof sq), tensor_shape_str(k_cache, sc, sizeof sc));
+    if (!(scale > 0)) return error_set(err, SMELT_EINVAL, "ops_paged_attention: scale %g must be > 0", scale);
+    TRY(check_cu(&c, "cu_q", cu_q, q->shape[0]));
+    int64_t nseq = tensor_numel(cu_q) - 1;
+    TRY(check_i32(&c, "block_tables", block_tables));
+    if (block_tables->ndim != 2 || block_tables->shape[0] != nseq)
+        return error_set(err, SMELT_EINVAL,
+                         "ops_paged_attention: block_tables has shape %s, expected [%lld, max_blocks] (one row per sequence of cu_q)",
+                         tensor_shape_str(block_tables, sq, sizeof sq), (long long)nseq);
+    int64_t max_blocks = block_tables->shape[1];
+    TRY(check_context_lens(&c, context_lens, cu_q->data, nseq, max_blocks * block_size, max_blocks,
+                           block_size));
+    if (!c.impl->paged_attention) return unsupported(&c);
+    return c.impl->paged_attention(out, q, k_cache, v_cache, block_tables, cu_q, context_lens, scale, err);
 }
 
 /* ---- activations, residuals ---- */

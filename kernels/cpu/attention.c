@@ -23,28 +23,6 @@
 /* Below this much work (multiply-adds, roughly) a thread team costs more than it saves. */
 #define ATTN_PARALLEL_MIN_WORK 16384
 
-#define DOT_LANES 8
-
-/* sum a[i] * b[i] in a fixed order: DOT_LANES partial sums (vectorisable without
- * reassociation), a scalar tail, then the lanes combined pairwise. */
-static inline float dot(const float *a, const float *b, int64_t n) {
-    float acc[DOT_LANES] = {0};
-    int64_t i = 0;
-    for (; i + DOT_LANES <= n; i += DOT_LANES)
-        for (int l = 0; l < DOT_LANES; l++) acc[l] += a[i + l] * b[i + l];
-    float tail = 0.0f;
-    for (; i < n; i++) tail += a[i] * b[i];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    return s + tail;
-}
-
-/* y += alpha * x. The pragma vectorises it at -O2 (whose cost model would not, for an
- * unknown n); every element is computed alone, so the bits do not change. */
-static inline void axpy(float *restrict y, float alpha, const float *restrict x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
-}
-
 /* The shapes of one call, read once from the validated tensors. */
 struct attn_dims {
     int64_t tokens, hq, hkv, dim;
@@ -114,7 +92,7 @@ static void attn_row_forward(const struct attn_dims *d, int64_t t, int64_t h, co
     const float *qi = q + (t * d->hq + h) * dim;
     float m = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-        scores[j] = scale * dot(qi, k + ((start + j) * d->hkv + kvh) * dim, dim);
+        scores[j] = scale * cpu_dot(qi, k + ((start + j) * d->hkv + kvh) * dim, dim);
         if (scores[j] > m) m = scores[j];
     }
     float sum = 0.0f;
@@ -124,7 +102,7 @@ static void attn_row_forward(const struct attn_dims *d, int64_t t, int64_t h, co
     }
     float *oi = out + (t * d->hq + h) * dim;
     for (int64_t c = 0; c < dim; c++) oi[c] = 0.0f;
-    for (int64_t j = 0; j < n; j++) axpy(oi, scores[j], v + ((start + j) * d->hkv + kvh) * dim, dim);
+    for (int64_t j = 0; j < n; j++) cpu_axpy(oi, scores[j], v + ((start + j) * d->hkv + kvh) * dim, dim);
     float inv = 1.0f / sum;
     for (int64_t c = 0; c < dim; c++) oi[c] *= inv;
     if (lse) lse[t * d->hq + h] = m + logf(sum);
@@ -168,8 +146,8 @@ static inline float attn_pair_grad(const struct attn_dims *d, const struct attn_
                                    int64_t i, int64_t h, int64_t j, float *p_out) {
     int64_t dim = d->dim, kvh = h / d->group;
     int64_t qrow = i * d->hq + h, krow = j * d->hkv + kvh;
-    float p = expf(g->scale * dot(g->q + qrow * dim, g->k + krow * dim, dim) - g->lse[qrow]);
-    float dp = dot(g->dout + qrow * dim, g->v + krow * dim, dim);
+    float p = expf(g->scale * cpu_dot(g->q + qrow * dim, g->k + krow * dim, dim) - g->lse[qrow]);
+    float dp = cpu_dot(g->dout + qrow * dim, g->v + krow * dim, dim);
     *p_out = p;
     return p * (dp - g->delta[qrow]);
 }
@@ -182,9 +160,9 @@ static void attn_row_dq(const struct attn_dims *d, const struct attn_grad_in *g,
     for (int64_t j = start; j <= i; j++) {
         float p;
         float ds = attn_pair_grad(d, g, i, h, j, &p);
-        axpy(acc, ds, g->k + (j * d->hkv + kvh) * dim, dim);
+        cpu_axpy(acc, ds, g->k + (j * d->hkv + kvh) * dim, dim);
     }
-    axpy(dq + (i * d->hq + h) * dim, g->scale, acc, dim);
+    cpu_axpy(dq + (i * d->hq + h) * dim, g->scale, acc, dim);
 }
 
 /* dk[j, kvh] += scale * sum dS_ij q_i and dv[j, kvh] += sum P_ij dout_i over the later
@@ -198,12 +176,12 @@ static void attn_row_dkv(const struct attn_dims *d, const struct attn_grad_in *g
             float p;
             float ds = attn_pair_grad(d, g, i, h, j, &p);
             int64_t qrow = (i * d->hq + h) * dim;
-            if (dk) axpy(acc_k, ds, g->q + qrow, dim);
-            if (dv) axpy(acc_v, p, g->dout + qrow, dim);
+            if (dk) cpu_axpy(acc_k, ds, g->q + qrow, dim);
+            if (dv) cpu_axpy(acc_v, p, g->dout + qrow, dim);
         }
     int64_t krow = (j * d->hkv + kvh) * dim;
-    if (dk) axpy(dk + krow, g->scale, acc_k, dim);
-    if (dv) axpy(dv + krow, 1.0f, acc_v, dim);
+    if (dk) cpu_axpy(dk + krow, g->scale, acc_k, dim);
+    if (dv) cpu_axpy(dv + krow, 1.0f, acc_v, dim);
 }
 
 int cpu_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *dv,
@@ -237,7 +215,7 @@ int cpu_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *
     {
         float *acc = scratch + omp_get_thread_num() * stride;
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < qrows; r++) delta[r] = dot(g.dout + r * dim, o + r * dim, dim);
+        for (int64_t r = 0; r < qrows; r++) delta[r] = cpu_dot(g.dout + r * dim, o + r * dim, dim);
         /* the implicit barrier: every delta is ready below */
         if (dqp) {
 #pragma omp for schedule(dynamic, 4)

@@ -41,6 +41,13 @@ int cpu_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *
                            const struct tensor *out, const struct tensor *lse,
                            const struct tensor *cu_seqlens, float scale,
                            struct smelt_error *err);
+int cpu_kv_append(struct tensor *k_cache, struct tensor *v_cache, const struct tensor *k,
+                  const struct tensor *v, const struct tensor *slot_mapping,
+                  struct smelt_error *err);
+int cpu_paged_attention(struct tensor *out, const struct tensor *q, const struct tensor *k_cache,
+                        const struct tensor *v_cache, const struct tensor *block_tables,
+                        const struct tensor *cu_q, const struct tensor *context_lens,
+                        float scale, struct smelt_error *err);
 int cpu_swiglu(struct tensor *out, const struct tensor *gate, const struct tensor *up,
                struct smelt_error *err);
 int cpu_swiglu_backward(struct tensor *dgate, struct tensor *dup, const struct tensor *dout,
@@ -62,5 +69,29 @@ int cpu_adamw(struct tensor *params, struct tensor *m, struct tensor *v,
               struct smelt_error *err);
 int cpu_sum_squares(double *out, const struct tensor *x, struct smelt_error *err);
 int cpu_cast(struct tensor *out, const struct tensor *in, struct smelt_error *err);
+
+/* Shared by attention.c and paged_attention.c: the same summation order is what makes
+ * attention through the paged cache give ops_attention's numbers. */
+#define DOT_LANES 8
+
+/* sum a[i] * b[i] in a fixed order: DOT_LANES partial sums (vectorisable without
+ * reassociation), a scalar tail, then the lanes combined pairwise. */
+static inline float cpu_dot(const float *a, const float *b, int64_t n) {
+    float acc[DOT_LANES] = {0};
+    int64_t i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] += a[i + l] * b[i + l];
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i] * b[i];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return s + tail;
+}
+
+/* y += alpha * x. The pragma vectorises it at -O2 (whose cost model would not, for an
+ * unknown n); every element is computed alone, so the bits do not change. */
+static inline void cpu_axpy(float *restrict y, float alpha, const float *restrict x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
 
 #endif

@@ -142,6 +142,8 @@ static struct backend_ops cuda_table(void) {
     t.rope_backward = cuda_rope_backward;
     t.attention = nullptr;          /* the fused attention kernels are separate work */
     t.attention_backward = nullptr;
+    t.kv_append = cuda_kv_append;
+    t.paged_attention = cuda_paged_attention;
     t.swiglu = cuda_swiglu;
     t.swiglu_backward = cuda_swiglu_backward;
     t.gelu = cuda_gelu;

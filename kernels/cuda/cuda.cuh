@@ -34,6 +34,13 @@ int cuda_rope(struct tensor *y, const struct tensor *x, const struct tensor *pos
               float theta, struct smelt_error *err);
 int cuda_rope_backward(struct tensor *dx, const struct tensor *dy,
                        const struct tensor *positions, float theta, struct smelt_error *err);
+int cuda_kv_append(struct tensor *k_cache, struct tensor *v_cache, const struct tensor *k,
+                   const struct tensor *v, const struct tensor *slot_mapping,
+                   struct smelt_error *err);
+int cuda_paged_attention(struct tensor *out, const struct tensor *q, const struct tensor *k_cache,
+                         const struct tensor *v_cache, const struct tensor *block_tables,
+                         const struct tensor *cu_q, const struct tensor *context_lens, float scale,
+                         struct smelt_error *err);
 int cuda_swiglu(struct tensor *out, const struct tensor *gate, const struct tensor *up,
                 struct smelt_error *err);
 int cuda_swiglu_backward(struct tensor *dgate, struct tensor *dup, const struct tensor *dout,

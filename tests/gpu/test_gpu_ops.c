@@ -776,3 +776,123 @@ Test(gpu_ops, deterministic_reductions) {
         twin_free(&wm), twin_free(&dbias1), twin_free(&dbias2);
     }
 }
+
+/* ---- paged KV cache ------------------------------------------------------------------------ */
+
+/* Sequences s of context len[s] whose last n[s] tokens are new: those are appended to
+ * a pool of random "old" values through shuffled block tables (plus one padding token
+ * with slot -1), on both backends; the caches must then agree bit for bit, and the
+ * paged attention of the new tokens within TOL_F32_SUM (the CPU takes a two-pass
+ * softmax, CUDA an online one merged across warps) or TOL_BF16. CUDA also gives the
+ * same bits twice. */
+static void check_paged(enum dtype dtype, int64_t block_size, int64_t hq, int64_t hkv, int64_t dim, int nseq,
+                        const int32_t *len, const int32_t *n) {
+    struct smelt_error err;
+    struct test_rng rng = {1000 + (uint64_t)(block_size * 7 + hq * 5 + dim + len[0])};
+    char label[160];
+    snprintf(label, sizeof label, "paged %s block_size %lld Hq %lld Hkv %lld D %lld, %d sequences, first %d/%d",
+             dtype_name(dtype), (long long)block_size, (long long)hq, (long long)hkv, (long long)dim, nseq, n[0],
+             len[0]);
+    int64_t used = 0, max_blocks = 1, tokens = 0;
+    for (int s = 0; s < nseq; s++) {
+        int64_t b = (len[s] + block_size - 1) / block_size;
+        used += b;
+        if (b + 1 > max_blocks) max_blocks = b + 1;
+        tokens += n[s];
+    }
+    int64_t n_blocks = used + 2;
+    int32_t *perm = malloc((size_t)n_blocks * sizeof *perm), *tables = malloc((size_t)(nseq * max_blocks) * sizeof *tables);
+    int32_t *slots = malloc((size_t)(tokens + 1) * sizeof *slots), cu_q[9] = {0}, ctx[8];
+    cr_assert(perm && tables && slots && nseq <= 8);
+    memcpy(ctx, len, (size_t)nseq * sizeof *ctx);
+    for (int64_t i = 0; i < n_blocks; i++) perm[i] = (int32_t)i;
+    for (int64_t i = n_blocks - 1; i > 0; i--) {
+        int64_t j = (int64_t)(test_rng_next(&rng) % (uint64_t)(i + 1));
+        int32_t x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int s = 0, next = 0; s < nseq; s++) {
+        int64_t b = (len[s] + block_size - 1) / block_size;
+        for (int64_t j = 0; j < max_blocks; j++) tables[s * max_blocks + j] = j < b ? perm[next++] : -1;
+        cu_q[s + 1] = cu_q[s] + n[s];
+        for (int32_t i = 0; i < n[s]; i++) {
+            int32_t p = len[s] - n[s] + i;
+            slots[cu_q[s] + i] = tables[s * max_blocks + p / block_size] * (int32_t)block_size + p % (int32_t)block_size;
+        }
+    }
+    slots[tokens] = -1;
+
+    int64_t scache[4] = {n_blocks, block_size, hkv, dim}, skv[3] = {tokens + 1, hkv, dim}, sslots[1] = {tokens + 1};
+    int64_t sq[3] = {tokens, hq, dim}, stab[2] = {nseq, max_blocks}, scu[1] = {nseq + 1}, sctx[1] = {nseq};
+    struct twin k_cache = twin_new(dtype, 4, scache, &rng, -2, 2), v_cache = twin_new(dtype, 4, scache, &rng, -1, 1);
+    struct twin k = twin_new(dtype, 3, skv, &rng, -2, 2), v = twin_new(dtype, 3, skv, &rng, -1, 1);
+    struct twin_ids slot_mapping = ids_new(slots, 1, sslots), block_tables = ids_new(tables, 2, stab);
+    TEST_OK(ops_kv_append(&k_cache.cpu, &v_cache.cpu, &k.cpu, &v.cpu, &slot_mapping.cpu, &err), &err);
+    TEST_OK(ops_kv_append(&k_cache.gpu, &v_cache.gpu, &k.gpu, &v.gpu, &slot_mapping.gpu, &err), &err);
+    twin_expect(label, "k_cache after append", &k_cache, TOL_EXACT);
+    twin_expect(label, "v_cache after append", &v_cache, TOL_EXACT);
+
+    struct twin q = twin_new(dtype, 3, sq, &rng, -2, 2), out = twin_new(dtype, 3, sq, NULL, 0, 0);
+    struct tensor tcu = tensor_i32(cu_q, 1, scu), tctx = tensor_i32(ctx, 1, sctx);
+    float scale = 1.0f / sqrtf((float)dim);
+    TEST_OK(ops_paged_attention(&out.cpu, &q.cpu, &k_cache.cpu, &v_cache.cpu, &block_tables.cpu, &tcu, &tctx, scale, &err), &err);
+    TEST_OK(ops_paged_attention(&out.gpu, &q.gpu, &k_cache.gpu, &v_cache.gpu, &block_tables.gpu, &tcu, &tctx, scale, &err), &err);
+    twin_expect(label, "out", &out, tol_for(dtype, TOL_F32_SUM));
+    void *first = download_bytes(&out.gpu);
+    TEST_OK(ops_paged_attention(&out.gpu, &q.gpu, &k_cache.gpu, &v_cache.gpu, &block_tables.gpu, &tcu, &tctx, scale, &err), &err);
+    void *again = download_bytes(&out.gpu);
+    cr_expect(memcmp(first, again, tensor_nbytes(&out.gpu)) == 0, "%s: out differs between runs", label);
+    free(first), free(again);
+
+    twin_free(&k_cache), twin_free(&v_cache), twin_free(&k), twin_free(&v), twin_free(&q), twin_free(&out);
+    ids_free(&slot_mapping), ids_free(&block_tables);
+    free(perm), free(tables), free(slots);
+}
+
+Test(gpu_ops, paged_attention) {
+    if (!backend_available(BACKEND_CUDA)) cr_skip_test("no CUDA device");
+    static const int32_t len[] = {7, 0, 37, 1, 300}, prefill[] = {7, 0, 37, 1, 300};
+    static const int32_t chunk[] = {3, 0, 20, 1, 64}, decode[] = {1, 0, 1, 1, 1};
+    const int32_t *queries[] = {prefill, chunk, decode};
+    for (size_t d = 0; d < N_GPU_DTYPES; d++)
+        for (int kind = 0; kind < 3; kind++) {
+            check_paged(gpu_dtypes[d], 16, 4, 2, 8, 5, len, queries[kind]);
+            check_paged(gpu_dtypes[d], 4, 2, 2, 16, 5, len, queries[kind]);
+            check_paged(gpu_dtypes[d], 16, 8, 2, 64, 5, len, queries[kind]);
+            check_paged(gpu_dtypes[d], 5, 6, 3, 40, 5, len, queries[kind]); /* D not a multiple of 32 */
+            check_paged(gpu_dtypes[d], 32, 14, 2, 128, 5, len, queries[kind]);
+        }
+    /* A long decode: many keys a warp. */
+    static const int32_t long_len[] = {2000, 513}, long_decode[] = {1, 1};
+    for (size_t d = 0; d < N_GPU_DTYPES; d++) check_paged(gpu_dtypes[d], 16, 8, 2, 128, 2, long_len, long_decode);
+}
+
+/* Bad slots and block ids are refused before anything is written. */
+Test(gpu_ops, paged_bad_data) {
+    if (!backend_available(BACKEND_CUDA)) cr_skip_test("no CUDA device");
+    struct smelt_error err;
+    struct test_rng rng = {1100};
+    int64_t scache[4] = {3, 4, 1, 8}, skv[3] = {2, 1, 8}, ss[1] = {2}, sq[3] = {2, 2, 8}, stab[2] = {2, 2};
+    int64_t scu[1] = {3}, sctx[1] = {2};
+    int32_t slots[2] = {3, 12}, tables[4] = {2, 0, 3, -1}, cu_q[3] = {0, 1, 2}, ctx[2] = {5, 2};
+    struct twin k_cache = twin_new(DTYPE_F32, 4, scache, &rng, -1, 1), v_cache = twin_new(DTYPE_F32, 4, scache, &rng, -1, 1);
+    struct twin k = twin_new(DTYPE_F32, 3, skv, &rng, -1, 1), v = twin_new(DTYPE_F32, 3, skv, &rng, -1, 1);
+    struct twin q = twin_new(DTYPE_F32, 3, sq, &rng, -1, 1), out = twin_new(DTYPE_F32, 3, sq, &rng, -1, 1);
+    struct twin_ids slot_mapping = ids_new(slots, 1, ss), block_tables = ids_new(tables, 2, stab);
+    struct tensor tcu = tensor_i32(cu_q, 1, scu), tctx = tensor_i32(ctx, 1, sctx);
+    TEST_EXPECT_ERROR(ops_kv_append(&k_cache.gpu, &v_cache.gpu, &k.gpu, &v.gpu, &slot_mapping.gpu, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "slot_mapping[1] is 12") != NULL, "message names the slot: %s", err.message);
+    twin_expect_unchanged("append with a bad slot: k_cache", &k_cache);
+    twin_expect_unchanged("append with a bad slot: v_cache", &v_cache);
+    /* Block 3 is outside the pool of 3 blocks; sequence 1 reads its first entry. */
+    TEST_EXPECT_ERROR(ops_paged_attention(&out.gpu, &q.gpu, &k_cache.gpu, &v_cache.gpu, &block_tables.gpu, &tcu, &tctx,
+                                          0.5f, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "block_tables[1][0] is 3") != NULL, "message names the entry: %s", err.message);
+    twin_expect_unchanged("paged attention with a bad block: out", &out);
+    /* The same on the CPU, for the same words. */
+    TEST_EXPECT_ERROR(ops_paged_attention(&out.cpu, &q.cpu, &k_cache.cpu, &v_cache.cpu, &block_tables.cpu, &tcu, &tctx,
+                                          0.5f, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "block_tables[1][0] is 3") != NULL, "cpu message names the entry: %s", err.message);
+    twin_free(&k_cache), twin_free(&v_cache), twin_free(&k), twin_free(&v), twin_free(&q), twin_free(&out);
+    ids_free(&slot_mapping), ids_free(&block_tables);
+}
