@@ -14,13 +14,14 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)\n"
                "         [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
-               "         [--seed S] [--backend cpu|cuda|auto] [--json]\n");
+               "         [--seed S] [--backend cpu|cuda|auto] [--json] [--bos]\n"
+               "  --bos prepends the tokenizer's bos to --prompt (as raw-text SFT jobs train)\n");
 }
 
 struct options {
     const char *model_dir, *prompt, *prompt_ids, *backend;
     struct generate_params gen;
-    bool json;
+    bool json, bos;
 };
 
 static int parse(int argc, char **argv, struct options *o, struct smelt_error *err) {
@@ -33,6 +34,10 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
         int rc = SMELT_OK;
         if (strcmp(a, "--json") == 0) {
             o->json = true;
+            continue;
+        }
+        if (strcmp(a, "--bos") == 0) {
+            o->bos = true;
             continue;
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -106,6 +111,19 @@ static int run(const struct options *o, struct smelt_error *err) {
     if (!rc && o->prompt) {
         rc = tokenizer_encode(tok, o->prompt, strlen(o->prompt), false, &prompt, &n_ids, err);
         n_prompt = (int64_t)n_ids;
+        /* --bos: the prompt as a raw-text SFT job trained it ([bos] + text). */
+        int32_t bos = tokenizer_special_ids(tok)->bos;
+        if (!rc && o->bos && bos < 0) rc = error_set(err, SMELT_EINVAL, "--bos: the tokenizer has no bos token");
+        if (!rc && o->bos) {
+            int32_t *with = realloc(prompt, (size_t)(n_prompt + 1) * sizeof *with);
+            if (!with) rc = error_set(err, SMELT_ENOMEM, "out of memory");
+            else {
+                prompt = with;
+                memmove(prompt + 1, prompt, (size_t)n_prompt * sizeof *prompt);
+                prompt[0] = bos;
+                n_prompt++;
+            }
+        }
     } else if (!rc) {
         rc = args_int_list("--prompt-ids", o->prompt_ids, 0, INT32_MAX, &prompt, &n_prompt, err);
     }
