@@ -42,7 +42,7 @@ MODELS = [
     ("tiny", {}, 8, 256, 20),
     ("llama-22m", {"vocab_size": 32000, "hidden_size": 384, "intermediate_size": 1024,
                    "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2,
-                   "head_dim": 64}, 8, 256, 8),
+                   "head_dim": 64}, 8, 256, 6),
 ]
 WARMUP_STEPS = 2
 HYPERPARAMETERS = {"learning_rate": 1e-4, "lr_schedule": "constant", "warmup_steps": 0,

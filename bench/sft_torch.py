@@ -20,7 +20,7 @@ attention never looks at the padding to the right, so the result is the same as
 smelt's cu_seqlens packing, at the cost of computing the padding). LoRA specs are
 refused.
 
-bench/sft_cpu.py imports build_model, random_batch and time_train_steps.
+bench/sft_cpu.py imports it for the PyTorch half of its benchmark (time_train_steps).
 """
 import argparse
 import json
@@ -325,14 +325,7 @@ def run_job(spec, threads, max_seconds=None, eval_accuracy=False):
     return final
 
 
-# ---- the benchmark's fixed batch (bench/sft_cpu.py) ----
-
-def random_batch(n_seqs, seq_len, vocab, seed):
-    """[n_seqs, seq_len] random ids below vocab, every position after the first trained."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (n_seqs, seq_len), generator=g)
-    return ids, ids.clone()
-
+# ---- the benchmark (bench/sft_cpu.py) ----
 
 def time_train_steps(model, ids, labels, hp, steps, warmup):
     """Seconds of each of `steps` full optimizer steps (forward, backward, clipping,
