@@ -96,13 +96,13 @@ def job_spec(model_dir, data_path, out_dir, n_seqs, seq_len, total_steps):
     }
 
 
-def smelt_tokens_per_s(trainer, work, model_dir, data_path, n_seqs, seq_len, steps, threads):
+def smelt_tokens_per_s(trainer, work, model_dir, data_path, n_seqs, seq_len, steps, threads, blas_threads):
     """Median tokens_per_s of smelt-trainer's steps after the warm-up, or an error text."""
     out_dir = os.path.join(work, "smelt-run")
     spec_path = os.path.join(work, "spec.json")
     with open(spec_path, "w", encoding="utf-8") as f:
         json.dump(job_spec(model_dir, data_path, out_dir, n_seqs, seq_len, WARMUP_STEPS + steps), f, indent=2)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(blas_threads))
     proc = subprocess.run([trainer, "--spec", spec_path], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
@@ -135,6 +135,8 @@ def main():
     p.add_argument("--trainer", default=os.path.join(ROOT, "build-cpu", "smelt-trainer"),
                    help="the smelt-trainer binary (default build-cpu/smelt-trainer)")
     p.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
+    p.add_argument("--openblas-threads", type=int, default=None,
+                   help="smelt's OPENBLAS_NUM_THREADS (default: --threads)")
     p.add_argument("--only", choices=[m[0] for m in MODELS], help="run one model's row")
     p.add_argument("--torch-only", action="store_true", help="skip smelt (no trainer binary needed)")
     args = p.parse_args()
@@ -142,9 +144,10 @@ def main():
         sys.exit(f"sft_cpu: {args.trainer} is missing or not executable; build it with `make CUDA=0` "
                  f"(binaries go to build-cpu/), pass --trainer PATH, or run --torch-only")
 
+    blas_threads = args.openblas_threads or args.threads
     torch.set_num_threads(args.threads)
-    print(f"sft_cpu: {cpu_model()}; threads {args.threads} (smelt: OMP_NUM_THREADS and "
-          f"OPENBLAS_NUM_THREADS; torch: set_num_threads); torch {torch.__version__}")
+    print(f"sft_cpu: {cpu_model()}; threads {args.threads} (smelt: OMP_NUM_THREADS {args.threads}, "
+          f"OPENBLAS_NUM_THREADS {blas_threads}; torch: set_num_threads); torch {torch.__version__}")
     print(f"each row: {WARMUP_STEPS} warm-up steps, then the median of N timed steps; AdamW, "
           f"constant lr, clipping at 1.0, f32, every token trained")
     print(f"{'model':<10} {'params':>10} {'batch x seq':>12} {'thr':>4} {'steps':>6} "
@@ -162,7 +165,7 @@ def main():
             smelt_rate, problem = None, "not run (--torch-only)"
             if not args.torch_only:
                 smelt_rate, problem = smelt_tokens_per_s(args.trainer, work, model_dir, data_path, n_seqs,
-                                                         seq_len, steps, args.threads)
+                                                         seq_len, steps, args.threads, blas_threads)
         shape = f"{n_seqs}x{seq_len}"
         row = f"{name:<10} {params:>10} {shape:>12} {args.threads:>4} {steps:>6} "
         if smelt_rate is None:
