@@ -107,10 +107,14 @@ static void remove_seq(struct rollout_engine *e, struct seq *s) {
 }
 
 /* Back to waiting with nothing cached: its known tokens are recomputed when admitted. */
-static void preempt(struct rollout_engine *e, struct seq *s) {
+static void drop_cache(struct rollout_engine *e, struct seq *s) {
     kv_table_release(&e->pool, &s->table);
     s->n_cached = 0;
     s->running = false;
+}
+
+static void preempt(struct rollout_engine *e, struct seq *s) {
+    drop_cache(e, s);
     e->stats.preemptions++;
 }
 
@@ -470,8 +474,7 @@ int rollout_engine_set_weights(struct rollout_engine *e, const float *weights, i
     /* Re-run every unfinished sample from its prompt on the new weights. */
     for (int i = 0; i < e->n_seqs; i++) {
         struct seq *s = e->seqs[i];
-        if (s->running) preempt(e, s);
-        e->stats.preemptions--; /* a re-run is not a preemption */
+        drop_cache(e, s); /* a re-run, not a preemption */
         s->n_tokens = s->req->r.n_prompt;
         sample_stream_seed(&s->rng, s->req->r.seed, (uint64_t)(s->sample_index < 0 ? 0 : s->sample_index));
     }

@@ -46,17 +46,6 @@ static struct attn_dims attn_dims_of(const struct tensor *q, const struct tensor
     return d;
 }
 
-/* The sequence holding token t: the last s with cu[s] <= t. Empty sequences before it
- * share its start, and the last of them is t's own. */
-static int64_t seq_of(const struct attn_dims *d, int64_t t) {
-    int64_t lo = 0, hi = d->nseq - 1;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo + 1) / 2;
-        if (d->cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 
 /* Work estimate for the parallel cut-off: every causal pair of every q head, over D. */
 static bool attn_worth_threads(const struct attn_dims *d) {
@@ -87,7 +76,7 @@ static int scratch_alloc(float **out, int64_t *stride, int64_t floats, const cha
 static void attn_row_forward(const struct attn_dims *d, int64_t t, int64_t h, const float *q,
                              const float *k, const float *v, float scale, float *out,
                              float *lse, float *scores) {
-    int64_t start = d->cu[seq_of(d, t)], n = t - start + 1, dim = d->dim;
+    int64_t start = d->cu[cpu_seq_of(d->cu, d->nseq, t)], n = t - start + 1, dim = d->dim;
     int64_t kvh = h / d->group;
     const float *qi = q + (t * d->hq + h) * dim;
     float m = -INFINITY;
@@ -155,7 +144,7 @@ static inline float attn_pair_grad(const struct attn_dims *d, const struct attn_
 /* dq[i, h] += scale * sum_j dS_ij k_j over the keys of query row (i, h). */
 static void attn_row_dq(const struct attn_dims *d, const struct attn_grad_in *g, int64_t i,
                         int64_t h, float *dq, float *acc) {
-    int64_t start = d->cu[seq_of(d, i)], dim = d->dim, kvh = h / d->group;
+    int64_t start = d->cu[cpu_seq_of(d->cu, d->nseq, i)], dim = d->dim, kvh = h / d->group;
     for (int64_t c = 0; c < dim; c++) acc[c] = 0.0f;
     for (int64_t j = start; j <= i; j++) {
         float p;
@@ -169,7 +158,7 @@ static void attn_row_dq(const struct attn_dims *d, const struct attn_grad_in *g,
  * queries i of j's sequence and the q heads reading kv head kvh. */
 static void attn_row_dkv(const struct attn_dims *d, const struct attn_grad_in *g, int64_t j,
                          int64_t kvh, float *dk, float *dv, float *acc_k, float *acc_v) {
-    int64_t end = d->cu[seq_of(d, j) + 1], dim = d->dim;
+    int64_t end = d->cu[cpu_seq_of(d->cu, d->nseq, j) + 1], dim = d->dim;
     for (int64_t c = 0; c < dim; c++) acc_k[c] = acc_v[c] = 0.0f;
     for (int64_t i = j; i < end; i++)
         for (int64_t h = kvh * d->group; h < (kvh + 1) * d->group; h++) {

@@ -94,4 +94,16 @@ static inline void cpu_axpy(float *restrict y, float alpha, const float *restric
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+/* The sequence holding token t of a packed row: the last s with cu[s] <= t (empty
+ * sequences before it share its start, and the last of them is t's own). */
+static inline int64_t cpu_seq_of(const int32_t *cu, int64_t nseq, int64_t t) {
+    int64_t lo = 0, hi = nseq - 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (cu[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 #endif

@@ -105,16 +105,6 @@ static int check_block_ids(const struct paged_dims *d, struct smelt_error *err) 
     return SMELT_OK;
 }
 
-/* The sequence holding query token t: the last s with cu[s] <= t. */
-static int64_t seq_of(const struct paged_dims *d, int64_t t) {
-    int64_t lo = 0, hi = d->nseq - 1;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo + 1) / 2;
-        if (d->cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 
 /* Keys query token t of sequence s attends to: positions 0 .. its own. */
 static int64_t keys_of(const struct paged_dims *d, int64_t s, int64_t t) {
@@ -143,7 +133,7 @@ static inline const float *cache_row(const struct paged_dims *d, const float *ca
 static void paged_row_forward(const struct paged_dims *d, int64_t t, int64_t h, const float *q,
                               const float *k_cache, const float *v_cache, float scale, float *out,
                               float *scores) {
-    int64_t s = seq_of(d, t), n = keys_of(d, s, t), dim = d->dim, kvh = h / d->group;
+    int64_t s = cpu_seq_of(d->cu, d->nseq, t), n = keys_of(d, s, t), dim = d->dim, kvh = h / d->group;
     const int32_t *table = d->tables + s * d->max_blocks;
     const float *qi = q + (t * d->hq + h) * dim;
     float m = -INFINITY;
