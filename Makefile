@@ -29,12 +29,13 @@ CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))),/usr/loc
 CUDA_ARCH ?= 90
 
 DEPS_PKGS := build-essential pkg-config libopenblas-dev libjansson-dev libcriterion-dev \
-             libpcre2-dev libutf8proc-dev python3
+             libpcre2-dev libutf8proc-dev libzmq3-dev libmicrohttpd-dev libsqlite3-dev \
+             libjs-chart.js python3
 
 CPPFLAGS += -I. -D_GNU_SOURCE $(shell pkg-config --cflags jansson 2>/dev/null)
 CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(SAN_FLAGS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS)
-LDLIBS   += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
+LDLIBS   += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzmq -lmicrohttpd -lsqlite3 -lm -lpthread
 
 ifeq ($(CUDA),1)
 CPPFLAGS  += -DSMELT_CUDA -I$(CUDA_HOME)/include

@@ -4,7 +4,11 @@
  *   smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]
  *
  * Exit status: 0 finished (or stopped cleanly), 1 the job failed, 2 bad usage. */
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -64,6 +68,28 @@ int main(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* One run per job directory at a time: a retry started while the previous worker is
+     * still writing its last checkpoint waits for it to exit (the kernel drops the lock
+     * when a process ends, however it ends). */
+    if (dir_create_all(spec.output_dir, &err)) {
+        fprintf(stderr, "smelt-trainer: %s\n", err.message);
+        return 1;
+    }
+    char lock_path[JOB_PATH_BYTES + 16];
+    snprintf(lock_path, sizeof lock_path, "%s/.lock", spec.output_dir);
+    int lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd < 0) {
+        fprintf(stderr, "smelt-trainer: %s: %s\n", lock_path, strerror(errno));
+        return 1;
+    }
+    if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        log_info("another run of this job (%s) is still running; waiting for it to exit", spec.output_dir);
+        if (flock(lock_fd, LOCK_EX) != 0) {
+            log_info("stopped while waiting for the previous run");
+            close(lock_fd);
+            return 0;
+        }
+    }
     struct trainer_result res;
     if (trainer_run(&spec, &o, &res, &err)) {
         fprintf(stderr, "smelt-trainer: %s\n", err.message);

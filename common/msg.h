@@ -1,0 +1,127 @@
+/* ZeroMQ messages (DESIGN.md §8): every message is a multipart message
+ *
+ *   [routing id]            only on ROUTER sockets (added / removed by msg_send/msg_recv)
+ *   frame 0  type           e.g. "gen.request" (ASCII, no terminator)
+ *   frame 1  header         a JSON object, always with "v": MSG_VERSION
+ *   frame 2.. arrays        raw little-endian arrays (int32 token ids, float32 logprobs)
+ *
+ * This file is the list of every message type and its header fields. A receiver
+ * refuses a message whose "v" differs, answering with the error message of its
+ * protocol (gen.error, agent.error) that names the field.
+ *
+ * Ownership: msg_send copies nothing it does not need to (frames are sent from the
+ * caller's buffers, which may be reused when it returns); msg_recv fills a struct msg
+ * that owns its header and arrays until msg_free. */
+#ifndef SMELT_COMMON_MSG_H
+#define SMELT_COMMON_MSG_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+#define MSG_VERSION 1
+#define MSG_TYPE_BYTES 32
+#define MSG_MAX_ARRAYS 8
+#define MSG_ROUTE_BYTES 256
+/* The most a header frame may hold; larger ones are refused before parsing. */
+#define MSG_MAX_HEADER_BYTES (1 << 20)
+
+/* ---- rollout worker (smelt-rollout, ROUTER; clients are DEALER or REQ-less DEALER) ----
+ *
+ * gen.request   {v, id: string (the client's, <= 64 bytes), prompt?: string (text, needs a
+ *                tokenizer), n?: 1..256 (1), max_new_tokens?: >= 1 (16),
+ *                temperature?: >= 0 (1), top_k?: >= 0 (0 = off), top_p?: (0, 1] (1),
+ *                min_p?: [0, 1] (0), seed?: uint (0), stop?: [string] (<= 16),
+ *                stop_token_ids?: [int] (<= 16)}
+ *               frame 2 (optional): int32 prompt token ids; exactly one of "prompt" or
+ *               frame 2 is given. Unknown fields are refused.
+ * gen.result    {v, id, index: sample 0..n-1, finish_reason: "stop"|"length"|"abort",
+ *                policy_version, n_tokens, text?: string (when the worker has a tokenizer)}
+ *               frame 2: int32 generated ids [n_tokens]; frame 3: float32 logprobs
+ *               [n_tokens]. One message per sample, sent as each sample finishes.
+ * gen.error     {v, id?: the request's id when it could be read, error: {message, field}}
+ *               A refused request; the worker keeps serving.
+ * gen.abort     {v, id}: end the request's unfinished samples (they arrive as "abort").
+ * health.request {v}                     -> health.reply {v, status: "ok", policy_version}
+ * stats.request  {v}                     -> stats.reply {v, n_blocks, free_blocks, running,
+ *                waiting, preemptions, steps, prefill_tokens, decode_tokens,
+ *                policy_version, kv_bytes_per_token, requests_served}
+ */
+#define MSG_GEN_REQUEST "gen.request"
+#define MSG_GEN_RESULT "gen.result"
+#define MSG_GEN_ERROR "gen.error"
+#define MSG_GEN_ABORT "gen.abort"
+#define MSG_HEALTH_REQUEST "health.request"
+#define MSG_HEALTH_REPLY "health.reply"
+#define MSG_STATS_REQUEST "stats.request"
+#define MSG_STATS_REPLY "stats.reply"
+
+/* ---- agents (smelt-agent DEALER -> smeltd ROUTER) ----
+ *
+ * agent.register  {v, agent_id, hostname, devices: [{index, kind: "cpu"|"cuda", name,
+ *                  memory_bytes}], running: [{job_id, attempt}]}
+ *                 -> agent.registered {v, heartbeat_ms}
+ * agent.heartbeat {v, agent_id, running: [{job_id, attempt}]}
+ *                 -> agent.registered {v, heartbeat_ms}: smeltd answers every heartbeat; an
+ *                 agent that hears nothing for 5 heartbeats registers again
+ * worker.launch   (smeltd -> agent) {v, job_id, attempt, argv: [string], env: {k: v},
+ *                  workdir, log_path, metrics_path, devices: [index]}
+ *                  The agent execv()s argv[0] (no shell) in workdir with env added,
+ *                  stdout+stderr appended to log_path, CUDA_VISIBLE_DEVICES set from
+ *                  devices for "cuda" devices; it tails metrics_path and relays lines.
+ * worker.stop     (smeltd -> agent) {v, job_id, attempt, grace_ms, reason}
+ *                  SIGTERM, then SIGKILL after grace_ms.
+ * worker.started  {v, agent_id, job_id, attempt, pid}
+ * worker.event    {v, agent_id, job_id, attempt, offset, line: object}: one metrics.jsonl
+ *                  line and its byte offset in the file (the receiver drops repeats)
+ * worker.exited   {v, agent_id, job_id, attempt, exit_code (-1 if signalled),
+ *                  signal (0 if exited), error?: string (launch failed)}
+ * agent.error     {v, error: {message, field}}: a message the receiver refused
+ */
+#define MSG_AGENT_REGISTER "agent.register"
+#define MSG_AGENT_REGISTERED "agent.registered"
+#define MSG_AGENT_HEARTBEAT "agent.heartbeat"
+#define MSG_AGENT_ERROR "agent.error"
+#define MSG_WORKER_LAUNCH "worker.launch"
+#define MSG_WORKER_STOP "worker.stop"
+#define MSG_WORKER_STARTED "worker.started"
+#define MSG_WORKER_EVENT "worker.event"
+#define MSG_WORKER_EXITED "worker.exited"
+
+struct msg_array {
+    void *data;
+    size_t bytes;
+};
+
+struct msg {
+    char route[MSG_ROUTE_BYTES];  /* ROUTER routing id (binary) */
+    size_t route_len;             /* 0 when not received on a ROUTER socket */
+    char type[MSG_TYPE_BYTES];    /* NUL-terminated */
+    json_t *header;               /* owned */
+    struct msg_array arrays[MSG_MAX_ARRAYS]; /* owned (malloc'd) */
+    int n_arrays;
+};
+
+/* Sends one message. route/route_len: the peer's routing id on a ROUTER socket (NULL, 0
+ * otherwise). header gets "v" set if it lacks one; it stays the caller's. Never blocks
+ * for long: a peer that cannot take the message (ZMQ_DONTWAIT would block) is an
+ * SMELT_EIO error, so one slow client cannot stall a worker. */
+int msg_send(void *socket, const void *route, size_t route_len, const char *type,
+             json_t *header, const struct msg_array *arrays, int n_arrays,
+             struct smelt_error *err);
+
+/* Receives one message, waiting at most timeout_ms (-1: forever). Returns 0 with a
+ * message, SMELT_ENOTFOUND on timeout, SMELT_EFORMAT for a malformed message (which is
+ * consumed whole; out->route is still filled so the sender can be answered, and
+ * out->type when it could be read), SMELT_EIO when the socket fails. router: the socket
+ * is a ROUTER (the first frame is the routing id). */
+int msg_recv(void *socket, bool router, int timeout_ms, struct msg *out, struct smelt_error *err);
+void msg_free(struct msg *m);
+
+/* Header "v" check: SMELT_EINVAL naming the field "v" when missing or different. */
+int msg_check_version(const struct msg *m, struct smelt_error *err);
+
+#endif

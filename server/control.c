@@ -1,0 +1,722 @@
+/* The control loop: one thread owns the agents' ROUTER socket. It registers agents and
+ * notices lost ones, gang-allocates devices to queued jobs (FIFO within priority, never
+ * over-committing), launches and stops workers, turns worker metrics into events,
+ * checkpoints and models, decides a job's end (succeeded, retried from its checkpoint,
+ * failed), enforces max_runtime_seconds and fires schedules. HTTP threads only write
+ * the wishes (status, desired) into the store and set s->kick. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "common/common.h"
+#include "common/msg.h"
+#include "server/agent.h"
+#include "server/server_internal.h"
+
+#define CONTROL_INPROC "inproc://smeltd-agents"
+#define CONTROL_TICK_MS 250
+#define CONTROL_STOP_FORCE_S 60   /* a stop the agent never answered frees the devices after this */
+
+static int64_t heartbeat_ms(struct server *s) {
+    return s->config.heartbeat_ms > 0 ? s->config.heartbeat_ms : 1000;
+}
+static int64_t lost_ms(struct server *s) {
+    return s->config.agent_lost_ms > 0 ? s->config.agent_lost_ms : 10000;
+}
+static int64_t grace_ms(struct server *s) {
+    return s->config.stop_grace_ms > 0 ? s->config.stop_grace_ms : 10000;
+}
+
+static void send_to_agent(struct server *s, const char *agent_id, const char *type, json_t *header) {
+    struct smelt_error err = {0};
+    if (msg_send(s->agent_router, agent_id, strlen(agent_id), type, header, NULL, 0, &err) != 0)
+        log_warn("control: %s to agent %s: %s", type, agent_id, err.message);
+}
+
+/* ---- job endings ---- */
+
+static void job_event(struct server *s, struct store_conn *c, const char *job, const char *level,
+                      const char *fmt, const char *arg) {
+    struct smelt_error err = {0};
+    if (jobs_event(s, c, job, level, "message", NULL, &err, fmt, arg) != 0)
+        log_error("control: event for %s: %s", job, err.message);
+}
+
+static void exec_logged(struct store_conn *c, const char *what, int rc, struct smelt_error *err) {
+    (void)c;
+    if (rc < 0) log_error("control: %s: %s", what, err->message);
+}
+
+static void job_succeed(struct server *s, struct store_conn *c, json_t *job) {
+    const char *id = json_string_value(json_object_get(job, "id"));
+    const char *model = json_string_value(json_object_get(job, "model"));
+    const char *suffix = json_string_value(json_object_get(job, "suffix"));
+    const char *project = json_string_value(json_object_get(job, "project_id"));
+    json_t *spec = json_loads(json_string_value(json_object_get(job, "spec")), 0, NULL);
+    bool lora = spec && json_is_object(json_object_get(spec, "lora"));
+    json_decref(spec);
+    struct smelt_error err = {0};
+    char base[256];
+    snprintf(base, sizeof base, "%s", model);
+    if (strncmp(model, "ft:", 3) == 0) {
+        json_t *row = NULL;
+        if (store_query_one(c, &row, &err, "SELECT base_model FROM models WHERE id = ?", "s", model) == 0) {
+            snprintf(base, sizeof base, "%s", json_string_value(json_object_get(row, "base_model")));
+            json_decref(row);
+        }
+        error_clear(&err);
+    }
+    char name[HTTP_ID_BYTES], path[SERVER_PATH_BYTES + 96];
+    snprintf(name, sizeof name, "ft:%.40s:%.30s:%s", base, suffix ? suffix : "smelt", id + strlen("ftjob-"));
+    snprintf(path, sizeof path, "%s/%s/output", s->jobs_dir, id);
+    int64_t now = server_now();
+    int rc = store_exec(c, &err, "INSERT OR REPLACE INTO models (id, project_id, job_id, path, kind, base_model, "
+                        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssssssi", name, project, id, path,
+                        lora ? "lora" : "full", base, now);
+    exec_logged(c, "model row", rc, &err);
+    rc = store_exec(c, &err, "UPDATE jobs SET status = 'succeeded', finished_at = ?, fine_tuned_model = ? "
+                    "WHERE id = ?", "iss", now, name, id);
+    exec_logged(c, "job succeeded", rc, &err);
+    job_event(s, c, id, "info", "New fine-tuned model created: %s", name);
+    job_event(s, c, id, "info", "%s", "The job has successfully completed");
+}
+
+static void job_fail(struct server *s, struct store_conn *c, const char *id, const char *code, const char *message) {
+    struct smelt_error err = {0};
+    json_t *error = json_pack("{s:s, s:s, s:n}", "code", code, "message", message, "param");
+    int rc = store_exec(c, &err, "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? WHERE id = ?",
+                        "ijs", server_now(), error, id);
+    json_decref(error);
+    exec_logged(c, "job failed", rc, &err);
+    job_event(s, c, id, "error", "Job failed: %s", message);
+}
+
+/* The last lines of a job's log, for a failure message. */
+static void log_tail(struct server *s, const char *id, char *out, size_t cap) {
+    char path[SERVER_PATH_BYTES + 96];
+    snprintf(path, sizeof path, "%s/%s/log.txt", s->jobs_dir, id);
+    out[0] = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long size = ftell(f);
+        long start = size > (long)cap - 1 ? size - (long)cap + 1 : 0;
+        if (fseek(f, start, SEEK_SET) == 0) {
+            size_t n = fread(out, 1, cap - 1, f);
+            out[n] = 0;
+            while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r')) out[--n] = 0;
+            /* keep the last 3 lines */
+            int lines = 0;
+            for (size_t i = n; i > 0; i--)
+                if (out[i - 1] == '\n' && ++lines == 3) {
+                    memmove(out, out + i, n - i + 1);
+                    break;
+                }
+        }
+    }
+    fclose(f);
+}
+
+/* A worker of job row `job` is gone (exited, or lost with its agent). */
+static void worker_gone(struct server *s, struct store_conn *c, json_t *job, int exit_code, int signal_no,
+                        const char *launch_error) {
+    const char *id = json_string_value(json_object_get(job, "id"));
+    const char *status = json_string_value(json_object_get(job, "status"));
+    bool final_seen = json_integer_value(json_object_get(job, "saw_final")) != 0;
+    struct smelt_error err = {0};
+    int rc = store_exec(c, &err, "UPDATE jobs SET devices = NULL, pid = NULL, stop_sent_at = NULL WHERE id = ?",
+                        "s", id);
+    exec_logged(c, "free devices", rc, &err);
+    char how[128];
+    if (launch_error) snprintf(how, sizeof how, "could not start");
+    else if (signal_no > 0) snprintf(how, sizeof how, "was stopped by signal %d", signal_no);
+    else if (exit_code >= 0) snprintf(how, sizeof how, "exited with code %d", exit_code);
+    else snprintf(how, sizeof how, "was lost with its agent");
+    if (exit_code == 0 && final_seen && (strcmp(status, "running") == 0 || strcmp(status, "paused") == 0)) {
+        job_succeed(s, c, job);
+        return;
+    }
+    if (strcmp(status, "cancelled") == 0 || strcmp(status, "failed") == 0) {
+        job_event(s, c, id, "info", "Worker %s; its devices are free", how);
+        return;
+    }
+    if (strcmp(status, "paused") == 0) {
+        job_event(s, c, id, "info", "Worker %s; resuming continues from the last checkpoint", how);
+        return;
+    }
+    if (strcmp(status, "running") != 0) return;
+    char message[900];
+    if (launch_error) snprintf(message, sizeof message, "the worker could not start: %.700s", launch_error);
+    else {
+        char tail[600];
+        log_tail(s, id, tail, sizeof tail);
+        snprintf(message, sizeof message, "the worker %s%s%.600s", how, tail[0] ? ": " : "", tail);
+    }
+    int64_t retries = json_integer_value(json_object_get(job, "retries"));
+    int64_t max_retries = json_integer_value(json_object_get(job, "max_retries"));
+    /* A trainer that exits non-zero refused its input: retrying cannot help. A signal or a
+     * lost agent can. */
+    bool retryable = !launch_error && exit_code != 1 && exit_code != 2;
+    if (retryable && retries < max_retries) {
+        rc = store_exec(c, &err, "UPDATE jobs SET status = 'queued', retries = retries + 1, queued_at = ? "
+                        "WHERE id = ?", "is", server_now(), id);
+        exec_logged(c, "retry", rc, &err);
+        atomic_fetch_add(&s->job_retries_total, 1);
+        char text[1024];
+        snprintf(text, sizeof text, "%.900s; retrying from the last checkpoint (retry %lld of %lld)", message,
+                 (long long)retries + 1, (long long)max_retries);
+        job_event(s, c, id, "warn", "%s", text);
+        return;
+    }
+    job_fail(s, c, id, launch_error ? "launch_failed" : "worker_failed", message);
+}
+
+/* ---- agent messages ---- */
+
+static json_t *job_by_id(struct store_conn *c, const char *id) {
+    struct smelt_error err = {0};
+    json_t *row = NULL;
+    if (store_query_one(c, &row, &err, "SELECT * FROM jobs WHERE id = ?", "s", id) != 0) return NULL;
+    return row;
+}
+
+/* Jobs the agent runs that smeltd no longer wants there get stopped. */
+static void reconcile_running(struct server *s, struct store_conn *c, const char *agent_id, json_t *running) {
+    size_t i;
+    json_t *entry;
+    json_array_foreach(running, i, entry) {
+        const char *id = json_string_value(json_object_get(entry, "job_id"));
+        json_int_t attempt = json_integer_value(json_object_get(entry, "attempt"));
+        if (!id) continue;
+        json_t *job = job_by_id(c, id);
+        bool wanted = job && json_integer_value(json_object_get(job, "attempt")) == attempt &&
+                      !json_is_null(json_object_get(job, "devices")) &&
+                      json_string_value(json_object_get(job, "agent_id")) &&
+                      strcmp(json_string_value(json_object_get(job, "agent_id")), agent_id) == 0;
+        json_decref(job);
+        if (!wanted) {
+            json_t *h = json_pack("{s:s, s:I, s:I, s:s}", "job_id", id, "attempt", attempt, "grace_ms",
+                                  (json_int_t)grace_ms(s), "reason", "not scheduled here");
+            if (h) send_to_agent(s, agent_id, MSG_WORKER_STOP, h);
+            json_decref(h);
+        }
+    }
+}
+
+static void on_register(struct server *s, struct store_conn *c, const struct msg *m) {
+    const char *agent_id = json_string_value(json_object_get(m->header, "agent_id"));
+    const char *hostname = json_string_value(json_object_get(m->header, "hostname"));
+    json_t *devices = json_object_get(m->header, "devices");
+    json_t *running = json_object_get(m->header, "running");
+    if (!agent_id || m->route_len != strlen(agent_id) || memcmp(m->route, agent_id, m->route_len) != 0 ||
+        !json_is_array(devices) || !json_is_array(running)) {
+        json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message",
+                              "agent.register: agent_id (equal to the routing id), devices and running are "
+                              "required", "field", "agent_id");
+        if (h) msg_send(s->agent_router, m->route, m->route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
+        json_decref(h);
+        return;
+    }
+    struct smelt_error err = {0};
+    int64_t now = server_now();
+    int rc = store_exec(c, &err, "INSERT INTO agents (id, hostname, devices, registered_at, last_seen, status) "
+                        "VALUES (?, ?, ?, ?, ?, 'online') ON CONFLICT(id) DO UPDATE SET hostname = excluded.hostname, "
+                        "devices = excluded.devices, registered_at = excluded.registered_at, last_seen = "
+                        "excluded.last_seen, status = 'online'", "ssjii", agent_id, hostname ? hostname : "",
+                        devices, now, now);
+    exec_logged(c, "agent row", rc, &err);
+    log_info("control: agent %s registered with %zu device(s)", agent_id, json_array_size(devices));
+    /* Workers smeltd placed on this agent that it does not run any more are gone. */
+    json_t *jobs = NULL;
+    if (store_query(c, &jobs, &err, "SELECT * FROM jobs WHERE agent_id = ? AND devices IS NOT NULL", "s",
+                    agent_id) == 0) {
+        size_t i;
+        json_t *job;
+        json_array_foreach(jobs, i, job) {
+            bool found = false;
+            size_t k;
+            json_t *entry;
+            json_array_foreach(running, k, entry) {
+                const char *rid = json_string_value(json_object_get(entry, "job_id"));
+                if (rid && strcmp(rid, json_string_value(json_object_get(job, "id"))) == 0 &&
+                    json_integer_value(json_object_get(entry, "attempt")) ==
+                        json_integer_value(json_object_get(job, "attempt")))
+                    found = true;
+            }
+            if (!found) worker_gone(s, c, job, -1, 0, NULL);
+        }
+        json_decref(jobs);
+    }
+    reconcile_running(s, c, agent_id, running);
+    json_t *reply = json_pack("{s:I}", "heartbeat_ms", (json_int_t)heartbeat_ms(s));
+    if (reply) send_to_agent(s, agent_id, MSG_AGENT_REGISTERED, reply);
+    json_decref(reply);
+}
+
+static bool agent_known(struct store_conn *c, const char *agent_id) {
+    struct smelt_error err = {0};
+    json_t *row = NULL;
+    if (store_query_one(c, &row, &err, "SELECT status FROM agents WHERE id = ?", "s", agent_id) != 0) return false;
+    bool online = strcmp(json_string_value(json_object_get(row, "status")), "online") == 0;
+    json_decref(row);
+    return online;
+}
+
+static void on_worker_event(struct server *s, struct store_conn *c, json_t *job, const struct msg *m) {
+    const char *id = json_string_value(json_object_get(job, "id"));
+    json_t *line = json_object_get(m->header, "line");
+    const char *type = json_string_value(json_object_get(line, "type"));
+    json_t *step_v = json_object_get(line, "step");
+    if (!type || !json_is_integer(step_v)) return;
+    int64_t step = json_integer_value(step_v);
+    struct smelt_error err = {0};
+    json_t *dup = NULL;
+    if (store_query_one(c, &dup, &err, "SELECT id FROM metrics WHERE job_id = ? AND type = ? AND step = ?", "ssi",
+                        id, type, step) == 0) {
+        json_decref(dup); /* a resumed attempt repeats what the last one already reported */
+        return;
+    }
+    int rc = store_exec(c, &err, "INSERT INTO metrics (job_id, attempt, step, type, data) VALUES (?, ?, ?, ?, ?)",
+                        "siisj", id, json_integer_value(json_object_get(m->header, "attempt")), step, type, line);
+    exec_logged(c, "metrics row", rc, &err);
+    char msg[512];
+    if (strcmp(type, "train") == 0) {
+        int64_t total = 0;
+        json_t *start = NULL;
+        if (store_query_one(c, &start, &err, "SELECT data AS data__json FROM metrics WHERE job_id = ? AND "
+                            "type = 'start' ORDER BY id LIMIT 1", "s", id) == 0) {
+            total = json_integer_value(json_object_get(json_object_get(start, "data"), "total_steps"));
+            json_decref(start);
+        }
+        double loss = json_number_value(json_object_get(line, "loss"));
+        json_t *data = json_pack("{s:I, s:f, s:O?, s:O?, s:O?, s:O?, s:I}", "step", (json_int_t)step, "train_loss",
+                                 loss, "learning_rate", json_object_get(line, "lr"), "grad_norm",
+                                 json_object_get(line, "grad_norm"), "tokens_per_s", json_object_get(line, "tokens_per_s"),
+                                 "epoch", json_object_get(line, "epoch"), "total_steps", (json_int_t)total);
+        snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f", (long long)step, (long long)total, loss);
+        rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
+        json_decref(data);
+        exec_logged(c, "event", rc, &err);
+        json_t *tt = json_object_get(line, "trained_tokens");
+        if (json_is_integer(tt))
+            exec_logged(c, "trained tokens", store_exec(c, &err, "UPDATE jobs SET trained_tokens = "
+                        "coalesce(trained_tokens, 0) + ? WHERE id = ?", "is", (int64_t)json_integer_value(tt), id),
+                        &err);
+    } else if (strcmp(type, "eval") == 0) {
+        double vl = json_number_value(json_object_get(line, "val_loss"));
+        json_t *data = json_pack("{s:I, s:f}", "step", (json_int_t)step, "valid_loss", vl);
+        snprintf(msg, sizeof msg, "Step %lld: validation loss=%.4f", (long long)step, vl);
+        rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
+        json_decref(data);
+        exec_logged(c, "event", rc, &err);
+    } else if (strcmp(type, "checkpoint") == 0) {
+        const char *rel = json_string_value(json_object_get(line, "path"));
+        char path[SERVER_PATH_BYTES + 256], ckpt_id[HTTP_ID_BYTES];
+        snprintf(path, sizeof path, "%s/%s/%s", s->jobs_dir, id, rel ? rel : "");
+        server_new_id("ftckpt-", ckpt_id, sizeof ckpt_id);
+        json_t *last = NULL, *metrics = NULL;
+        if (store_query_one(c, &last, &err, "SELECT data AS data__json FROM metrics WHERE job_id = ? AND type = "
+                            "'train' AND step <= ? ORDER BY step DESC LIMIT 1", "si", id, step) == 0) {
+            json_t *d = json_object_get(last, "data");
+            metrics = json_pack("{s:I, s:O?, s:O?}", "step", (json_int_t)step, "train_loss",
+                                json_object_get(d, "loss"), "learning_rate", json_object_get(d, "lr"));
+            json_decref(last);
+        }
+        error_clear(&err);
+        rc = store_exec(c, &err, "INSERT OR IGNORE INTO checkpoints (id, job_id, step, created_at, path, metrics) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", "ssiisj", ckpt_id, id, step, server_now(), path, metrics);
+        json_decref(metrics);
+        exec_logged(c, "checkpoint row", rc, &err);
+        snprintf(msg, sizeof msg, "Checkpoint saved at step %lld", (long long)step);
+        job_event(s, c, id, "info", "%s", msg);
+    } else if (strcmp(type, "final") == 0) {
+        exec_logged(c, "final", store_exec(c, &err, "UPDATE jobs SET saw_final = 1 WHERE id = ?", "s", id), &err);
+        json_t *vl = json_object_get(line, "val_loss"), *acc = json_object_get(line, "accuracy");
+        char extra[160] = "";
+        if (json_is_number(vl)) snprintf(extra, sizeof extra, ": validation loss=%.4f", json_number_value(vl));
+        if (json_is_number(acc))
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%saccuracy=%.4f", extra[0] ? ", " : ": ",
+                     json_number_value(acc));
+        snprintf(msg, sizeof msg, "Training finished at step %lld%s", (long long)step, extra);
+        json_t *data = json_deep_copy(line);
+        rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
+        json_decref(data);
+        exec_logged(c, "event", rc, &err);
+    } else if (strcmp(type, "start") == 0) {
+        snprintf(msg, sizeof msg, "Training started: %lld steps on %lld examples",
+                 (long long)json_integer_value(json_object_get(line, "total_steps")),
+                 (long long)json_integer_value(json_object_get(line, "train_examples")));
+        job_event(s, c, id, "info", "%s", msg);
+    }
+}
+
+static void on_agent_message(struct server *s, struct store_conn *c, const struct msg *m) {
+    char agent_id[MSG_ROUTE_BYTES + 1];
+    memcpy(agent_id, m->route, m->route_len);
+    agent_id[m->route_len] = 0;
+    struct smelt_error err = {0};
+    if (msg_check_version(m, &err) != 0) {
+        json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", err.message, "field", "v");
+        if (h) msg_send(s->agent_router, m->route, m->route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
+        json_decref(h);
+        return;
+    }
+    if (strcmp(m->type, MSG_AGENT_REGISTER) == 0) {
+        on_register(s, c, m);
+        return;
+    }
+    if (!agent_known(c, agent_id)) {
+        /* An agent we lost (or never saw) must register again before anything else. */
+        json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", "unknown agent: register first", "field",
+                              "agent_id");
+        if (h) msg_send(s->agent_router, m->route, m->route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
+        json_decref(h);
+        return;
+    }
+    exec_logged(c, "last seen", store_exec(c, &err, "UPDATE agents SET last_seen = ? WHERE id = ?", "is",
+                                           server_now(), agent_id), &err);
+    if (strcmp(m->type, MSG_AGENT_HEARTBEAT) == 0) {
+        json_t *running = json_object_get(m->header, "running");
+        if (json_is_array(running)) reconcile_running(s, c, agent_id, running);
+        json_t *ack = json_pack("{s:I}", "heartbeat_ms", (json_int_t)heartbeat_ms(s));
+        if (ack) send_to_agent(s, agent_id, MSG_AGENT_REGISTERED, ack);
+        json_decref(ack);
+        return;
+    }
+    const char *job_id = json_string_value(json_object_get(m->header, "job_id"));
+    json_t *attempt = json_object_get(m->header, "attempt");
+    if (!job_id || !json_is_integer(attempt)) {
+        if (strcmp(m->type, MSG_AGENT_ERROR) == 0)
+            log_warn("control: agent %s refused a message: %s", agent_id,
+                     json_string_value(json_object_get(json_object_get(m->header, "error"), "message")) ?: "?");
+        return;
+    }
+    json_t *job = job_by_id(c, job_id);
+    if (!job) return;
+    bool current = json_integer_value(json_object_get(job, "attempt")) == json_integer_value(attempt) &&
+                   !json_is_null(json_object_get(job, "devices"));
+    if (strcmp(m->type, MSG_WORKER_STARTED) == 0 && current) {
+        exec_logged(c, "pid", store_exec(c, &err, "UPDATE jobs SET pid = ? WHERE id = ?", "is",
+                                         (int64_t)json_integer_value(json_object_get(m->header, "pid")), job_id),
+                    &err);
+    } else if (strcmp(m->type, MSG_WORKER_EVENT) == 0) {
+        on_worker_event(s, c, job, m);
+    } else if (strcmp(m->type, MSG_WORKER_EXITED) == 0 && current) {
+        json_t *ec = json_object_get(m->header, "exit_code"), *sig = json_object_get(m->header, "signal");
+        worker_gone(s, c, job, json_is_integer(ec) ? (int)json_integer_value(ec) : -1,
+                    json_is_integer(sig) ? (int)json_integer_value(sig) : 0,
+                    json_string_value(json_object_get(m->header, "error")));
+        atomic_store(&s->kick, 1);
+    }
+    json_decref(job);
+}
+
+/* ---- the periodic pass ---- */
+
+static void mark_lost_agents(struct server *s, struct store_conn *c) {
+    struct smelt_error err = {0};
+    int64_t now = server_now();
+    /* A restart gives every agent the full timeout to come back. */
+    int64_t since = now - (lost_ms(s) + 999) / 1000;
+    if (since < s->started_at) since = s->started_at - 1;
+    json_t *lost = NULL;
+    if (store_query(c, &lost, &err, "SELECT id FROM agents WHERE status = 'online' AND last_seen < ?", "i",
+                    since) != 0)
+        return;
+    size_t i;
+    json_t *a;
+    json_array_foreach(lost, i, a) {
+        const char *agent_id = json_string_value(json_object_get(a, "id"));
+        log_warn("control: agent %s missed its heartbeats: lost", agent_id);
+        exec_logged(c, "lost", store_exec(c, &err, "UPDATE agents SET status = 'lost' WHERE id = ?", "s", agent_id),
+                    &err);
+        json_t *jobs = NULL;
+        if (store_query(c, &jobs, &err, "SELECT * FROM jobs WHERE agent_id = ? AND devices IS NOT NULL", "s",
+                        agent_id) == 0) {
+            size_t k;
+            json_t *job;
+            json_array_foreach(jobs, k, job) worker_gone(s, c, job, -1, 0, NULL);
+            json_decref(jobs);
+        }
+    }
+    json_decref(lost);
+}
+
+static void send_stops(struct server *s, struct store_conn *c) {
+    struct smelt_error err = {0};
+    int64_t now = server_now();
+    /* max_runtime_seconds */
+    json_t *over = NULL;
+    if (store_query(c, &over, &err, "SELECT id, max_runtime_seconds FROM jobs WHERE status = 'running' AND "
+                    "max_runtime_seconds > 0 AND run_started_at IS NOT NULL AND ? - run_started_at > "
+                    "max_runtime_seconds", "i", now) == 0) {
+        size_t i;
+        json_t *job;
+        json_array_foreach(over, i, job) {
+            char message[160];
+            snprintf(message, sizeof message, "the job ran past max_runtime_seconds (%lld)",
+                     (long long)json_integer_value(json_object_get(job, "max_runtime_seconds")));
+            job_fail(s, c, json_string_value(json_object_get(job, "id")), "max_runtime_exceeded", message);
+        }
+        json_decref(over);
+    }
+    json_t *jobs = NULL;
+    if (store_query(c, &jobs, &err, "SELECT id, agent_id, attempt, status, stop_sent_at, desired FROM jobs WHERE "
+                    "devices IS NOT NULL AND status IN ('cancelled', 'paused', 'failed')", "") != 0)
+        return;
+    size_t i;
+    json_t *job;
+    json_array_foreach(jobs, i, job) {
+        const char *id = json_string_value(json_object_get(job, "id"));
+        json_t *sent = json_object_get(job, "stop_sent_at");
+        if (json_is_integer(sent)) {
+            if (now - json_integer_value(sent) > grace_ms(s) / 1000 + CONTROL_STOP_FORCE_S) {
+                /* The agent never confirmed the stop: free the devices anyway. */
+                log_warn("control: no exit reported for %s after its stop; freeing its devices", id);
+                exec_logged(c, "force free", store_exec(c, &err, "UPDATE jobs SET devices = NULL, pid = NULL, "
+                                                        "stop_sent_at = NULL WHERE id = ?", "s", id), &err);
+            }
+            continue;
+        }
+        const char *agent_id = json_string_value(json_object_get(job, "agent_id"));
+        const char *st = json_string_value(json_object_get(job, "status"));
+        json_t *h = json_pack("{s:s, s:O, s:I, s:s}", "job_id", id, "attempt", json_object_get(job, "attempt"),
+                              "grace_ms", (json_int_t)grace_ms(s), "reason", st);
+        if (h && agent_id) send_to_agent(s, agent_id, MSG_WORKER_STOP, h);
+        json_decref(h);
+        exec_logged(c, "stop sent", store_exec(c, &err, "UPDATE jobs SET stop_sent_at = ? WHERE id = ?", "is",
+                                               now, id), &err);
+    }
+    json_decref(jobs);
+}
+
+/* Free device indexes of an online agent: its devices minus those allocated. */
+static int free_devices(struct store_conn *c, json_t *agent, int64_t *free_idx, int max) {
+    struct smelt_error err = {0};
+    json_t *alloc = NULL;
+    const char *agent_id = json_string_value(json_object_get(agent, "id"));
+    if (store_query(c, &alloc, &err, "SELECT devices AS devices__json FROM jobs WHERE agent_id = ? AND "
+                    "devices IS NOT NULL", "s", agent_id) != 0)
+        return 0;
+    int n = 0;
+    size_t i;
+    json_t *dev;
+    json_array_foreach(json_object_get(agent, "devices"), i, dev) {
+        int64_t index = json_integer_value(json_object_get(dev, "index"));
+        bool used = false;
+        size_t k, j;
+        json_t *row, *d;
+        json_array_foreach(alloc, k, row) {
+            json_array_foreach(json_object_get(row, "devices"), j, d) {
+                if (json_integer_value(d) == index) used = true;
+            }
+        }
+        if (!used && n < max) free_idx[n++] = index;
+    }
+    json_decref(alloc);
+    return n;
+}
+
+/* A complete trainer checkpoint (checkpoints/step-N/trainer_state.json) exists. */
+static bool has_checkpoint(const char *job_dir) {
+    char path[SERVER_PATH_BYTES + 256];
+    if (snprintf(path, sizeof path, "%s/checkpoints", job_dir) >= (int)sizeof path) return false;
+    DIR *dir = opendir(path);
+    if (!dir) return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(dir))) {
+        if (strncmp(e->d_name, "step-", 5) != 0) continue;
+        char probe[SERVER_PATH_BYTES + 640];
+        snprintf(probe, sizeof probe, "%s/%s/trainer_state.json", path, e->d_name);
+        found = path_exists(probe);
+    }
+    closedir(dir);
+    return found;
+}
+
+static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *agent, const int64_t *devices,
+                   int n_devices) {
+    const char *id = json_string_value(json_object_get(job, "id"));
+    const char *agent_id = json_string_value(json_object_get(agent, "id"));
+    struct smelt_error err = {0};
+    char job_dir[SERVER_PATH_BYTES + 96], spec_path[SERVER_PATH_BYTES + 256], log_path[SERVER_PATH_BYTES + 256],
+        metrics_path[SERVER_PATH_BYTES + 256];
+    snprintf(job_dir, sizeof job_dir, "%s/%s", s->jobs_dir, id);
+    snprintf(spec_path, sizeof spec_path, "%s/spec.json", job_dir);
+    snprintf(log_path, sizeof log_path, "%s/log.txt", job_dir);
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", job_dir);
+    json_t *spec = json_loads(json_string_value(json_object_get(job, "spec")), 0, NULL);
+    int rc = spec ? dir_create_all(job_dir, &err) : error_set(&err, SMELT_EFORMAT, "stored spec unreadable");
+    if (rc == 0) rc = json_save_atomic(spec, JSON_INDENT(2) | JSON_SORT_KEYS, spec_path, &err);
+    json_decref(spec);
+    if (rc) {
+        job_fail(s, c, id, "launch_failed", err.message);
+        return;
+    }
+    bool resume = has_checkpoint(job_dir);
+    json_t *argv = json_pack("[s, s, s]", s->trainer_path, "--spec", spec_path);
+    if (resume) {
+        json_array_append_new(argv, json_string("--resume"));
+        json_array_append_new(argv, json_string("latest"));
+    }
+    json_t *dev_array = json_array();
+    for (int i = 0; i < n_devices; i++) json_array_append_new(dev_array, json_integer(devices[i]));
+    int64_t attempt = json_integer_value(json_object_get(job, "attempt")) + 1;
+    int64_t now = server_now();
+    rc = store_exec(c, &err, "UPDATE jobs SET status = 'running', attempt = ?, agent_id = ?, devices = ?, pid = NULL, "
+                    "stop_sent_at = NULL, saw_final = 0, started_at = coalesce(started_at, ?), run_started_at = ? "
+                    "WHERE id = ?", "isjiis", attempt, agent_id, dev_array, now, now, id);
+    if (rc < 0) {
+        log_error("control: allocating for %s: %s", id, err.message);
+        json_decref(argv);
+        json_decref(dev_array);
+        return;
+    }
+    json_t *h = json_pack("{s:s, s:I, s:o, s:{s:s, s:s}, s:s, s:s, s:s, s:O}", "job_id", id, "attempt",
+                          (json_int_t)attempt, "argv", argv, "env", "OPENBLAS_NUM_THREADS", "1",
+                          "SMELT_LOG_LEVEL", "info", "workdir", job_dir, "log_path", log_path, "metrics_path",
+                          metrics_path, "devices", dev_array);
+    if (h) send_to_agent(s, agent_id, MSG_WORKER_LAUNCH, h);
+    json_decref(h);
+    char what[256];
+    snprintf(what, sizeof what, "Job started on %s (attempt %lld)", agent_id, (long long)attempt);
+    job_event(s, c, id, "info", "%s", what);
+    json_decref(dev_array);
+}
+
+static void schedule_queue(struct server *s, struct store_conn *c) {
+    struct smelt_error err = {0};
+    json_t *queued = NULL, *agents = NULL;
+    if (store_query(c, &queued, &err, "SELECT * FROM jobs WHERE status = 'queued' ORDER BY priority DESC, seq",
+                    "") != 0)
+        return;
+    if (json_array_size(queued) == 0 ||
+        store_query(c, &agents, &err, "SELECT id, devices AS devices__json FROM agents WHERE status = 'online' "
+                    "ORDER BY id", "") != 0) {
+        json_decref(queued);
+        return;
+    }
+    size_t i;
+    json_t *job;
+    json_array_foreach(queued, i, job) {
+        if (!json_is_null(json_object_get(job, "devices"))) break; /* its last worker is still stopping */
+        int64_t want = json_integer_value(json_object_get(job, "devices_wanted"));
+        bool placed = false;
+        size_t k;
+        json_t *agent;
+        json_array_foreach(agents, k, agent) {
+            int64_t free_idx[AGENT_MAX_DEVICES];
+            int n = free_devices(c, agent, free_idx, AGENT_MAX_DEVICES);
+            if (n >= want) {
+                launch(s, c, job, agent, free_idx, (int)want);
+                placed = true;
+                break;
+            }
+        }
+        if (!placed) break; /* FIFO within priority: nothing overtakes the head of the queue */
+    }
+    json_decref(queued);
+    json_decref(agents);
+}
+
+static void tick(struct server *s) {
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(s->store, &err);
+    if (!c) {
+        log_error("control: %s", err.message);
+        return;
+    }
+    mark_lost_agents(s, c);
+    send_stops(s, c);
+    schedule_queue(s, c);
+    store_release(s->store, c);
+    schedules_tick(s);
+}
+
+static void *control_main(void *arg) {
+    struct server *s = arg;
+    int64_t last_tick_ms = 0;
+    while (!atomic_load(&s->control_stop)) {
+        struct msg m;
+        struct smelt_error err = {0};
+        int rc = msg_recv(s->agent_router, true, 50, &m, &err);
+        if (rc == 0 || rc == SMELT_EFORMAT) {
+            struct store_conn *c = store_acquire(s->store, &err);
+            if (c) {
+                if (rc == 0) on_agent_message(s, c, &m);
+                else if (m.route_len) {
+                    json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", err.message, "field", "frames");
+                    if (h) msg_send(s->agent_router, m.route, m.route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
+                    json_decref(h);
+                }
+                store_release(s->store, c);
+            }
+            msg_free(&m);
+        } else if (rc == SMELT_EIO) {
+            log_error("control: %s", err.message);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+        if (atomic_exchange(&s->kick, 0) || now_ms - last_tick_ms >= CONTROL_TICK_MS) {
+            tick(s);
+            last_tick_ms = now_ms;
+        }
+    }
+    return NULL;
+}
+
+static void *agent_main(void *arg) {
+    struct server *s = arg;
+    struct agent_config config = {.server_endpoint = CONTROL_INPROC, .zmq_context = s->zmq, .agent_id = "local",
+                                  .cpu_slots = s->config.cpu_slots, .force_cpu = s->config.force_cpu,
+                                  .heartbeat_ms = (int)heartbeat_ms(s), .stop = &s->agent_stop};
+    struct smelt_error err = {0};
+    if (agent_run(&config, &err) != 0) log_error("embedded agent: %s", err.message);
+    return NULL;
+}
+
+int control_start(struct server *s, struct smelt_error *err) {
+    s->agent_router = zmq_socket(s->zmq, ZMQ_ROUTER);
+    if (!s->agent_router) return error_set(err, SMELT_EIO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+    int linger = 0, mandatory = 1, hwm = 100000;
+    zmq_setsockopt(s->agent_router, ZMQ_LINGER, &linger, sizeof linger);
+    /* an unroutable message (agent gone) fails instead of vanishing silently */
+    zmq_setsockopt(s->agent_router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    zmq_setsockopt(s->agent_router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->agent_router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    if (zmq_bind(s->agent_router, CONTROL_INPROC) != 0)
+        return error_set(err, SMELT_EIO, "binding %s: %s", CONTROL_INPROC, zmq_strerror(zmq_errno()));
+    if (s->config.agent_bind && zmq_bind(s->agent_router, s->config.agent_bind) != 0)
+        return error_set(err, SMELT_EIO, "binding the agents' endpoint %s: %s", s->config.agent_bind,
+                         zmq_strerror(zmq_errno()));
+    if (pthread_create(&s->control_thread, NULL, control_main, s) != 0)
+        return error_set(err, SMELT_EIO, "starting the control thread failed");
+    s->control_started = true;
+    if (s->config.embedded_agent) {
+        if (pthread_create(&s->agent_thread, NULL, agent_main, s) != 0)
+            return error_set(err, SMELT_EIO, "starting the embedded agent failed");
+        s->agent_started = true;
+    }
+    return 0;
+}
+
+void control_stop(struct server *s) {
+    if (s->agent_started) {
+        s->agent_stop = 1;
+        pthread_join(s->agent_thread, NULL);
+        s->agent_started = false;
+    }
+    if (s->control_started) {
+        /* let the agent's last worker.exited messages land before the loop ends */
+        atomic_store(&s->control_stop, 1);
+        pthread_join(s->control_thread, NULL);
+        s->control_started = false;
+    }
+    if (s->agent_router) zmq_close(s->agent_router);
+    s->agent_router = NULL;
+}

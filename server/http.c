@@ -1,0 +1,818 @@
+/* The HTTP server: libmicrohttpd's thread pool on epoll, requests routed by the table,
+ * auth and size limits checked from the headers alone (so a refused upload is never
+ * read), the body gathered in whole, the handler called once, and its response checked
+ * before it is sent. Streams live in http_sse.c, multipart parsing in http_multipart.c.
+ *
+ * One request's life (MHD's access handler is called several times per request):
+ *   first call   route, authenticate, check Content-Length; refusals are answered here
+ *   body calls   append to the body, or only count once it passed the limit
+ *   last call    413 or the handler's response
+ *   completed    latency recorded, one debug log line, the request's state freed */
+#include "server/http_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+const double HTTP_LATENCY_BOUNDS[HTTP_N_LATENCY_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+};
+
+/* Idle connections (and stalled uploads) are closed after this long. It must exceed
+ * HTTP_SSE_KEEPALIVE_S: a resumed stream is timed from its last write. */
+#define HTTP_CONNECTION_TIMEOUT_S 60
+/* Per connection: request headers, MHD's read/write buffers. Headers larger than what
+ * is left get 431 from MHD. */
+#define HTTP_CONNECTION_MEMORY_BYTES (128 * 1024)
+#define HTTP_MAX_KEY_BYTES 512
+
+struct http_server {
+    struct MHD_Daemon *daemon;
+    struct http_config config;   /* routes and app are the caller's, borrowed */
+    int port;
+    struct http_streams streams;
+    pthread_mutex_t stats_mutex;
+    struct http_stats stats;
+};
+
+/* One request, from the access handler's first call to the completed callback. */
+struct request_state {
+    double start_s;
+    char method[16];
+    char *path;                          /* decoded path, NUL-terminated */
+    char *scratch;                       /* copy of path that params point into */
+    const struct http_route *route;
+    const char *params[HTTP_MAX_PARAMS];
+    int n_params;
+    struct http_identity identity;
+    size_t limit;                        /* body bytes allowed on this route */
+    char *body;                          /* body_len bytes and a NUL */
+    size_t body_len, body_cap;
+    bool too_large;                      /* body passed limit: no longer stored */
+    bool responded;
+    bool is_stream;
+    int status;
+};
+
+/* ------------------------------------------------------------------ replies ---- */
+
+static int utf8_char_len(const unsigned char *s) {
+    unsigned char c = s[0];
+    if (c < 0x80) return 1;
+    int n;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0) lo = 0xA0; /* overlong */
+        if (c == 0xED) hi = 0x9F; /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0) lo = 0x90; /* overlong */
+        if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (int i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return n;
+}
+
+/* Copies src into dst (cap bytes), with '?' for every byte that is not valid UTF-8: error
+ * messages quote paths and names from clients, and jansson refuses invalid strings. */
+static void copy_utf8(char *dst, size_t cap, const char *src) {
+    size_t n = 0;
+    const unsigned char *s = (const unsigned char *)src;
+    while (*s && n + 1 < cap) {
+        int len = utf8_char_len(s);
+        if (len == 0) {
+            dst[n++] = '?';
+            s++;
+        } else if (n + (size_t)len < cap) {
+            memcpy(dst + n, s, (size_t)len);
+            n += (size_t)len;
+            s += len;
+        } else {
+            break;
+        }
+    }
+    dst[n] = '\0';
+}
+
+static void response_clear_body(struct http_response *res) {
+    free(res->body);
+    res->body = NULL;
+    res->body_len = 0;
+}
+
+void http_reply_json(struct http_response *res, int status, json_t *value) {
+    response_clear_body(res);
+    res->status = status;
+    snprintf(res->content_type, sizeof res->content_type, "application/json");
+    if (!value) return; /* a failed json_pack: answered as a handler bug (500) */
+    /* jansson allocates with malloc (smelt never swaps its allocator), so the body can
+     * be freed by MHD with free(). */
+    res->body = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(value);
+    if (res->body) res->body_len = strlen(res->body);
+}
+
+void http_reply_text(struct http_response *res, int status, const char *content_type,
+                     const char *text, size_t len) {
+    response_clear_body(res);
+    res->status = status;
+    snprintf(res->content_type, sizeof res->content_type, "%s", content_type);
+    res->body = malloc(len + 1);
+    if (!res->body) return;
+    if (len) memcpy(res->body, text, len);
+    res->body[len] = '\0';
+    res->body_len = len;
+}
+
+static const char *error_type_for(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 409: return "conflict_error";
+    case 429: return "rate_limit_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+void http_reply_error(struct http_response *res, int status, const char *param,
+                      const char *code, const char *fmt, ...) {
+    char raw[1024], message[1024], param_utf8[256], code_utf8[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    va_end(ap);
+    copy_utf8(message, sizeof message, raw);
+    if (param) copy_utf8(param_utf8, sizeof param_utf8, param);
+    if (code) copy_utf8(code_utf8, sizeof code_utf8, code);
+    json_t *body = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", message, "type",
+                             error_type_for(status), "param", param ? param_utf8 : NULL,
+                             "code", code ? code_utf8 : NULL);
+    http_reply_json(res, status, body);
+    if (!res->body) { /* out of memory: still answer with the envelope */
+        static const char fallback[] =
+            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+            "\"param\":null,\"code\":null}}";
+        http_reply_text(res, status, "application/json", fallback, sizeof fallback - 1);
+    }
+}
+
+void http_add_header(struct http_response *res, const char *name, const char *value) {
+    /* Overflow marks the response as broken (n_headers past the end); it is answered
+     * with 500 rather than sent without the header. */
+    if (res->n_headers < 0 || res->n_headers >= HTTP_MAX_HEADERS ||
+        strlen(name) >= sizeof res->headers[0].name ||
+        strlen(value) >= sizeof res->headers[0].value) {
+        res->n_headers = HTTP_MAX_HEADERS + 1;
+        return;
+    }
+    snprintf(res->headers[res->n_headers].name, sizeof res->headers[0].name, "%s", name);
+    snprintf(res->headers[res->n_headers].value, sizeof res->headers[0].value, "%s", value);
+    res->n_headers++;
+}
+
+/* ------------------------------------------------------------------ lookups ---- */
+
+const char *http_query(const struct http_request *req, const char *key) {
+    if (!req || !req->connection) return NULL;
+    return MHD_lookup_connection_value(req->connection, MHD_GET_ARGUMENT_KIND, key);
+}
+
+const char *http_header(const struct http_request *req, const char *name) {
+    if (!req || !req->connection) return NULL;
+    return MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, name);
+}
+
+/* ------------------------------------------------------------------ routing ---- */
+
+static bool is_id_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == ':' || c == '-';
+}
+
+static bool segment_is_id(const char *s, size_t len) {
+    if (len < 1 || len >= HTTP_ID_BYTES) return false;
+    for (size_t i = 0; i < len; i++)
+        if (!is_id_char(s[i])) return false;
+    return true;
+}
+
+/* The rest a trailing "*" captures (a static file's path): no "." or ".." segment and
+ * no empty segment before another one. "//" and backslashes are refused earlier. */
+static bool rest_is_safe(const char *rest) {
+    for (const char *seg = rest;;) {
+        const char *end = strchrnul(seg, '/');
+        size_t len = (size_t)(end - seg);
+        if ((len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
+            return false;
+        if (len == 0 && *end == '/') return false;
+        if (!*end) return true;
+        seg = end + 1;
+    }
+}
+
+/* Whether path matches pattern. Captures point into scratch (a copy of path), cut at
+ * the end of their segment. */
+static bool route_match(const char *pattern, const char *path, char *scratch,
+                        const char **params, int *n_params) {
+    const char *p = pattern, *s = path;
+    int n = 0;
+    for (;;) {
+        if (*p == '\0') {
+            *n_params = n;
+            return *s == '\0';
+        }
+        if (*p != '/' || *s != '/') return false;
+        p++;
+        s++;
+        if (p[0] == '*' && p[1] == '\0') {
+            if (n >= HTTP_MAX_PARAMS || !rest_is_safe(s)) return false;
+            params[n++] = scratch + (s - path);
+            *n_params = n;
+            return true;
+        }
+        const char *p_end = strchrnul(p, '/'), *s_end = strchrnul(s, '/');
+        size_t p_len = (size_t)(p_end - p), s_len = (size_t)(s_end - s);
+        if (p_len >= 2 && p[0] == '{' && p[p_len - 1] == '}') {
+            if (n >= HTTP_MAX_PARAMS || !segment_is_id(s, s_len)) return false;
+            params[n++] = scratch + (s - path);
+            scratch[s_end - path] = '\0';
+        } else if (p_len != s_len || memcmp(p, s, p_len) != 0) {
+            return false;
+        }
+        p = p_end;
+        s = s_end;
+    }
+}
+
+/* Finds the route; 0, or -1 with res filled (404, or 405 with Allow). */
+static int route_request(const struct http_server *server, struct request_state *st,
+                         struct http_response *res) {
+    const char *method = strcmp(st->method, "HEAD") == 0 ? "GET" : st->method;
+    /* "%00" is what unescape leaves of an encoded NUL. */
+    bool hostile = strstr(st->path, "//") || strchr(st->path, '\\') || strstr(st->path, "%00");
+    char allow[128] = "";
+    size_t path_bytes = strlen(st->path) + 1;
+    for (int i = 0; i < server->config.n_routes && !hostile; i++) {
+        const struct http_route *r = &server->config.routes[i];
+        memcpy(st->scratch, st->path, path_bytes);
+        if (!route_match(r->pattern, st->path, st->scratch, st->params, &st->n_params))
+            continue;
+        if (strcmp(r->method, method) == 0) {
+            st->route = r;
+            return 0;
+        }
+        size_t mlen = strlen(r->method), alen = strlen(allow);
+        bool listed = false;
+        for (const char *a = allow; (a = strstr(a, r->method)); a += mlen)
+            if ((a == allow || a[-1] == ' ') && (a[mlen] == ',' || a[mlen] == '\0')) listed = true;
+        if (!listed && alen + mlen + 3 < sizeof allow)
+            snprintf(allow + alen, sizeof allow - alen, "%s%s", alen ? ", " : "", r->method);
+    }
+    st->n_params = 0;
+    if (!allow[0]) {
+        http_reply_error(res, 404, NULL, "not_found", "Invalid URL (%s %s)", st->method,
+                         st->path);
+        return -1;
+    }
+    http_reply_error(res, 405, NULL, "method_not_allowed",
+                     "%s is not allowed on %s (allowed: %s)", st->method, st->path, allow);
+    http_add_header(res, "Allow", allow);
+    return -1;
+}
+
+static bool method_known(const char *m) {
+    static const char *const known[] = {"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD",
+                                        "OPTIONS"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(m, known[i]) == 0) return true;
+    return false;
+}
+
+/* --------------------------------------------------------------------- auth ---- */
+
+/* The key of "Authorization: Bearer <key>" copied into key; false when absent. */
+static bool bearer_key(const char *header, char key[HTTP_MAX_KEY_BYTES], bool *too_long) {
+    *too_long = false;
+    if (!header) return false;
+    while (*header == ' ' || *header == '\t') header++;
+    if (strncasecmp(header, "Bearer", 6) != 0 || (header[6] != ' ' && header[6] != '\t'))
+        return false;
+    const char *k = header + 6;
+    while (*k == ' ' || *k == '\t') k++;
+    size_t len = strlen(k);
+    while (len && (k[len - 1] == ' ' || k[len - 1] == '\t')) len--;
+    if (len == 0) return false;
+    if (len >= HTTP_MAX_KEY_BYTES) {
+        *too_long = true;
+        return true;
+    }
+    memcpy(key, k, len);
+    key[len] = '\0';
+    return true;
+}
+
+/* 0 with st->identity filled, or -1 with res filled (401, 403, 500). */
+static int authenticate(const struct http_server *server, struct MHD_Connection *conn,
+                        struct request_state *st, struct http_response *res) {
+    char key[HTTP_MAX_KEY_BYTES];
+    bool too_long;
+    const char *header =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!bearer_key(header, key, &too_long)) {
+        http_reply_error(res, 401, NULL, "missing_api_key",
+                         "You didn't provide an API key: send 'Authorization: Bearer <key>'.");
+        http_add_header(res, "WWW-Authenticate", "Bearer");
+        return -1;
+    }
+    struct http_identity id;
+    memset(&id, 0, sizeof id);
+    int rc = too_long || !server->config.auth
+                 ? SMELT_ENOTFOUND
+                 : server->config.auth(server->config.app, key, &id);
+    if (rc == SMELT_ENOTFOUND) {
+        http_reply_error(res, 401, NULL, "invalid_api_key", "Incorrect API key provided.");
+        http_add_header(res, "WWW-Authenticate", "Bearer error=\"invalid_token\"");
+        return -1;
+    }
+    if (rc != 0) {
+        log_error("http: checking an API key failed (%s) on %s %s", error_code_name(rc),
+                  st->method, st->route->pattern);
+        http_reply_error(res, 500, NULL, "auth_failed", "The API key could not be checked.");
+        return -1;
+    }
+    if ((st->route->flags & HTTP_ADMIN) && !id.admin) {
+        http_reply_error(res, 403, NULL, "admin_key_required",
+                         "This endpoint needs an admin API key.");
+        return -1;
+    }
+    st->identity = id;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ sending ---- */
+
+static bool header_name_ok(const char *name) {
+    if (!name[0]) return false;
+    for (const char *c = name; *c; c++)
+        if (*c <= ' ' || *c >= 127 || strchr("()<>@,;:\\\"/[]?={}", *c)) return false;
+    return true;
+}
+
+/* Why a handler's response cannot be sent, or NULL when it can. */
+static const char *response_defect(const struct http_response *res) {
+    if (res->status < 100 || res->status > 599) return "no valid status";
+    if (!res->stream && !res->body && res->status != 204) return "no body";
+    if (res->n_headers < 0 || res->n_headers > HTTP_MAX_HEADERS)
+        return "more headers than HTTP_MAX_HEADERS or one too long";
+    if (!memchr(res->content_type, '\0', sizeof res->content_type))
+        return "an unterminated content_type";
+    for (int i = 0; i < res->n_headers; i++) {
+        if (!memchr(res->headers[i].name, '\0', sizeof res->headers[i].name) ||
+            !memchr(res->headers[i].value, '\0', sizeof res->headers[i].value) ||
+            !header_name_ok(res->headers[i].name) || strpbrk(res->headers[i].value, "\r\n"))
+            return "an invalid header";
+    }
+    return NULL;
+}
+
+/* Frees what the response owns (body, stream context) and resets it. */
+static void response_release(struct http_response *res) {
+    free(res->body);
+    if (res->stream && res->stream_free) res->stream_free(res->stream_ctx);
+    memset(res, 0, sizeof *res);
+}
+
+static void reply_internal_error(struct http_response *res) {
+    response_release(res);
+    http_reply_error(res, 500, NULL, "internal_error",
+                     "The server failed to produce a response for this request.");
+}
+
+/* The MHD response for res; takes the body or stream context (freed on failure). */
+static struct MHD_Response *build_response(struct http_server *server,
+                                           struct MHD_Connection *conn,
+                                           struct http_response *res) {
+    struct MHD_Response *mr;
+    if (res->stream) {
+        free(res->body);
+        mr = http_stream_response(&server->streams, conn, res);
+    } else {
+        mr = MHD_create_response_from_buffer(res->body_len, res->body, MHD_RESPMEM_MUST_FREE);
+        if (!mr) free(res->body);
+        if (mr && res->body && res->content_type[0] &&
+            MHD_add_response_header(mr, "Content-Type", res->content_type) != MHD_YES) {
+            MHD_destroy_response(mr);
+            mr = NULL;
+        }
+    }
+    res->body = NULL;
+    res->stream = NULL;
+    if (!mr) return NULL;
+    for (int i = 0; i < res->n_headers; i++) {
+        if (MHD_add_response_header(mr, res->headers[i].name, res->headers[i].value) != MHD_YES) {
+            log_error("http: libmicrohttpd refused the header '%s'", res->headers[i].name);
+            MHD_destroy_response(mr);
+            return NULL;
+        }
+    }
+    return mr;
+}
+
+static void count_status(struct http_server *server, int status) {
+    pthread_mutex_lock(&server->stats_mutex);
+    server->stats.requests_by_class[status / 100]++;
+    pthread_mutex_unlock(&server->stats_mutex);
+}
+
+/* Queues res (taking what it owns). A response MHD cannot build or take becomes a 500,
+ * or, when even that fails, a closed connection (MHD_NO). */
+static enum MHD_Result respond(struct http_server *server, struct MHD_Connection *conn,
+                               struct request_state *st, struct http_response *res) {
+    bool is_stream = res->stream != NULL;
+    struct MHD_Response *mr = build_response(server, conn, res);
+    if (!mr) {
+        reply_internal_error(res);
+        is_stream = false;
+        mr = build_response(server, conn, res);
+        if (!mr) return MHD_NO;
+    }
+    enum MHD_Result queued = MHD_queue_response(conn, (unsigned)res->status, mr);
+    MHD_destroy_response(mr);
+    if (queued != MHD_YES) return MHD_NO;
+    st->responded = true;
+    st->is_stream = is_stream;
+    st->status = res->status;
+    count_status(server, res->status);
+    return MHD_YES;
+}
+
+/* ------------------------------------------------------------------ request ---- */
+
+static void request_state_free(struct request_state *st) {
+    free(st->path);
+    free(st->scratch);
+    free(st->body);
+    free(st);
+}
+
+static struct request_state *request_state_new(const char *url, const char *method) {
+    struct request_state *st = calloc(1, sizeof *st);
+    if (!st) return NULL;
+    st->start_s = http_now_s();
+    snprintf(st->method, sizeof st->method, "%s", method);
+    st->path = strdup(url);
+    st->scratch = strdup(url);
+    if (!st->path || !st->scratch) {
+        request_state_free(st);
+        return NULL;
+    }
+    return st;
+}
+
+/* The first call: everything that can be refused from the request line and headers is
+ * refused here, before MHD reads (or says 100 Continue to) the body. */
+static enum MHD_Result begin_request(struct http_server *server, struct MHD_Connection *conn,
+                                     struct request_state *st) {
+    struct http_response res;
+    memset(&res, 0, sizeof res);
+    if (!method_known(st->method)) {
+        http_reply_error(&res, 501, NULL, "unsupported_method",
+                         "The method %s is not supported.", st->method);
+        return respond(server, conn, st, &res);
+    }
+    if (route_request(server, st, &res) != 0) return respond(server, conn, st, &res);
+    if (!(st->route->flags & HTTP_PUBLIC) && authenticate(server, conn, st, &res) != 0)
+        return respond(server, conn, st, &res);
+
+    st->limit = (st->route->flags & HTTP_LARGE_BODY) ? server->config.max_upload_bytes
+                                                     : server->config.max_body_bytes;
+    const char *length =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (length) {
+        errno = 0;
+        char *end;
+        unsigned long long n = strtoull(length, &end, 10);
+        bool valid = errno == 0 && end != length && *end == '\0';
+        if (valid && n > st->limit) {
+            http_reply_error(&res, 413, NULL, "request_too_large",
+                             "The request body is %llu bytes; this endpoint takes at most %zu.",
+                             n, st->limit);
+            return respond(server, conn, st, &res);
+        }
+        if (valid && n > 0) {
+            st->body = malloc((size_t)n + 1);
+            if (!st->body) return MHD_NO;
+            st->body_cap = (size_t)n + 1;
+        }
+    }
+    return MHD_YES;
+}
+
+/* A body call: stores the bytes while the total stays under the limit. A chunked body
+ * that passes it is no longer stored, only read to its end, then answered with 413. */
+static enum MHD_Result body_append(struct request_state *st, const char *data, size_t len) {
+    if (st->too_large) return MHD_YES;
+    if (len > st->limit - st->body_len) {
+        st->too_large = true;
+        free(st->body);
+        st->body = NULL;
+        st->body_cap = 0;
+        return MHD_YES;
+    }
+    size_t need = st->body_len + len + 1;
+    if (need > st->body_cap) {
+        size_t cap = st->body_cap ? st->body_cap : 4096;
+        while (cap < need) cap *= 2;
+        if (cap > st->limit + 1) cap = st->limit + 1;
+        char *grown = realloc(st->body, cap);
+        if (!grown) return MHD_NO;
+        st->body = grown;
+        st->body_cap = cap;
+    }
+    memcpy(st->body + st->body_len, data, len);
+    st->body_len += len;
+    st->body[st->body_len] = '\0';
+    return MHD_YES;
+}
+
+/* The last call: the whole body is in; answer 413 or run the handler. */
+static enum MHD_Result finish_request(struct http_server *server, struct MHD_Connection *conn,
+                                      struct request_state *st) {
+    struct http_response res;
+    memset(&res, 0, sizeof res);
+    if (st->too_large) {
+        http_reply_error(&res, 413, NULL, "request_too_large",
+                         "The request body is larger than %zu bytes, the most this endpoint "
+                         "takes.", st->limit);
+        return respond(server, conn, st, &res);
+    }
+    struct http_request req = {
+        .method = st->method,
+        .path = st->path,
+        .n_params = st->n_params,
+        .body = st->body ? st->body : "",
+        .body_len = st->body_len,
+        .identity = st->identity,
+        .connection = conn,
+    };
+    memcpy(req.params, st->params, sizeof req.params);
+    st->route->handler(server->config.app, &req, &res);
+    const char *defect = response_defect(&res);
+    if (defect) {
+        log_error("http: the handler of %s %s left a response with %s; answering 500",
+                  st->route->method, st->route->pattern, defect);
+        reply_internal_error(&res);
+    }
+    return respond(server, conn, st, &res);
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version,
+                                 const char *upload_data, size_t *upload_data_size,
+                                 void **con_cls) {
+    (void)version;
+    struct http_server *server = cls;
+    struct request_state *st = *con_cls;
+    if (!st) {
+        st = request_state_new(url, method);
+        if (!st) {
+            log_error("http: out of memory for a new request; closing the connection");
+            return MHD_NO;
+        }
+        *con_cls = st;
+        return begin_request(server, conn, st);
+    }
+    if (*upload_data_size) {
+        size_t len = *upload_data_size;
+        *upload_data_size = 0;
+        return body_append(st, upload_data, len);
+    }
+    if (st->responded) return MHD_YES;
+    return finish_request(server, conn, st);
+}
+
+/* Printable ASCII only, so a client cannot forge log lines with %0a in its path. */
+static void copy_for_log(char *dst, size_t cap, const char *src) {
+    size_t n = 0;
+    for (; *src && n + 1 < cap; src++) dst[n++] = (*src >= ' ' && *src < 127) ? *src : '?';
+    dst[n] = '\0';
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)conn;
+    struct http_server *server = cls;
+    struct request_state *st = *con_cls;
+    if (!st) return;
+    *con_cls = NULL;
+    double elapsed_s = http_now_s() - st->start_s;
+    /* A stream's life is not a latency; its status still counts (respond). */
+    if (st->responded && !st->is_stream) {
+        pthread_mutex_lock(&server->stats_mutex);
+        for (int i = 0; i < HTTP_N_LATENCY_BUCKETS; i++)
+            if (elapsed_s <= HTTP_LATENCY_BOUNDS[i]) server->stats.latency_buckets[i]++;
+        server->stats.latency_count++;
+        server->stats.latency_sum_s += elapsed_s;
+        pthread_mutex_unlock(&server->stats_mutex);
+    }
+    if (log_get_level() <= LOG_LEVEL_DEBUG) {
+        char method[16], path[256];
+        copy_for_log(method, sizeof method, st->method);
+        copy_for_log(path, sizeof path, st->path);
+        log_debug("%s %s %d %.1f ms%s", method, path, st->status, elapsed_s * 1e3,
+                  toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (ended early)");
+    }
+    request_state_free(st);
+}
+
+/* ------------------------------------------------------------------- daemon ---- */
+
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* MHD's %HH decoding of the path and query, except that "%00" stays encoded: a NUL
+ * would cut the path short behind routing's back ("a%00.txt" must not become "a"). */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s) {
+    (void)cls;
+    (void)conn;
+    char *w = s;
+    for (const char *r = s; *r;) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = hex_value(r[1])) >= 0 && (lo = hex_value(r[2])) >= 0 &&
+            (hi | lo) != 0) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t len = strlen(line);
+    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+    log_debug("libmicrohttpd: %s", line);
+}
+
+static int check_routes(const struct http_config *config, struct smelt_error *err) {
+    if (config->n_routes < 0 || (config->n_routes > 0 && !config->routes))
+        return error_set(err, SMELT_EINVAL, "http: routes missing (n_routes %d)",
+                         config->n_routes);
+    for (int i = 0; i < config->n_routes; i++) {
+        const struct http_route *r = &config->routes[i];
+        if (!r->method || !r->pattern || !r->handler || r->pattern[0] != '/')
+            return error_set(err, SMELT_EINVAL,
+                             "http: route %d needs a method, a handler and a pattern starting "
+                             "with '/'", i);
+        int n = 0;
+        for (const char *p = r->pattern; *p; p++) {
+            if (*p == '{' || (*p == '*' && p[-1] == '/')) n++;
+            if (*p == '*' && (p[-1] != '/' || p[1] != '\0'))
+                return error_set(err, SMELT_EINVAL,
+                                 "http: route '%s': '*' must be the whole last segment",
+                                 r->pattern);
+        }
+        if (n > HTTP_MAX_PARAMS)
+            return error_set(err, SMELT_EINVAL, "http: route '%s' has more than %d params",
+                             r->pattern, HTTP_MAX_PARAMS);
+    }
+    return SMELT_OK;
+}
+
+/* The listen address as a sockaddr; MHD_USE_IPv6 added to *flags for IPv6. */
+static int listen_sockaddr(const struct http_config *config, struct sockaddr_storage *addr,
+                           unsigned *flags, struct smelt_error *err) {
+    memset(addr, 0, sizeof *addr);
+    const char *host = config->listen_address ? config->listen_address : "127.0.0.1";
+    if (config->port < 0 || config->port > 65535)
+        return error_set(err, SMELT_EINVAL, "http: port %d is outside 0..65535", config->port);
+    struct sockaddr_in *v4 = (struct sockaddr_in *)addr;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)addr;
+    if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)config->port);
+    } else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)config->port);
+        *flags |= MHD_USE_IPv6;
+    } else {
+        return error_set(err, SMELT_EINVAL,
+                         "http: listen_address '%s' is not an IPv4 or IPv6 address", host);
+    }
+    return SMELT_OK;
+}
+
+static int bound_port(struct MHD_Daemon *daemon) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
+    if (info && info->port) return info->port;
+    info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_LISTEN_FD);
+    struct sockaddr_storage addr;
+    socklen_t len = sizeof addr;
+    if (!info || getsockname(info->listen_fd, (struct sockaddr *)&addr, &len) != 0) return -1;
+    if (addr.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&addr)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&addr)->sin_port);
+}
+
+int http_server_start(const struct http_config *config, struct http_server **out,
+                      struct smelt_error *err) {
+    *out = NULL;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG;
+    struct sockaddr_storage addr;
+    int rc = check_routes(config, err);
+    if (!rc) rc = listen_sockaddr(config, &addr, &flags, err);
+    if (rc) return rc;
+
+    struct http_server *server = calloc(1, sizeof *server);
+    if (!server) return error_set(err, SMELT_ENOMEM, "http: out of memory");
+    server->config = *config;
+    if (pthread_mutex_init(&server->stats_mutex, NULL) != 0) {
+        free(server);
+        return error_set(err, SMELT_ENOMEM, "http: cannot create the stats mutex");
+    }
+    rc = http_streams_init(&server->streams, err);
+    if (rc) {
+        pthread_mutex_destroy(&server->stats_mutex);
+        free(server);
+        return rc;
+    }
+    /* The logger first, so MHD's complaints about later options reach it too; no pool
+     * option for one thread (MHD warns that it ignores it). Function pointers travel in
+     * the value field, as MHD_OPTION_ARRAY prescribes. */
+    struct MHD_OptionItem options[] = {
+        {MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)mhd_log, NULL},
+        {MHD_OPTION_SOCK_ADDR, 0, &addr},
+        {MHD_OPTION_CONNECTION_TIMEOUT, HTTP_CONNECTION_TIMEOUT_S, NULL},
+        {MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTP_CONNECTION_MEMORY_BYTES, NULL},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, server},
+        {MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape, NULL},
+        {config->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END,
+         config->threads, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    errno = 0;
+    server->daemon = MHD_start_daemon(flags, (uint16_t)config->port, NULL, NULL, on_access,
+                                      server, MHD_OPTION_ARRAY, options, MHD_OPTION_END);
+    if (!server->daemon) {
+        int saved = errno;
+        http_streams_shutdown(&server->streams);
+        http_streams_destroy(&server->streams);
+        pthread_mutex_destroy(&server->stats_mutex);
+        free(server);
+        return error_set(err, SMELT_EIO, "http: cannot listen on %s port %d: %s",
+                         config->listen_address ? config->listen_address : "127.0.0.1",
+                         config->port, saved ? strerror(saved) : "libmicrohttpd refused");
+    }
+    server->port = bound_port(server->daemon);
+    *out = server;
+    return SMELT_OK;
+}
+
+int http_server_port(const struct http_server *server) { return server->port; }
+
+void http_server_stats(struct http_server *server, struct http_stats *out) {
+    pthread_mutex_lock(&server->stats_mutex);
+    *out = server->stats;
+    pthread_mutex_unlock(&server->stats_mutex);
+}
+
+void http_streams_wake(struct http_server *server) { http_streams_resume_all(&server->streams); }
+
+void http_server_stop(struct http_server *server) {
+    if (!server) return;
+    /* No new connections; then no suspended stream (MHD must not stop with one); then
+     * MHD closes every connection and joins its threads, handlers included. The listen
+     * socket quiesce hands back is ours to close, after the threads are gone. */
+    MHD_socket listen_fd = MHD_quiesce_daemon(server->daemon);
+    http_streams_shutdown(&server->streams);
+    MHD_stop_daemon(server->daemon);
+    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+    http_streams_destroy(&server->streams);
+    pthread_mutex_destroy(&server->stats_mutex);
+    free(server);
+}

@@ -1,0 +1,46 @@
+/* Every route of smeltd's HTTP API, in matching order (docs/api.md). */
+#include "server/server_internal.h"
+
+const struct http_route SERVER_ROUTES[] = {
+    {"GET", "/healthz", api_healthz, HTTP_PUBLIC},
+    {"GET", "/metrics", api_metrics, 0},
+    {"GET", "/v1/openapi.json", api_openapi, HTTP_PUBLIC},
+
+    {"POST", "/v1/files", api_files_create, HTTP_LARGE_BODY},
+    {"GET", "/v1/files", api_files_list, 0},
+    {"GET", "/v1/files/{file_id}", api_files_get, 0},
+    {"DELETE", "/v1/files/{file_id}", api_files_delete, 0},
+    {"GET", "/v1/files/{file_id}/content", api_files_content, 0},
+
+    {"POST", "/v1/fine_tuning/jobs", api_jobs_create, 0},
+    {"GET", "/v1/fine_tuning/jobs", api_jobs_list, 0},
+    {"GET", "/v1/fine_tuning/jobs/{job_id}", api_jobs_get, 0},
+    {"POST", "/v1/fine_tuning/jobs/{job_id}/cancel", api_jobs_cancel, 0},
+    {"POST", "/v1/fine_tuning/jobs/{job_id}/pause", api_jobs_pause, 0},
+    {"POST", "/v1/fine_tuning/jobs/{job_id}/resume", api_jobs_resume, 0},
+    {"GET", "/v1/fine_tuning/jobs/{job_id}/events", api_jobs_events, 0},
+    {"GET", "/v1/fine_tuning/jobs/{job_id}/checkpoints", api_jobs_checkpoints, 0},
+    {"GET", "/v1/fine_tuning/jobs/{job_id}/metrics", api_jobs_metrics, 0},
+    {"GET", "/v1/fine_tuning/jobs/{job_id}/logs", api_jobs_logs, 0},
+
+    {"POST", "/v1/fine_tuning/schedules", api_schedules_create, 0},
+    {"GET", "/v1/fine_tuning/schedules", api_schedules_list, 0},
+    {"GET", "/v1/fine_tuning/schedules/{schedule_id}", api_schedules_get, 0},
+    {"POST", "/v1/fine_tuning/schedules/{schedule_id}", api_schedules_update, 0},
+    {"DELETE", "/v1/fine_tuning/schedules/{schedule_id}", api_schedules_delete, 0},
+    {"POST", "/v1/fine_tuning/schedules/{schedule_id}/trigger", api_schedules_trigger, 0},
+    {"GET", "/v1/fine_tuning/schedules/{schedule_id}/runs", api_schedules_runs, 0},
+
+    {"GET", "/v1/models", api_models_list, 0},
+    {"GET", "/v1/models/{model}", api_models_get, 0},
+
+    {"GET", "/v1/cluster", api_cluster, 0},
+
+    {"POST", "/v1/api_keys", api_keys_create, HTTP_ADMIN},
+    {"GET", "/v1/api_keys", api_keys_list, HTTP_ADMIN},
+    {"DELETE", "/v1/api_keys/{key_id}", api_keys_delete, HTTP_ADMIN},
+
+    {"GET", "/", api_static, HTTP_PUBLIC},
+    {"GET", "/*", api_static, HTTP_PUBLIC},
+};
+const int SERVER_N_ROUTES = (int)(sizeof SERVER_ROUTES / sizeof SERVER_ROUTES[0]);

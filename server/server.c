@@ -1,0 +1,121 @@
+/* server_run: folders, store, first admin key, control loop (+ embedded agent), HTTP. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/common.h"
+#include "server/server_internal.h"
+
+static int absolute_dir(const char *path, char *out, size_t cap, struct smelt_error *err) {
+    int rc = dir_create_all(path, err);
+    if (rc) return rc;
+    char real[PATH_MAX];
+    if (!realpath(path, real)) return error_set(err, SMELT_EIO, "%s: cannot resolve the path", path);
+    if (strlen(real) >= cap) return error_set(err, SMELT_EINVAL, "%s: path too long", real);
+    snprintf(out, cap, "%s", real);
+    return 0;
+}
+
+static int self_dir(char *out, size_t cap, struct smelt_error *err) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return error_set(err, SMELT_EIO, "cannot find this program's folder (/proc/self/exe)");
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    if (strlen(exe) >= cap) return error_set(err, SMELT_EINVAL, "program folder path too long");
+    snprintf(out, cap, "%s", exe);
+    return 0;
+}
+
+static int setup_paths(struct server *s, struct smelt_error *err) {
+    const struct server_config *c = &s->config;
+    int rc = absolute_dir(c->data_dir ? c->data_dir : "var", s->data_dir, sizeof s->data_dir, err);
+    if (rc) return error_wrap(err, "data directory");
+    char tmp[SERVER_PATH_BYTES + 32];
+    snprintf(tmp, sizeof tmp, "%s/models", s->data_dir);
+    rc = absolute_dir(c->models_dir ? c->models_dir : tmp, s->models_dir, sizeof s->models_dir, err);
+    if (rc) return error_wrap(err, "models directory");
+    snprintf(tmp, sizeof tmp, "%s/files", s->data_dir);
+    if ((rc = absolute_dir(tmp, s->files_dir, sizeof s->files_dir, err))) return rc;
+    snprintf(tmp, sizeof tmp, "%s/jobs", s->data_dir);
+    if ((rc = absolute_dir(tmp, s->jobs_dir, sizeof s->jobs_dir, err))) return rc;
+
+    char bin[SERVER_PATH_BYTES];
+    if (c->bin_dir) snprintf(bin, sizeof bin, "%s", c->bin_dir);
+    else if ((rc = self_dir(bin, sizeof bin, err))) return rc;
+    char real[PATH_MAX];
+    if (!realpath(bin, real)) return error_set(err, SMELT_ENOTFOUND, "%s: no such folder (bin_dir)", bin);
+    if (snprintf(s->trainer_path, sizeof s->trainer_path, "%s/smelt-trainer", real) >= (int)sizeof s->trainer_path)
+        return error_set(err, SMELT_EINVAL, "bin_dir path too long");
+    if (access(s->trainer_path, X_OK) != 0)
+        log_warn("smeltd: %s is missing or not executable; jobs will fail to start", s->trainer_path);
+    char web[PATH_MAX + 32];
+    if (c->web_dir) snprintf(web, sizeof web, "%s", c->web_dir);
+    else snprintf(web, sizeof web, "%s/../server/web", real);
+    if (!realpath(web, real) || strlen(real) >= sizeof s->web_dir) {
+        log_warn("smeltd: web page folder %s not found; / answers 404", web);
+        s->web_dir[0] = 0;
+    } else {
+        memcpy(s->web_dir, real, strlen(real) + 1);
+    }
+    return 0;
+}
+
+int server_run(const struct server_config *config, struct smelt_error *err) {
+    struct server *s = calloc(1, sizeof *s);
+    if (!s) return error_set(err, SMELT_ENOMEM, "out of memory");
+    s->config = *config;
+    s->started_at = server_now();
+    int rc = setup_paths(s, err);
+    char db[SERVER_PATH_BYTES + 16];
+    if (rc == 0) {
+        snprintf(db, sizeof db, "%s/smelt.db", s->data_dir);
+        rc = store_open(db, &s->store, err);
+    }
+    if (rc == 0) rc = server_auth_bootstrap(s, err);
+    if (rc == 0) {
+        s->zmq = zmq_ctx_new();
+        if (!s->zmq) rc = error_set(err, SMELT_EIO, "zmq_ctx_new failed");
+    }
+    if (rc == 0) rc = control_start(s, err);
+    if (rc == 0) {
+        struct http_config hc = {
+            .listen_address = config->listen_address ? config->listen_address : "127.0.0.1",
+            .port = config->port,
+            .threads = config->http_threads > 0 ? config->http_threads : 8,
+            .max_body_bytes = 1 << 20,
+            .max_upload_bytes = config->max_upload_bytes ? config->max_upload_bytes : (size_t)512 << 20,
+            .routes = SERVER_ROUTES,
+            .n_routes = SERVER_N_ROUTES,
+            .auth = server_auth,
+            .app = s,
+        };
+        rc = http_server_start(&hc, &s->http, err);
+        if (rc == 0) {
+            int port = http_server_port(s->http);
+            log_info("smeltd: listening on http://%s:%d (data in %s, models in %s)", hc.listen_address, port,
+                     s->data_dir, s->models_dir);
+            if (config->port_file) {
+                char text[32];
+                int n = snprintf(text, sizeof text, "%d\n", port);
+                rc = file_write_atomic(config->port_file, text, (size_t)n, err);
+            }
+        }
+    }
+    while (rc == 0 && !(config->stop && *config->stop)) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (s->http) http_server_stop(s->http);
+    s->http = NULL;
+    control_stop(s);
+    if (s->zmq) zmq_ctx_term(s->zmq);
+    store_close(s->store);
+    free(s);
+    return rc;
+}

@@ -1,0 +1,89 @@
+/* smelt-agent: the node agent (server/agent.h) as a program, one per node.
+ *
+ *   smelt-agent --server tcp://HOST:PORT [--id NAME] [--cpu-slots N] [--cpu]
+ *               [--heartbeat-ms N]
+ *
+ * SIGTERM or SIGINT stops it: its workers get SIGTERM, then SIGKILL after 10 s. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "server/agent.h"
+
+/* agent_config.stop is a volatile int; on Linux sig_atomic_t is int, which the pointer
+ * conversion below checks at compile time. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: smelt-agent --server tcp://HOST:PORT [--id NAME] [--cpu-slots N] [--cpu]\n"
+               "                   [--heartbeat-ms N]\n"
+               "  --id NAME         this node's agent id (default: the hostname)\n"
+               "  --cpu-slots N     CPU slots to offer (default 0: one per 8 cores, at least 1)\n"
+               "  --cpu             offer CPU slots even when GPUs are visible\n"
+               "  --heartbeat-ms N  heartbeat interval until smeltd sets one (default 1000)\n");
+}
+
+static int parse(int argc, char **argv, struct agent_config *c, struct smelt_error *err) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int64_t n;
+        int rc;
+        if (strcmp(a, "--cpu") == 0) {
+            c->force_cpu = true;
+            continue;
+        }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        static const char *const valued[] = {"--server", "--id", "--cpu-slots", "--heartbeat-ms", NULL};
+        bool known = false;
+        for (int k = 0; valued[k]; k++) known = known || strcmp(a, valued[k]) == 0;
+        if (!known) return error_set(err, SMELT_EINVAL, "unknown option %s", a);
+        if ((rc = args_value(argc, argv, &i, &v, err))) return rc;
+        if (strcmp(a, "--server") == 0) c->server_endpoint = v;
+        else if (strcmp(a, "--id") == 0) c->agent_id = v;
+        else if (strcmp(a, "--cpu-slots") == 0) {
+            if ((rc = args_int(a, v, 0, AGENT_MAX_DEVICES, &n, err))) return rc;
+            c->cpu_slots = (int)n;
+        } else if (strcmp(a, "--heartbeat-ms") == 0) {
+            if ((rc = args_int(a, v, 10, 3600000, &n, err))) return rc;
+            c->heartbeat_ms = (int)n;
+        }
+    }
+    if (!c->server_endpoint) return error_set(err, SMELT_EINVAL, "--server is required");
+    if (strncmp(c->server_endpoint, "tcp://", 6) != 0 && strncmp(c->server_endpoint, "ipc://", 6) != 0)
+        return error_set(err, SMELT_EINVAL, "--server: '%s' is not a tcp:// (or ipc://) endpoint",
+                         c->server_endpoint);
+    if (c->agent_id && c->agent_id[0] == '\0') return error_set(err, SMELT_EINVAL, "--id: empty");
+    return SMELT_OK;
+}
+
+int main(int argc, char **argv) {
+    struct agent_config config = {.stop = &stop_requested};
+    struct smelt_error err = {0};
+    if (parse(argc, argv, &config, &err)) {
+        fprintf(stderr, "smelt-agent: %s\n", err.message);
+        usage(stderr);
+        return 2;
+    }
+    /* No SA_RESTART: the agent's poll returns at once and sees the flag. */
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0) {
+        perror("smelt-agent: sigaction");
+        return 1;
+    }
+    if (agent_run(&config, &err)) {
+        fprintf(stderr, "smelt-agent: %s\n", err.message);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,91 @@
+/* Small helpers the handlers share: time, ids, error replies, paging. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "common/common.h"
+#include "server/server_internal.h"
+
+int64_t server_now(void) {
+    return (int64_t)time(NULL);
+}
+
+void server_new_id(const char *prefix, char *out, size_t cap) {
+    unsigned char bytes[12];
+    size_t got = 0;
+    while (got < sizeof bytes) {
+        ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+        SMELT_ASSERT(n > 0); /* getrandom on the kernel's pool only fails on a broken system */
+        got += (size_t)n;
+    }
+    char hex[2 * sizeof bytes + 1];
+    for (size_t i = 0; i < sizeof bytes; i++) snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
+    snprintf(out, cap, "%s%s", prefix, hex);
+}
+
+void server_reply_failure(struct http_response *res, const struct smelt_error *err,
+                          const char *param) {
+    int status = 500;
+    const char *code = NULL;
+    switch (err->code) {
+    case SMELT_ENOTFOUND: status = 404; code = "not_found"; break;
+    case SMELT_EINVAL:
+    case SMELT_EFORMAT: status = 400; code = "invalid_value"; break;
+    case SMELT_EUNSUPPORTED: status = 400; code = "unsupported"; break;
+    default: break;
+    }
+    if (status == 500) log_error("request failed: %s", err->message);
+    http_reply_error(res, status, param, code, "%s", err->message);
+}
+
+json_t *server_body_object(const struct http_request *req, struct http_response *res) {
+    if (req->body_len == 0) {
+        http_reply_error(res, 400, NULL, "missing_body", "the request needs a JSON object body");
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *v = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!v) {
+        http_reply_error(res, 400, NULL, "invalid_json", "body: invalid JSON at line %d column %d: %s",
+                         jerr.line, jerr.column, jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(v)) {
+        json_decref(v);
+        http_reply_error(res, 400, NULL, "invalid_json", "body: a JSON object is expected");
+        return NULL;
+    }
+    return v;
+}
+
+int server_page_args(const struct http_request *req, struct http_response *res, int64_t def,
+                     int64_t max, int64_t *limit, const char **after) {
+    *limit = def;
+    *after = http_query(req, "after");
+    const char *text = http_query(req, "limit");
+    if (text) {
+        char *end = NULL;
+        long long v = strtoll(text, &end, 10);
+        if (!*text || *end || v < 1 || v > max) {
+            http_reply_error(res, 400, "limit", "invalid_value",
+                             "limit: an integer in [1, %lld] is expected, got '%.40s'",
+                             (long long)max, text);
+            return -1;
+        }
+        *limit = v;
+    }
+    if (*after && (strlen(*after) == 0 || strlen(*after) >= HTTP_ID_BYTES)) {
+        http_reply_error(res, 400, "after", "invalid_value", "after: not an id");
+        return -1;
+    }
+    return 0;
+}
+
+struct store_conn *server_conn(struct server *s, struct http_response *res) {
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(s->store, &err);
+    if (!c) http_reply_error(res, 503, NULL, "store_unavailable", "%s", err.message);
+    return c;
+}
