@@ -354,6 +354,12 @@ static int plan_job(struct server *s, struct store_conn *conn, const char *proje
         const char *colon = strstr(msg, ": ");
         char param[128] = "";
         if (colon && colon - msg < (int)sizeof param) snprintf(param, sizeof param, "%.*s", (int)(colon - msg), msg);
+        /* the typed readers say "section: field 'name' ..." */
+        const char *field = colon ? strstr(colon, ": field '") : NULL;
+        if (field == colon && strchr(field + 9, '\'') && strlen(param) + 1 + 64 < sizeof param) {
+            const char *name = field + 9, *end = strchr(name, '\'');
+            snprintf(param + strlen(param), sizeof param - strlen(param), ".%.*s", (int)(end - name), name);
+        }
         return refuse(e, param[0] ? param : NULL, "%s", msg);
     }
     p->method = json_pack("{s:s, s:{s:O}}", "type", "supervised", "supervised", "hyperparameters", p->shown_hp);
