@@ -28,6 +28,9 @@ CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))),/usr/loc
 # sm_90: H100/H200 (the GPUs smelt is tuned for); override with CUDA_ARCH=80 etc.
 CUDA_ARCH ?= 90
 
+# Test-only packages: the browser test's Chromium, and pip for the Python test tools
+# (tests/requirements.txt: pytest, the openai client, pyzmq, selenium).
+TEST_PKGS := chromium chromium-driver python3-pip
 DEPS_PKGS := build-essential pkg-config libopenblas-dev libjansson-dev libcriterion-dev \
              libpcre2-dev libutf8proc-dev libzmq3-dev libmicrohttpd-dev libsqlite3-dev \
              libjs-chart.js python3
@@ -67,7 +70,8 @@ GPU_TEST_BIN := $(BUILD)/tests/gpu_tests
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test test-unit test-tools test-parity test-gpu run bench clean help cuda-check
+.PHONY: all deps deps-test install-pkgs test test-unit test-tools test-integration test-e2e test-parity test-gpu run bench \
+        clean help cuda-check
 
 all: $(LIB) $(BINS) $(BENCH_BINS)
 
@@ -83,7 +87,17 @@ help:
 
 # Installs only the packages that are missing; apt-get with sudo when not root.
 deps:
-	@missing=""; for p in $(DEPS_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(DEPS_PKGS)"
+
+# What the tests need beyond the build: Chromium + chromedriver, and the Python test tools.
+deps-test: deps
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(TEST_PKGS)"
+	@$(PYTHON) -c "import pytest, openai, zmq, selenium" 2>/dev/null || \
+	  $(PYTHON) -m pip install -q --disable-pip-version-check -r tests/requirements.txt || \
+	  $(PYTHON) -m pip install -q --disable-pip-version-check --break-system-packages -r tests/requirements.txt
+
+install-pkgs:
+	@missing=""; for p in $(PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi; \
@@ -117,8 +131,8 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-test: deps
-	$(MAKE) test-unit test-tools
+test: deps-test
+	$(MAKE) test-unit test-tools test-integration test-e2e
 
 # Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
 # OMP/OpenBLAS threads are capped so parallel test workers do not oversubscribe.
@@ -140,10 +154,12 @@ test-gpu: deps
 cuda-check:
 	$(MAKE) CUDA=1 $(LIB) $(GPU_TEST_BIN)
 
-# smeltd (the control plane) is built by issue 6; until then `make run` says so.
+# Starts the service on http://127.0.0.1:8700 with its data in ./var (the admin key is
+# written to var/admin_key at the first start). The example model is offered as "tiny".
 run: deps all
-	@if [ -x $(BUILD)/smeltd ]; then exec $(BUILD)/smeltd; \
-	 else echo "smeltd is not part of this tree yet: the control plane is still to be built (docs/status.md)"; exit 1; fi
+	@mkdir -p var/models
+	@[ -e var/models/tiny ] || cp -r examples/tiny var/models/tiny
+	exec $(BUILD)/smeltd --data var
 
 # Needs torch + transformers (not installed by deps): a model smelt saves loads in
 # transformers with the same logits. Fixtures: python3 tests/parity/make_fixtures.py.
@@ -154,6 +170,15 @@ test-parity: $(BINS)
 # The programs end to end: generation is deterministic, bad flags are refused.
 test-tools: $(BINS)
 	BUILD=$(BUILD) sh tests/tools/run.sh
+
+# Real smeltd + embedded agent + smelt-trainer workers on loopback (pytest), and the
+# rollout worker over ZeroMQ.
+test-integration: $(BINS)
+	SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+# The web page in headless Chromium (selenium); saves tests/e2e/artifacts/page.png.
+test-e2e: $(BINS)
+	SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/e2e
 
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
