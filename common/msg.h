@@ -31,24 +31,38 @@
 
 /* ---- rollout worker (smelt-rollout, ROUTER; clients are DEALER or REQ-less DEALER) ----
  *
- * gen.request   {v, id: string (the client's, <= 64 bytes), prompt?: string (text, needs a
- *                tokenizer), n?: 1..256 (1), max_new_tokens?: >= 1 (16),
- *                temperature?: >= 0 (1), top_k?: >= 0 (0 = off), top_p?: (0, 1] (1),
- *                min_p?: [0, 1] (0), seed?: uint (0), stop?: [string] (<= 16),
- *                stop_token_ids?: [int] (<= 16)}
+ * gen.request   {v, id: string (the client's, 1..64 bytes, unique among the sender's
+ *                requests in flight), prompt?: string (text, needs a tokenizer; encoded as
+ *                plain text: no special tokens, no bos added), n?: 1..256 (1),
+ *                max_new_tokens?: >= 1 (16), temperature?: >= 0 (1), top_k?: >= 0
+ *                (0 = off), top_p?: (0, 1] (1), min_p?: [0, 1) (0), seed?: uint (0),
+ *                stop?: [string of 1..256 bytes] (<= 16, needs a tokenizer),
+ *                stop_token_ids?: [int] (<= 16 together with the eos ids),
+ *                ignore_eos?: bool (false: the model's eos ids, from config.json and the
+ *                tokenizer, end a sample too)}
  *               frame 2 (optional): int32 prompt token ids; exactly one of "prompt" or
- *               frame 2 is given. Unknown fields are refused.
+ *               frame 2 is given. Unknown fields are refused, and so is a request whose
+ *               prompt plus max_new_tokens cannot fit the worker's KV cache.
  * gen.result    {v, id, index: sample 0..n-1, finish_reason: "stop"|"length"|"abort",
- *                policy_version, n_tokens, text?: string (when the worker has a tokenizer)}
+ *                policy_version, n_tokens, text?: string (when the worker has a tokenizer
+ *                with a token for every id; special tokens left out, bytes that are not
+ *                UTF-8 as U+FFFD)}
  *               frame 2: int32 generated ids [n_tokens]; frame 3: float32 logprobs
  *               [n_tokens]. One message per sample, sent as each sample finishes.
  * gen.error     {v, id?: the request's id when it could be read, error: {message, field}}
- *               A refused request; the worker keeps serving.
- * gen.abort     {v, id}: end the request's unfinished samples (they arrive as "abort").
- * health.request {v}                     -> health.reply {v, status: "ok", policy_version}
+ *               A refused request (field: the header field at fault, "prompt" for frame 2
+ *               too; "type", "header" or "frames" for a message that could not be read),
+ *               or one that will not finish (field null: the engine failed, or the worker
+ *               is stopping). The worker keeps serving. A client that cannot take its
+ *               messages (gone, or its send queue full) loses its requests in flight.
+ * gen.abort     {v, id}: end the sender's request's unfinished samples (they arrive as
+ *               "abort" with the tokens so far); an id not in flight is ignored.
+ * health.request {v}                     -> health.reply {v, status: "ok" | "failing" (the
+ *                last engine step failed), policy_version, error?: string (when failing)}
  * stats.request  {v}                     -> stats.reply {v, n_blocks, free_blocks, running,
  *                waiting, preemptions, steps, prefill_tokens, decode_tokens,
- *                policy_version, kv_bytes_per_token, requests_served}
+ *                policy_version, kv_bytes_per_token, requests_served, requests_in_flight,
+ *                step_errors}
  */
 #define MSG_GEN_REQUEST "gen.request"
 #define MSG_GEN_RESULT "gen.result"

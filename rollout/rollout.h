@@ -18,6 +18,7 @@
 #ifndef SMELT_ROLLOUT_H
 #define SMELT_ROLLOUT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -104,5 +105,35 @@ int rollout_engine_set_weights(struct rollout_engine *engine, const float *weigh
                                struct smelt_error *err);
 
 struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
+
+/* ---- smelt-rollout: the engine behind a ZeroMQ ROUTER (rollout/worker.c) ----
+ *
+ * rollout_worker_serve answers common/msg.h's gen.request, gen.abort, health.request
+ * and stats.request on router until *stop becomes non-zero. Between engine steps it
+ * takes every message already waiting (at most ROLLOUT_WORKER_MAX_DRAIN), blocking up to
+ * ROLLOUT_WORKER_IDLE_POLL_MS only when the engine is idle; each finished sample goes
+ * back at once to the client that asked for it.
+ *
+ * Requests are checked whole before the engine sees them; a refused one is answered
+ * with gen.error naming the field and the worker goes on. Client ids are scoped by
+ * client (routing id); the engine sees its own uint64 ids. A client that can no longer
+ * take a message (gone, or a full send queue) loses its requests in flight: they are
+ * aborted so they stop costing compute. A failed engine step fails every request in
+ * flight with gen.error (field null); later requests are served normally.
+ *
+ * serve sets ZMQ_ROUTER_MANDATORY on router (so that a send to a vanished client fails
+ * at once instead of vanishing). Returns 0 when stopped, after answering each request
+ * still in flight with gen.error; an error only when the socket fails.
+ *
+ * Ownership: engine, model (the engine's model: its vocabulary, context and eos ids
+ * bound the requests), tok (NULL: id prompts only, results without text) and router are
+ * borrowed; router is used only by the calling thread while serve runs. */
+
+#define ROLLOUT_WORKER_IDLE_POLL_MS 50
+#define ROLLOUT_WORKER_MAX_DRAIN 256
+
+int rollout_worker_serve(struct rollout_engine *engine, const struct model *model,
+                         const struct tokenizer *tok, void *router, const volatile sig_atomic_t *stop,
+                         struct smelt_error *err);
 
 #endif

@@ -366,8 +366,10 @@ static int next_bit(uint64_t bits, int from) {
 }
 
 int64_t cron_next(const struct cron_expr *expr, int64_t after) {
-    /* Far enough from INT64_MAX that the horizon's seconds cannot overflow. */
-    if (after > INT64_MAX - (int64_t)(CRON_HORIZON_DAYS + 2) * 86400) return -1;
+    /* Far enough from the int64 ends that no second count below can overflow; such
+     * times are hundreds of billions of years away and get "none". */
+    const int64_t margin = (int64_t)(CRON_HORIZON_DAYS + 2) * 86400;
+    if (after > INT64_MAX - margin || after < INT64_MIN + margin) return -1;
     int64_t first_minute = floor_div(after, 60) + 1;
     int64_t day = floor_div(first_minute, 1440);
     int minute_of_day = (int)(first_minute - day * 1440);

@@ -15,8 +15,9 @@ static int absolute_dir(const char *path, char *out, size_t cap, struct smelt_er
     if (rc) return rc;
     char real[PATH_MAX];
     if (!realpath(path, real)) return error_set(err, SMELT_EIO, "%s: cannot resolve the path", path);
-    if (strlen(real) >= cap) return error_set(err, SMELT_EINVAL, "%s: path too long", real);
-    snprintf(out, cap, "%s", real);
+    size_t len = strlen(real);
+    if (len >= cap) return error_set(err, SMELT_EINVAL, "%s: path too long", path);
+    memcpy(out, real, len + 1);
     return 0;
 }
 
@@ -27,8 +28,9 @@ static int self_dir(char *out, size_t cap, struct smelt_error *err) {
     exe[n] = 0;
     char *slash = strrchr(exe, '/');
     if (slash) *slash = 0;
-    if (strlen(exe) >= cap) return error_set(err, SMELT_EINVAL, "program folder path too long");
-    snprintf(out, cap, "%s", exe);
+    size_t len = strlen(exe);
+    if (len >= cap) return error_set(err, SMELT_EINVAL, "program folder path too long");
+    memcpy(out, exe, len + 1);
     return 0;
 }
 

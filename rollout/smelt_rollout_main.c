@@ -1,0 +1,198 @@
+/* smelt-rollout: the generation engine served on a ZeroMQ ROUTER socket (the messages
+ * are common/msg.h's gen.* / health.* / stats.*; the loop is rollout/worker.c).
+ *
+ *   smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]
+ *                 [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N]
+ *                 [--prefill-chunk N] [--backend cpu|cuda|auto]
+ *
+ * Prints "smelt-rollout: serving on ENDPOINT" to stderr once bound (the real port when
+ * --bind asks for tcp://HOST:*). SIGTERM / SIGINT stop it: requests still in flight get
+ * gen.error, everything is freed.
+ *
+ * Exit status: 0 stopped by a signal, 1 failed (model, adapter, tokenizer, socket),
+ * 2 bad usage. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "common/common.h"
+#include "lora/lora.h"
+#include "model/model.h"
+#include "rollout/rollout.h"
+
+#define DEFAULT_BIND "tcp://127.0.0.1:7080"
+/* A client not reading its results gets this many queued before it counts as gone. */
+#define SEND_QUEUE_MESSAGES 100000
+/* How long closing waits to deliver the last replies (the gen.errors of a stop). */
+#define LINGER_MS 1000
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]\n"
+               "         [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N] [--prefill-chunk N]\n"
+               "         [--backend cpu|cuda|auto]\n"
+               "  --adapter      a PEFT LoRA adapter directory, applied without merging\n"
+               "  --tokenizer    tokenizer.json or its folder (default: the model's, when it has one;\n"
+               "                 without one, prompts are token ids and results carry no text)\n"
+               "  --bind         ZeroMQ endpoint of the ROUTER socket (default " DEFAULT_BIND ";\n"
+               "                 tcp://HOST:* picks a free port)\n"
+               "  --kv-memory-mb KV cache size (default 1024); --max-batch-tokens tokens per step\n"
+               "                 (default 2048); --max-seqs sequences at once (default 64);\n"
+               "                 --prefill-chunk prompt tokens of one sequence per step (default 512)\n"
+               "  protocol: common/msg.h (gen.request, gen.abort, health.request, stats.request)\n");
+}
+
+struct options {
+    const char *model_dir, *adapter_dir, *tokenizer, *bind;
+    enum backend backend;
+    struct rollout_config engine;
+};
+
+static int parse(int argc, char **argv, struct options *o, struct smelt_error *err) {
+    *o = (struct options){.bind = DEFAULT_BIND,
+                          .engine = {.kv_memory_bytes = 1024ll << 20, .max_batch_tokens = 2048, .max_seqs = 64,
+                                     .prefill_chunk = 512}};
+    const char *backend = "auto";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        int rc = args_value(argc, argv, &i, &v, err);
+        if (rc) return rc;
+        int64_t n;
+        if (strcmp(a, "--model") == 0) o->model_dir = v;
+        else if (strcmp(a, "--adapter") == 0) o->adapter_dir = v;
+        else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
+        else if (strcmp(a, "--bind") == 0) o->bind = v;
+        else if (strcmp(a, "--backend") == 0) backend = v;
+        else if (strcmp(a, "--kv-memory-mb") == 0) {
+            if (!(rc = args_int(a, v, 1, 1ll << 24, &n, err))) o->engine.kv_memory_bytes = n << 20;
+        } else if (strcmp(a, "--max-batch-tokens") == 0) {
+            if (!(rc = args_int(a, v, 1, 1 << 24, &n, err))) o->engine.max_batch_tokens = n;
+        } else if (strcmp(a, "--max-seqs") == 0) {
+            if (!(rc = args_int(a, v, 1, 65536, &n, err))) o->engine.max_seqs = (int)n;
+        } else if (strcmp(a, "--prefill-chunk") == 0) {
+            if (!(rc = args_int(a, v, 1, 1 << 24, &n, err))) o->engine.prefill_chunk = n;
+        } else
+            return error_set(err, SMELT_EINVAL, "unknown option %s", a);
+        if (rc) return rc;
+    }
+    if (!o->model_dir) return error_set(err, SMELT_EINVAL, "--model is required");
+    if (!o->bind[0]) return error_set(err, SMELT_EINVAL, "--bind: empty endpoint");
+    if (backend_from_name(backend, &o->backend, err)) return error_wrap(err, "--backend");
+    return SMELT_OK;
+}
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* --tokenizer, else the model directory's tokenizer.json, else none. */
+static int load_tokenizer(const struct options *o, const struct model *m, struct tokenizer **out,
+                          struct smelt_error *err) {
+    *out = NULL;
+    const char *path = o->tokenizer;
+    if (!path) {
+        char file[4096];
+        int rc = path_join(file, sizeof file, o->model_dir, "tokenizer.json", err);
+        if (rc) return rc;
+        if (!path_exists(file)) {
+            log_info("%s has no tokenizer.json: prompts are token ids, results carry no text", o->model_dir);
+            return SMELT_OK;
+        }
+        path = o->model_dir;
+    }
+    if (tokenizer_load(path, out, err)) return error_wrap(err, "tokenizer");
+    if (tokenizer_vocab_size(*out) > m->config.vocab_size)
+        return error_set(err, SMELT_EINVAL, "tokenizer %s: %d ids do not fit the model's vocab_size %lld", path,
+                         tokenizer_vocab_size(*out), (long long)m->config.vocab_size);
+    return SMELT_OK;
+}
+
+/* A ROUTER bound to endpoint; bound receives the endpoint as ZeroMQ resolved it. */
+static int open_router(void *ctx, const char *endpoint, void **out, char *bound, size_t bound_bytes,
+                       struct smelt_error *err) {
+    void *s = zmq_socket(ctx, ZMQ_ROUTER);
+    if (!s) return error_set(err, SMELT_EIO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+    int linger = LINGER_MS, hwm = SEND_QUEUE_MESSAGES;
+    size_t len = bound_bytes;
+    int rc = SMELT_OK;
+    if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) || zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm))
+        rc = error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+    else if (zmq_bind(s, endpoint))
+        rc = error_set(err, SMELT_EIO, "--bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
+    else if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, bound, &len))
+        rc = error_set(err, SMELT_EIO, "ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
+    if (rc) {
+        zmq_close(s);
+        return rc;
+    }
+    *out = s;
+    return SMELT_OK;
+}
+
+static int serve(const struct options *o, struct smelt_error *err) {
+    struct model *m = NULL;
+    struct lora *adapter = NULL;
+    struct tokenizer *tok = NULL;
+    struct rollout_engine *engine = NULL;
+    void *ctx = NULL, *router = NULL;
+    char bound[512] = "";
+    int rc = model_load(o->model_dir, o->backend, &m, err);
+    if (rc) error_wrap(err, "--model %s", o->model_dir);
+    if (!rc && o->adapter_dir) {
+        rc = lora_load(m, o->adapter_dir, &adapter, err);
+        if (!rc) rc = lora_attach(adapter, err);
+        if (rc) error_wrap(err, "--adapter %s", o->adapter_dir);
+    }
+    if (!rc) rc = load_tokenizer(o, m, &tok, err);
+    if (!rc) rc = rollout_engine_create(m, tok, &o->engine, &engine, err);
+    if (!rc && !(ctx = zmq_ctx_new())) rc = error_set(err, SMELT_EIO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    if (!rc) rc = open_router(ctx, o->bind, &router, bound, sizeof bound, err);
+    if (!rc) {
+        struct rollout_stats st = rollout_engine_stats(engine);
+        log_info("%s on %s%s%s: %lld KV blocks of 16 tokens, %lld tokens and %d sequences per step", o->model_dir,
+                 backend_name(o->backend), adapter ? ", adapter " : "", adapter ? o->adapter_dir : "",
+                 (long long)st.n_blocks, (long long)o->engine.max_batch_tokens, o->engine.max_seqs);
+        fprintf(stderr, "smelt-rollout: serving on %s\n", bound);
+        rc = rollout_worker_serve(engine, m, tok, router, &stop_requested, err);
+    }
+    if (router) zmq_close(router);
+    while (ctx && zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR) {
+    }
+    rollout_engine_free(engine);
+    lora_free(adapter);
+    tokenizer_free(tok);
+    model_free(m);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    struct options o;
+    struct smelt_error err = {0};
+    if (parse(argc, argv, &o, &err)) {
+        fprintf(stderr, "smelt-rollout: %s\n", err.message);
+        usage(stderr);
+        return 2;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL)) {
+        perror("smelt-rollout: sigaction");
+        return 1;
+    }
+    if (serve(&o, &err)) {
+        fprintf(stderr, "smelt-rollout: %s\n", err.message);
+        return 1;
+    }
+    log_info("stopped");
+    return 0;
+}

@@ -1,0 +1,426 @@
+/* smelt-rollout's serving loop (rollout.h's last section; the messages are common/msg.h's):
+ * take what clients sent, step the engine, send each finished sample to the client that
+ * asked for it. One thread, one socket: nothing here locks. */
+#include "rollout/worker_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+#include <zmq.h>
+
+#include "common/log.h"
+#include "rollout/kv_blocks.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gen.result's arrays are little-endian and go out as the host holds them"
+#endif
+
+/* A request in flight: whose it is and which of its samples went out. */
+struct inflight {
+    char id[WORKER_ID_BYTES + 1];  /* the client's */
+    char route[MSG_ROUTE_BYTES];   /* the client's routing id */
+    size_t route_len;
+    uint64_t engine_id;
+    int n, n_sent;
+    uint8_t sent[256 / 8];         /* bit i: sample i went out */
+};
+
+struct worker {
+    struct rollout_engine *engine;
+    struct worker_limits limits;
+    void *socket;
+    struct inflight *reqs;         /* [n_reqs], any order */
+    int n_reqs, cap_reqs;
+    uint64_t next_engine_id;
+    int64_t requests_served, step_errors;
+    char last_error[SMELT_ERROR_MESSAGE_BYTES]; /* "" unless the last engine step failed */
+};
+
+/* ---- requests in flight ---- */
+
+static int find_request(const struct worker *w, const char *route, size_t route_len, const char *id) {
+    for (int i = 0; i < w->n_reqs; i++) {
+        const struct inflight *q = &w->reqs[i];
+        if (q->route_len == route_len && memcmp(q->route, route, route_len) == 0 && strcmp(q->id, id) == 0) return i;
+    }
+    return -1;
+}
+
+static int find_engine_id(const struct worker *w, uint64_t engine_id) {
+    for (int i = 0; i < w->n_reqs; i++)
+        if (w->reqs[i].engine_id == engine_id) return i;
+    return -1;
+}
+
+static void drop_request(struct worker *w, int i) { w->reqs[i] = w->reqs[--w->n_reqs]; }
+
+static int track(struct worker *w, const struct msg *m, const struct worker_request *req, uint64_t engine_id,
+                 struct smelt_error *err) {
+    if (w->n_reqs == w->cap_reqs) {
+        int cap = w->cap_reqs ? 2 * w->cap_reqs : 64;
+        struct inflight *grown = realloc(w->reqs, (size_t)cap * sizeof *grown);
+        if (!grown) return error_set(err, SMELT_ENOMEM, "rollout worker: out of memory");
+        w->reqs = grown;
+        w->cap_reqs = cap;
+    }
+    struct inflight *q = &w->reqs[w->n_reqs++];
+    memset(q, 0, sizeof *q);
+    memcpy(q->id, req->id, sizeof q->id);
+    memcpy(q->route, m->route, m->route_len);
+    q->route_len = m->route_len;
+    q->engine_id = engine_id;
+    q->n = req->r.n;
+    return SMELT_OK;
+}
+
+/* A client that cannot take a message (gone, or its send queue full) loses its requests
+ * in flight: nobody would read their results, so they stop costing compute. The engine's
+ * results for them are dropped when they come out. */
+static void drop_client(struct worker *w, const char *route, size_t route_len) {
+    char gone[MSG_ROUTE_BYTES];
+    memcpy(gone, route, route_len); /* route may live in w->reqs, which changes below */
+    for (int i = 0; i < w->n_reqs;) {
+        struct inflight *q = &w->reqs[i];
+        if (q->route_len != route_len || memcmp(q->route, gone, route_len) != 0) {
+            i++;
+            continue;
+        }
+        log_warn("rollout worker: request '%s' aborted: its client cannot take results", q->id);
+        rollout_engine_abort(w->engine, q->engine_id);
+        drop_request(w, i);
+    }
+}
+
+/* ---- sending ---- */
+
+/* A JSON string of s[0..len) with every byte that does not start valid UTF-8 replaced by
+ * U+FFFD: decoded tokens and truncated messages may split a character, and JSON strings
+ * must be UTF-8. NULL when out of memory. */
+static json_t *json_text(const char *s, size_t len) {
+    char *buf = malloc(3 * len + 1);
+    if (!buf) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
+        if (k < 1) {
+            memcpy(buf + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        } else {
+            memcpy(buf + o, s + i, (size_t)k);
+            o += (size_t)k;
+            i += (size_t)k;
+        }
+    }
+    json_t *j = json_stringn(buf, o);
+    free(buf);
+    return j;
+}
+
+/* Sends and releases header (NULL: it could not be built). When the client cannot take
+ * the message its requests are dropped (drop_client): callers must not keep pointers
+ * into w->reqs across a failed send. */
+static int send_to(struct worker *w, const char *route, size_t route_len, const char *type, json_t *header,
+                   const struct msg_array *arrays, int n_arrays) {
+    struct smelt_error err = {0};
+    int rc = header ? msg_send(w->socket, route, route_len, type, header, arrays, n_arrays, &err)
+                    : error_set(&err, SMELT_ENOMEM, "%s: out of memory", type);
+    json_decref(header);
+    if (rc) {
+        log_warn("rollout worker: %s not delivered: %s", type, err.message);
+        drop_client(w, route, route_len);
+    }
+    return rc;
+}
+
+/* gen.error; id and field may be NULL (field null: not the fault of a request field). */
+static void send_error(struct worker *w, const char *route, size_t route_len, const char *id, const char *field,
+                       const char *message) {
+    log_debug("rollout worker: gen.error to request '%s' (%s): %s", id ? id : "?", field ? field : "-", message);
+    json_t *h = json_pack("{s:{s:o, s:o}}", "error", "message", json_text(message, strlen(message)), "field",
+                          field && field[0] ? json_text(field, strlen(field)) : json_null());
+    if (h && id && json_object_set_new(h, "id", json_string(id))) {
+        json_decref(h);
+        h = NULL;
+    }
+    send_to(w, route, route_len, MSG_GEN_ERROR, h, NULL, 0);
+}
+
+/* The sample's text, when the tokenizer has a token for each id. */
+static void add_text(const struct worker *w, json_t *h, const struct rollout_result *r) {
+    char *text = NULL;
+    size_t len = 0;
+    struct smelt_error err = {0};
+    if (tokenizer_decode(w->limits.tok, r->ids, (size_t)r->n, true, &text, &len, &err)) {
+        log_debug("rollout worker: a result goes without text: %s", err.message);
+        return;
+    }
+    json_t *t = json_text(text, len);
+    if (t) json_object_set_new(h, "text", t);
+    free(text);
+}
+
+/* Sends one sample; the request is done when its last sample went out. */
+static void deliver(struct worker *w, int i, const struct rollout_result *r) {
+    struct inflight *q = &w->reqs[i];
+    int s = r->sample_index;
+    if (s < 0 || s >= q->n || (q->sent[s / 8] >> (s % 8)) & 1) {
+        log_error("rollout worker: the engine gave sample %d of request '%s' (n = %d) twice or out of range", s,
+                  q->id, q->n);
+        return;
+    }
+    json_t *h = json_pack("{s:s, s:i, s:s, s:I, s:I}", "id", q->id, "index", s, "finish_reason", r->finish_reason,
+                          "policy_version", (json_int_t)r->policy_version, "n_tokens", (json_int_t)r->n);
+    if (h && w->limits.tok) add_text(w, h, r);
+    int32_t none = 0; /* frames of 0 bytes still need a pointer */
+    struct msg_array arrays[2] = {{r->n ? (void *)r->ids : &none, (size_t)r->n * sizeof *r->ids},
+                                  {r->n ? (void *)r->logprobs : &none, (size_t)r->n * sizeof *r->logprobs}};
+    if (send_to(w, q->route, q->route_len, MSG_GEN_RESULT, h, arrays, 2)) return;
+    q->sent[s / 8] |= (uint8_t)(1u << (s % 8));
+    if (++q->n_sent == q->n) {
+        w->requests_served++;
+        drop_request(w, i);
+    }
+}
+
+/* Everything the engine finished since the last call goes out. */
+static void deliver_finished(struct worker *w) {
+    struct rollout_result *res = NULL;
+    int n = 0;
+    struct smelt_error err = {0};
+    if (rollout_engine_take(w->engine, &res, &n, &err)) {
+        log_error("rollout worker: taking results: %s", err.message);
+        return;
+    }
+    for (int k = 0; k < n; k++) {
+        int i = find_engine_id(w, res[k].request_id);
+        if (i >= 0) deliver(w, i, &res[k]); /* else failed, or its client is gone */
+    }
+    rollout_results_free(res, n);
+}
+
+/* Answers every request in flight with gen.error and ends it in the engine. */
+static void fail_all(struct worker *w, const char *message) {
+    while (w->n_reqs > 0) {
+        struct inflight q = w->reqs[--w->n_reqs];
+        rollout_engine_abort(w->engine, q.engine_id);
+        send_error(w, q.route, q.route_len, q.id, NULL, message);
+    }
+    struct rollout_result *res = NULL;
+    int n = 0;
+    struct smelt_error ignore = {0};
+    if (!rollout_engine_take(w->engine, &res, &n, &ignore)) rollout_results_free(res, n);
+}
+
+/* ---- messages ---- */
+
+/* "v" and no field outside allowed; field names the one at fault. */
+static int check_header(const struct msg *m, const char *const *allowed, const char **field,
+                        struct smelt_error *err) {
+    *field = "v";
+    if (msg_check_version(m, err)) return error_wrap(err, "%s", m->type);
+    const char *key;
+    json_t *value;
+    json_object_foreach(m->header, key, value) {
+        (void)value;
+        bool known = false;
+        for (const char *const *a = allowed; *a && !known; a++) known = strcmp(*a, key) == 0;
+        if (!known) {
+            *field = key;
+            return error_set(err, SMELT_EINVAL, "%s: unknown field '%.64s'", m->type, key);
+        }
+    }
+    return SMELT_OK;
+}
+
+static void on_request(struct worker *w, const struct msg *m) {
+    struct worker_request req;
+    char field[WORKER_FIELD_BYTES];
+    struct smelt_error err = {0};
+    if (worker_request_parse(m, &w->limits, &req, field, &err)) {
+        send_error(w, m->route, m->route_len, worker_header_id(m), field, err.message);
+        return;
+    }
+    int rc = SMELT_OK;
+    const char *at_fault = NULL;
+    uint64_t engine_id = w->next_engine_id++;
+    req.r.id = engine_id;
+    if (find_request(w, m->route, m->route_len, req.id) >= 0) {
+        rc = error_set(&err, SMELT_EINVAL, "gen.request: id '%s' is already in flight", req.id);
+        at_fault = "id";
+    }
+    if (!rc) rc = track(w, m, &req, engine_id, &err);
+    if (!rc && (rc = rollout_engine_add(w->engine, &req.r, &err)) != 0) {
+        /* Checked above; what is left is the engine's own trouble (memory). */
+        drop_request(w, w->n_reqs - 1);
+        error_wrap(&err, "gen.request");
+    }
+    if (rc) send_error(w, m->route, m->route_len, req.id, at_fault, err.message);
+    worker_request_free(&req);
+}
+
+static void on_abort(struct worker *w, const struct msg *m) {
+    static const char *const allowed[] = {"v", "id", NULL};
+    const char *field, *id = worker_header_id(m);
+    struct smelt_error err = {0};
+    if (!check_header(m, allowed, &field, &err) && !id) {
+        field = "id";
+        error_set(&err, SMELT_EINVAL, "gen.abort: field 'id' must be a string of 1..%d bytes", WORKER_ID_BYTES);
+    }
+    if (err.code) {
+        send_error(w, m->route, m->route_len, id, field, err.message);
+        return;
+    }
+    int i = find_request(w, m->route, m->route_len, id);
+    if (i < 0) return; /* finished already, or never was: nothing to end */
+    uint64_t engine_id = w->reqs[i].engine_id;
+    rollout_engine_abort(w->engine, engine_id);
+    deliver_finished(w);
+    /* Samples the engine never started (a prompt still prefilling stands for all n) have
+     * no result of their own: each ends here, empty. */
+    while ((i = find_engine_id(w, engine_id)) >= 0) {
+        int s = 0;
+        while ((w->reqs[i].sent[s / 8] >> (s % 8)) & 1) s++;
+        int32_t none = 0;
+        float none_lp = 0;
+        struct rollout_result r = {.request_id = engine_id, .sample_index = s, .ids = &none, .logprobs = &none_lp,
+                                   .finish_reason = ROLLOUT_FINISH_ABORT,
+                                   .policy_version = rollout_engine_stats(w->engine).policy_version};
+        deliver(w, i, &r);
+    }
+}
+
+static void on_health(struct worker *w, const struct msg *m) {
+    static const char *const allowed[] = {"v", NULL};
+    const char *field;
+    struct smelt_error err = {0};
+    if (check_header(m, allowed, &field, &err)) {
+        send_error(w, m->route, m->route_len, NULL, field, err.message);
+        return;
+    }
+    json_t *h = json_pack("{s:s, s:I}", "status", w->last_error[0] ? "failing" : "ok", "policy_version",
+                          (json_int_t)rollout_engine_stats(w->engine).policy_version);
+    if (h && w->last_error[0]) json_object_set_new(h, "error", json_text(w->last_error, strlen(w->last_error)));
+    send_to(w, m->route, m->route_len, MSG_HEALTH_REPLY, h, NULL, 0);
+}
+
+static void on_stats(struct worker *w, const struct msg *m) {
+    static const char *const allowed[] = {"v", NULL};
+    const char *field;
+    struct smelt_error err = {0};
+    if (check_header(m, allowed, &field, &err)) {
+        send_error(w, m->route, m->route_len, NULL, field, err.message);
+        return;
+    }
+    struct rollout_stats st = rollout_engine_stats(w->engine);
+    json_t *h = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                          "n_blocks", (json_int_t)st.n_blocks, "free_blocks", (json_int_t)st.free_blocks,
+                          "running", (json_int_t)st.running, "waiting", (json_int_t)st.waiting,
+                          "preemptions", (json_int_t)st.preemptions, "steps", (json_int_t)st.steps,
+                          "prefill_tokens", (json_int_t)st.prefill_tokens, "decode_tokens",
+                          (json_int_t)st.decode_tokens, "policy_version", (json_int_t)st.policy_version,
+                          "kv_bytes_per_token", (json_int_t)st.kv_bytes_per_token, "requests_served",
+                          (json_int_t)w->requests_served, "requests_in_flight", (json_int_t)w->n_reqs,
+                          "step_errors", (json_int_t)w->step_errors);
+    send_to(w, m->route, m->route_len, MSG_STATS_REPLY, h, NULL, 0);
+}
+
+static void on_message(struct worker *w, const struct msg *m) {
+    if (strcmp(m->type, MSG_GEN_REQUEST) == 0) on_request(w, m);
+    else if (strcmp(m->type, MSG_GEN_ABORT) == 0) on_abort(w, m);
+    else if (strcmp(m->type, MSG_HEALTH_REQUEST) == 0) on_health(w, m);
+    else if (strcmp(m->type, MSG_STATS_REQUEST) == 0) on_stats(w, m);
+    else {
+        char message[192];
+        snprintf(message, sizeof message, "unknown message type '%s' (this worker serves %s, %s, %s, %s)", m->type,
+                 MSG_GEN_REQUEST, MSG_GEN_ABORT, MSG_HEALTH_REQUEST, MSG_STATS_REQUEST);
+        send_error(w, m->route, m->route_len, NULL, "type", message);
+    }
+}
+
+/* msg_recv refused the message (and consumed it); answer the sender when known. */
+static void on_malformed(struct worker *w, const struct msg *m, int rc, const struct smelt_error *why) {
+    if (!m->route_len) {
+        log_warn("rollout worker: dropped a malformed message: %s", why->message);
+        return;
+    }
+    const char *field = NULL;
+    if (rc == SMELT_EFORMAT) field = !m->type[0] ? "type" : strncmp(why->message, "more than", 9) == 0 ? "frames" : "header";
+    char message[SMELT_ERROR_MESSAGE_BYTES + 32];
+    snprintf(message, sizeof message, "malformed message: %s", why->message);
+    send_error(w, m->route, m->route_len, NULL, field, message);
+}
+
+/* Handles what is waiting: blocks up to the idle poll for the first message when the
+ * engine has nothing to do, never otherwise. Fails only when the socket does. */
+static int drain(struct worker *w, const volatile sig_atomic_t *stop, struct smelt_error *err) {
+    int timeout_ms = rollout_engine_idle(w->engine) ? ROLLOUT_WORKER_IDLE_POLL_MS : 0;
+    for (int k = 0; k < ROLLOUT_WORKER_MAX_DRAIN && !*stop; k++) {
+        struct msg m;
+        struct smelt_error why = {0};
+        int rc = msg_recv(w->socket, true, k == 0 ? timeout_ms : 0, &m, &why);
+        if (rc == SMELT_ENOTFOUND) return SMELT_OK;
+        if (rc == SMELT_EIO) {
+            if (*stop) return SMELT_OK; /* a signal interrupted the receive */
+            return error_set(err, SMELT_EIO, "rollout worker: receiving: %s", why.message);
+        }
+        if (rc) on_malformed(w, &m, rc, &why);
+        else on_message(w, &m);
+        msg_free(&m);
+    }
+    return SMELT_OK;
+}
+
+static void step(struct worker *w) {
+    struct smelt_error err = {0};
+    if (!rollout_engine_step(w->engine, &err)) {
+        w->last_error[0] = 0;
+        return;
+    }
+    w->step_errors++;
+    snprintf(w->last_error, sizeof w->last_error, "%s", err.message);
+    log_error("rollout worker: engine step failed: %s; failing the %d requests in flight", err.message, w->n_reqs);
+    deliver_finished(w); /* samples that finished before the failure still count */
+    char message[SMELT_ERROR_MESSAGE_BYTES + 32];
+    snprintf(message, sizeof message, "generation failed: %s", err.message);
+    fail_all(w, message);
+}
+
+/* The ids that end a sample unless the request sets ignore_eos. */
+static void eos_ids(const struct model *model, const struct tokenizer *tok, struct worker_limits *lim) {
+    int64_t V = model->config.vocab_size;
+    int64_t cand[MODEL_CONFIG_MAX_EOS + 1];
+    int n = 0;
+    for (int i = 0; i < model->config.n_eos_token_ids; i++) cand[n++] = model->config.eos_token_ids[i];
+    if (tok) cand[n++] = tokenizer_special_ids(tok)->eos;
+    for (int i = 0; i < n; i++) {
+        bool have = cand[i] < 0 || cand[i] >= V;
+        for (int k = 0; k < lim->n_eos && !have; k++) have = lim->eos[k] == cand[i];
+        if (!have) lim->eos[lim->n_eos++] = (int32_t)cand[i];
+    }
+}
+
+int rollout_worker_serve(struct rollout_engine *engine, const struct model *model, const struct tokenizer *tok,
+                         void *router, const volatile sig_atomic_t *stop, struct smelt_error *err) {
+    if (!engine || !model || !router || !stop)
+        return error_set(err, SMELT_EINVAL, "rollout_worker_serve: engine, model, router and stop are required");
+    int mandatory = 1;
+    if (zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory))
+        return error_set(err, SMELT_EIO, "rollout worker: ZMQ_ROUTER_MANDATORY: %s", zmq_strerror(zmq_errno()));
+    struct worker w = {.engine = engine, .socket = router,
+                       .limits = {.model = model, .tok = tok,
+                                  .pool_tokens = rollout_engine_stats(engine).n_blocks * KV_BLOCK_SIZE}};
+    eos_ids(model, tok, &w.limits);
+    int rc = SMELT_OK;
+    while (!*stop && !rc) {
+        rc = drain(&w, stop, err);
+        if (!rc && !*stop && !rollout_engine_idle(engine)) step(&w);
+        deliver_finished(&w);
+    }
+    fail_all(&w, rc ? "the worker's socket failed; the request did not finish"
+                    : "the worker is stopping; the request did not finish");
+    free(w.reqs);
+    return rc;
+}

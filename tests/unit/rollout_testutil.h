@@ -1,0 +1,85 @@
+/* Helpers shared by the rollout tests: the parity fixtures' models, an engine sized in
+ * tokens, deterministic prompts, and a run to idle that sorts the results by request and
+ * sample. */
+#ifndef SMELT_TESTS_ROLLOUT_TESTUTIL_H
+#define SMELT_TESTS_ROLLOUT_TESTUTIL_H
+
+#include "tests/unit/testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "rollout/rollout.h"
+
+/* tests/data/parity/<type> (llama, mistral, qwen2, qwen3, gpt2) on the CPU. */
+static inline struct model *rollout_test_load(const char *type) {
+    char dir[128];
+    snprintf(dir, sizeof dir, "tests/data/parity/%s", type);
+    struct model *m;
+    struct smelt_error err = {0};
+    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
+    return m;
+}
+
+/* An engine whose KV pool holds kv_tokens tokens; tok may be NULL. */
+static inline struct rollout_engine *rollout_test_engine(struct model *m, const struct tokenizer *tok,
+                                                         int64_t kv_tokens, int64_t batch_tokens, int max_seqs,
+                                                         int64_t chunk) {
+    struct rollout_config c = {.kv_memory_bytes = kv_tokens * model_kv_bytes_per_token(m),
+                               .max_batch_tokens = batch_tokens, .max_seqs = max_seqs, .prefill_chunk = chunk};
+    struct rollout_engine *e;
+    struct smelt_error err = {0};
+    TEST_OK(rollout_engine_create(m, tok, &c, &e, &err), &err);
+    return e;
+}
+
+/* A deterministic prompt of n ids in [0, V). */
+static inline void rollout_test_prompt(int32_t *ids, int64_t n, int seed, int64_t V) {
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)((i * 7 + seed * 13 + 3) % V);
+}
+
+/* Results of a run to idle, by request id and sample index. */
+#define ROLLOUT_TEST_MAX_REQ 64
+#define ROLLOUT_TEST_MAX_SAMPLES 8
+struct rollout_test_collected {
+    struct rollout_result r[ROLLOUT_TEST_MAX_REQ][ROLLOUT_TEST_MAX_SAMPLES];
+    bool have[ROLLOUT_TEST_MAX_REQ][ROLLOUT_TEST_MAX_SAMPLES];
+};
+
+/* Steps the engine until idle; c is malloc'd and filled (free with
+ * rollout_test_free_collected). */
+static inline struct rollout_test_collected *rollout_test_run_all(struct rollout_engine *e) {
+    struct smelt_error err = {0};
+    struct rollout_test_collected *c = calloc(1, sizeof *c);
+    cr_assert(c);
+    for (int guard = 0; !rollout_engine_idle(e); guard++) {
+        cr_assert(guard < 100000, "the engine does not finish");
+        TEST_OK(rollout_engine_step(e, &err), &err);
+        struct rollout_result *res;
+        int n;
+        TEST_OK(rollout_engine_take(e, &res, &n, &err), &err);
+        for (int i = 0; i < n; i++) {
+            uint64_t q = res[i].request_id;
+            int s = res[i].sample_index;
+            cr_assert(q < ROLLOUT_TEST_MAX_REQ && s >= 0 && s < ROLLOUT_TEST_MAX_SAMPLES);
+            cr_assert(!c->have[q][s], "a sample finished twice");
+            c->r[q][s] = res[i];
+            c->have[q][s] = true;
+        }
+        free(res); /* the arrays inside now belong to c */
+    }
+    return c;
+}
+
+static inline void rollout_test_free_collected(struct rollout_test_collected *c) {
+    for (int i = 0; i < ROLLOUT_TEST_MAX_REQ; i++)
+        for (int s = 0; s < ROLLOUT_TEST_MAX_SAMPLES; s++)
+            if (c->have[i][s]) {
+                free(c->r[i][s].ids);
+                free(c->r[i][s].logprobs);
+            }
+    free(c);
+}
+
+#endif
