@@ -120,7 +120,8 @@ static void preempt(struct rollout_engine *e, struct seq *s) {
 
 /* ---- results ---- */
 
-static int finish(struct rollout_engine *e, struct seq *s, const char *reason, struct smelt_error *err) {
+static int result_append(struct rollout_engine *e, uint64_t id, int index, const int32_t *ids,
+                         const float *logprobs, int64_t n, const char *reason, struct smelt_error *err) {
     if (e->n_done == e->cap_done) {
         int cap = e->cap_done ? 2 * e->cap_done : 64;
         struct rollout_result *grown = realloc(e->done, (size_t)cap * sizeof *grown);
@@ -128,10 +129,9 @@ static int finish(struct rollout_engine *e, struct seq *s, const char *reason, s
         e->done = grown;
         e->cap_done = cap;
     }
-    int64_t n = s->n_tokens - s->req->r.n_prompt;
     struct rollout_result *r = &e->done[e->n_done];
-    *r = (struct rollout_result){.request_id = s->req->r.id, .sample_index = s->sample_index < 0 ? 0 : s->sample_index,
-                                 .n = n, .finish_reason = reason, .policy_version = e->stats.policy_version};
+    *r = (struct rollout_result){.request_id = id, .sample_index = index, .n = n, .finish_reason = reason,
+                                 .policy_version = e->stats.policy_version};
     r->ids = malloc((size_t)(n ? n : 1) * sizeof *r->ids);
     r->logprobs = malloc((size_t)(n ? n : 1) * sizeof *r->logprobs);
     if (!r->ids || !r->logprobs) {
@@ -139,9 +139,19 @@ static int finish(struct rollout_engine *e, struct seq *s, const char *reason, s
         free(r->logprobs);
         return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
     }
-    memcpy(r->ids, s->tokens + s->req->r.n_prompt, (size_t)n * sizeof *r->ids);
-    memcpy(r->logprobs, s->logprobs, (size_t)n * sizeof *r->logprobs);
+    if (n) {
+        memcpy(r->ids, ids, (size_t)n * sizeof *r->ids);
+        memcpy(r->logprobs, logprobs, (size_t)n * sizeof *r->logprobs);
+    }
     e->n_done++;
+    return SMELT_OK;
+}
+
+static int finish(struct rollout_engine *e, struct seq *s, const char *reason, struct smelt_error *err) {
+    int64_t n = s->n_tokens - s->req->r.n_prompt;
+    int rc = result_append(e, s->req->r.id, s->sample_index < 0 ? 0 : s->sample_index,
+                           s->tokens + s->req->r.n_prompt, s->logprobs, n, reason, err);
+    if (rc) return rc;
     remove_seq(e, s);
     seq_free(e, s);
     return SMELT_OK;
@@ -240,8 +250,10 @@ int rollout_engine_abort(struct rollout_engine *e, uint64_t id) {
             i++;
             continue;
         }
-        /* a parent that never forked stands for all n samples */
+        /* a parent that never forked stands for all n samples: samples 1..n-1 end empty */
         int count = s->sample_index < 0 ? s->req->r.n : 1;
+        for (int k = 1; k < count; k++)
+            result_append(e, id, k, NULL, NULL, 0, ROLLOUT_FINISH_ABORT, &ignore);
         if (finish(e, s, ROLLOUT_FINISH_ABORT, &ignore)) {
             remove_seq(e, s); /* no memory for a result: drop it rather than loop */
             seq_free(e, s);

@@ -95,7 +95,8 @@ int rollout_engine_take(struct rollout_engine *engine, struct rollout_result **r
                         struct smelt_error *err);
 void rollout_results_free(struct rollout_result *results, int n);
 
-/* Ends a request's unfinished samples now (finish reason "abort", tokens so far).
+/* Ends a request's unfinished samples now (finish reason "abort", tokens so far; each
+ * aborted sample gets its own result, empty for samples whose prompt was still prefilling).
  * Returns how many samples were aborted (0: unknown or already finished). */
 int rollout_engine_abort(struct rollout_engine *engine, uint64_t request_id);
 

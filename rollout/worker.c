@@ -278,18 +278,6 @@ static void on_abort(struct worker *w, const struct msg *m) {
     uint64_t engine_id = w->reqs[i].engine_id;
     rollout_engine_abort(w->engine, engine_id);
     deliver_finished(w);
-    /* Samples the engine never started (a prompt still prefilling stands for all n) have
-     * no result of their own: each ends here, empty. */
-    while ((i = find_engine_id(w, engine_id)) >= 0) {
-        int s = 0;
-        while ((w->reqs[i].sent[s / 8] >> (s % 8)) & 1) s++;
-        int32_t none = 0;
-        float none_lp = 0;
-        struct rollout_result r = {.request_id = engine_id, .sample_index = s, .ids = &none, .logprobs = &none_lp,
-                                   .finish_reason = ROLLOUT_FINISH_ABORT,
-                                   .policy_version = rollout_engine_stats(w->engine).policy_version};
-        deliver(w, i, &r);
-    }
 }
 
 static void on_health(struct worker *w, const struct msg *m) {
