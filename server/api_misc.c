@@ -8,8 +8,8 @@
 #include "common/common.h"
 #include "server/server_internal.h"
 
-#define CHART_JS_PATH "/usr/share/javascript/chart.js/chart.umd.min.js"
-#define CHART_JS_FALLBACK "/usr/share/javascript/chart.js/chart.min.js"
+#define CHART_JS_PATH "/usr/share/javascript/chart.js/chart.min.js"
+#define CHART_JS_FALLBACK "/usr/share/javascript/chart.js/Chart.min.js"
 
 void api_healthz(void *app, struct http_request *req, struct http_response *res) {
     struct server *s = app;

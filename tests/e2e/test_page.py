@@ -1,0 +1,487 @@
+"""The web status page in headless Chromium against a real smeltd.
+
+Needs: smeltd and smelt-trainer built ($SMELT_BUILD, default build-cpu), the Debian
+packages chromium and chromium-driver, and `python3 -m pip install selenium pytest`.
+Run: python3 -m pytest tests/e2e/test_page.py -v
+A screenshot of the page with a training job lands in tests/e2e/artifacts/page.png.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ARTIFACTS = pathlib.Path(__file__).resolve().parent / "artifacts"
+ADMIN_KEY = "e2e-admin-key-" + uuid.uuid4().hex[:12]
+TRAIN_FILE = ROOT / "examples" / "data" / "addition_train.jsonl"
+TRAIN_WAIT_S = 180
+# Few steps keep the job to well under a minute on a busy 2-core machine.
+JOB_REQUEST = {
+    "model": "tiny",
+    "model_init": "random",
+    "hyperparameters": {"n_epochs": 1, "batch_size": 16, "max_steps": 30},
+    "data": {"max_seq_len": 32},
+    "suffix": "e2e",
+}
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException, WebDriverException
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:  # reported by the browser fixture
+    webdriver = None
+
+
+# ---------------------------------------------------------------- the server
+
+
+class Smeltd:
+    def __init__(self, url, key, proc, log_path, data_dir):
+        self.url, self.key, self.proc, self.log_path, self.data_dir = url, key, proc, log_path, data_dir
+
+    def request(self, method, path, body=None, headers=None, key=None):
+        headers = dict(headers or {})
+        headers["Authorization"] = "Bearer " + (key or self.key)
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as res:
+                raw = res.read()
+                return res.status, json.loads(raw) if "json" in res.headers.get("Content-Type", "") else raw
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw)
+            except ValueError:
+                return e.code, raw
+
+    def upload(self, path, name=None):
+        boundary = "----smelt" + uuid.uuid4().hex
+        name = name or pathlib.Path(path).name
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nfine-tune\r\n'.encode(),
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n".encode(),
+            pathlib.Path(path).read_bytes(),
+            f"\r\n--{boundary}--\r\n".encode(),
+        ]
+        status, body = self.request("POST", "/v1/files", b"".join(parts),
+                                    {"Content-Type": "multipart/form-data; boundary=" + boundary})
+        assert status == 200, f"upload of {name} failed: {status} {body}"
+        return body
+
+    def log_tail(self, n=3000):
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return "(no log)"
+
+
+def smeltd_binary():
+    build = os.environ.get("SMELT_BUILD", "build-cpu")
+    path = pathlib.Path(build)
+    if not path.is_absolute():
+        path = ROOT / path
+    return path / "smeltd"
+
+
+@pytest.fixture(scope="module")
+def smeltd(tmp_path_factory):
+    binary = smeltd_binary()
+    if not binary.exists():
+        pytest.fail(f"{binary} is not built: run `make -j2 CUDA=0 BUILD={binary.parent.name} "
+                    f"{binary.parent.name}/smeltd {binary.parent.name}/smelt-trainer` (or set SMELT_BUILD)")
+    tmp = tmp_path_factory.mktemp("smeltd")
+    models = tmp / "models"
+    models.mkdir()
+    (models / "tiny").symlink_to(ROOT / "examples" / "tiny")
+    port_file = tmp / "port"
+    log_path = tmp / "smeltd.log"
+    env = dict(os.environ, SMELT_ADMIN_KEY=ADMIN_KEY)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(binary), "--data", str(tmp / "data"), "--models", str(models), "--port", "0",
+                                 "--port-file", str(port_file), "--cpu"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp))
+    server = None
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"smeltd exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}")
+            text = port_file.read_text().strip() if port_file.exists() else ""
+            if text.isdigit():
+                server = Smeltd(f"http://127.0.0.1:{text}", ADMIN_KEY, proc, log_path, tmp / "data")
+                try:
+                    with urllib.request.urlopen(server.url + "/healthz", timeout=5) as res:
+                        if res.status == 200:
+                            break
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"smeltd did not answer /healthz within 30 s:\n{log_path.read_text(errors='replace')}")
+        yield server
+        crashed = proc.poll()
+        assert crashed is None, f"smeltd died during the tests (exit {crashed}):\n{server.log_tail()}"
+    finally:
+        ARTIFACTS.mkdir(exist_ok=True)
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.copyfile(log_path, ARTIFACTS / "smeltd.log")
+
+
+@pytest.fixture(scope="module")
+def training_job(smeltd):
+    """A small job that trains while the page tests run."""
+    f = smeltd.upload(TRAIN_FILE)
+    assert f["status"] == "processed", f
+    status, job = smeltd.request("POST", "/v1/fine_tuning/jobs", dict(JOB_REQUEST, training_file=f["id"]))
+    assert status == 200, f"job create refused: {job}"
+    return job
+
+
+# ---------------------------------------------------------------- the browser
+
+
+def find_chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if webdriver is None:
+        pytest.skip("selenium is not installed (python3 -m pip install selenium)")
+    chromium, driver_path = find_chromium(), shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("Chromium or chromedriver is missing (apt-get install chromium chromium-driver)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000", "--lang=en-US"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    try:
+        driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    except WebDriverException as e:
+        pytest.skip(f"Chromium could not be started by chromedriver: {e.msg}")
+    driver.set_script_timeout(20)
+    yield driver
+    driver.quit()
+
+
+def open_page(browser, smeltd, key=None):
+    """Loads the page with an empty localStorage and, if key is given, enters it."""
+    browser.get(smeltd.url + "/")
+    browser.execute_script("localStorage.clear()")
+    browser.get(smeltd.url + "/")
+    if key is not None:
+        box = browser.find_element(By.ID, "api-key")
+        box.clear()
+        box.send_keys(key)
+        browser.find_element(By.ID, "save-key").click()
+
+
+def wait_for(browser, predicate, seconds, what, smeltd=None):
+    try:
+        # the page re-renders its tables on every poll: a stale element means "look again"
+        return WebDriverWait(browser, seconds, poll_frequency=0.25,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(lambda d: predicate(d))
+    except TimeoutException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "failure.png"))
+        console = "\n".join(str(e) for e in browser.get_log("browser"))[-3000:]
+        tail = smeltd.log_tail() if smeltd else ""
+        pytest.fail(f"timed out after {seconds} s waiting for {what}; screenshot in {ARTIFACTS / 'failure.png'}\n"
+                    f"browser console:\n{console}\nsmeltd log:\n{tail}")
+
+
+def text_of(browser, element_id):
+    return browser.find_element(By.ID, element_id).text
+
+
+def severe_console_errors(browser):
+    return [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"
+            and "favicon" not in e.get("message", "")]
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_training_job_live(browser, smeltd, training_job):
+    job_id = training_job["id"]
+    open_page(browser, smeltd, ADMIN_KEY)
+    row = f'#jobs-table tr[data-job-id="{job_id}"]'
+    cells = wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, row).text, 15, "the job in the jobs table",
+                     smeltd)
+    assert "tiny" in cells, cells
+    wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, row).click() or True, 5, "a click on the job")
+    wait_for(browser, lambda d: d.find_element(By.ID, "job-detail").is_displayed(), 10, "the job detail", smeltd)
+    assert text_of(browser, "detail-id") == job_id
+
+    def loss_points(d):
+        return int(d.find_element(By.ID, "loss-chart").get_attribute("data-points") or 0)
+
+    wait_for(browser, lambda d: loss_points(d) >= 3, TRAIN_WAIT_S, "points on the loss chart", smeltd)
+    # Chart.js drew them (not only the page's own counter).
+    drawn = browser.execute_script(
+        "const c = Chart.getChart(document.getElementById('loss-chart'));"
+        "return c ? c.data.datasets.reduce((n, s) => n + s.data.length, 0) : -1;")
+    assert drawn >= 3, f"Chart.js holds {drawn} loss points"
+    for chart in ("lr-chart", "grad-chart", "tps-chart"):
+        assert int(browser.find_element(By.ID, chart).get_attribute("data-points")) > 0, chart
+    for hidden in ("reward-chart-figure", "kl-chart-figure", "length-chart-figure"):
+        assert not browser.find_element(By.ID, hidden).is_displayed(), f"{hidden} shows without RL metrics"
+    events = browser.find_elements(By.CSS_SELECTOR, "#events li")
+    assert any("Job queued" in e.text for e in events), [e.text for e in events][:5]
+    assert any("training loss" in e.text for e in events), "metrics events are listed"
+
+    # The stream keeps the chart growing while the job runs; the job ends with a model.
+    wait_for(browser, lambda d: "succeeded" in text_of(d, "detail-status"), TRAIN_WAIT_S,
+             "the job to succeed", smeltd)
+    wait_for(browser, lambda d: loss_points(d) >= 30 and "ft:tiny:e2e:" in text_of(d, "detail-fields"), 20,
+             "all 30 steps on the chart and the fine-tuned model", smeltd)
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr"), 15, "a checkpoint", smeltd)
+    wait_for(browser, lambda d: "ended" in text_of(d, "stream-status"), 15, "the stream's end", smeltd)
+    assert text_of(browser, "log").strip(), "the log tail is shown"
+    assert browser.find_element(By.ID, "cancel-job").get_attribute("disabled"), "an ended job cannot be cancelled"
+    assert not browser.find_element(By.ID, "errors").is_displayed(), text_of(browser, "errors")
+    assert not severe_console_errors(browser)
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.execute_script("document.getElementById('jobs-section').scrollIntoView()")
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1400, min(max(height + 140, 1000), 4000))
+    time.sleep(0.5)
+    browser.save_screenshot(str(ARTIFACTS / "page.png"))
+    browser.set_window_size(1400, 1000)
+
+
+def test_key_kept_and_forgotten(browser, smeltd, training_job):
+    open_page(browser, smeltd, ADMIN_KEY)
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr"), 15, "jobs", smeltd)
+    assert browser.execute_script("return localStorage.getItem('smelt.apiKey')") == ADMIN_KEY
+    browser.refresh()  # the key survives a reload
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr"), 15, "jobs after reload")
+    browser.find_element(By.ID, "forget-key").click()
+    assert browser.execute_script("return localStorage.getItem('smelt.apiKey')") is None
+    assert not browser.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")
+    assert browser.find_element(By.ID, "api-key").get_attribute("value") == ""
+
+
+def test_refused_key_is_reported(browser, smeltd):
+    open_page(browser, smeltd, "sk-smelt-not-a-real-key")
+    wait_for(browser, lambda d: d.find_element(By.ID, "errors").is_displayed(), 10, "the error banner")
+    assert "Incorrect API key provided" in text_of(browser, "errors")
+    assert "401" in text_of(browser, "errors")
+    assert "refused" in text_of(browser, "key-status")
+
+
+def test_cluster_view(browser, smeltd):
+    open_page(browser, smeltd, ADMIN_KEY)
+    wait_for(browser, lambda d: "local" in text_of(d, "agents-table"), 15, "the local agent", smeltd)
+    cluster = text_of(browser, "cluster")
+    assert "cpu:0" in cluster and "online" in cluster, cluster
+
+
+def test_upload_shows_validation_errors(browser, smeltd, tmp_path):
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                   "this is not json\n")
+    open_page(browser, smeltd, ADMIN_KEY)
+    browser.find_element(By.ID, "upload-file").send_keys(str(bad))
+    browser.find_element(By.ID, "upload-button").click()
+    wait_for(browser, lambda d: "line 2" in text_of(d, "upload-result"), 15, "the validation report", smeltd)
+    assert "failed validation" in text_of(browser, "upload-result")
+    wait_for(browser, lambda d: "broken.jsonl" in text_of(d, "files-table"), 10, "the file in the list")
+    row = '//table[@id="files-table"]//tr[td[text()="broken.jsonl"]]'
+    assert "error" in wait_for(browser, lambda d: d.find_element(By.XPATH, row).text, 5, "the file's row")
+    wait_for(browser, lambda d: d.find_element(By.XPATH, row + "//button").click() or True, 5, "the errors button")
+    assert "line 2" in text_of(browser, "files-table")
+    # a file that failed validation is not offered for training
+    options = browser.find_elements(By.CSS_SELECTOR, "#submit-training-file option")
+    assert all("broken.jsonl" not in o.text for o in options)
+
+
+def test_api_text_is_escaped(browser, smeltd, tmp_path):
+    name = "<img src=x onerror=window.__pwned=1>.jsonl"
+    f = tmp_path / "evil.jsonl"
+    f.write_text(TRAIN_FILE.read_text().splitlines()[0] + "\n")
+    smeltd.upload(f, name=name)
+    open_page(browser, smeltd, ADMIN_KEY)
+    wait_for(browser, lambda d: "onerror" in text_of(d, "files-table"), 15, "the file with markup in its name")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#files-table img")
+    assert browser.execute_script("return window.__pwned === undefined")
+
+
+def test_submit_refusal_shows_api_error(browser, smeltd, training_job):
+    open_page(browser, smeltd, ADMIN_KEY)
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-training-file option[value^='file-']")
+             and d.find_elements(By.CSS_SELECTOR, "#submit-model option[value='tiny']"), 15, "the form's choices")
+    browser.find_element(By.ID, "submit-epochs").send_keys("1")
+    extra = browser.find_element(By.ID, "submit-extra")
+    extra.send_keys("{not json")
+    browser.find_element(By.ID, "submit-button").click()
+    wait_for(browser, lambda d: d.find_element(By.ID, "submit-error").is_displayed(), 5, "the JSON error")
+    assert "Extra JSON" in text_of(browser, "submit-error")
+    extra.clear()
+    extra.send_keys('{"hyperparameters": {"batch_size": 0}}')
+    browser.find_element(By.ID, "submit-button").click()
+    wait_for(browser, lambda d: "batch_size" in text_of(d, "submit-error"), 10, "the API's refusal", smeltd)
+    message = text_of(browser, "submit-error")
+    assert "refused" in message and "HTTP 400" in message and "hyperparameters.batch_size" in message, message
+
+
+def test_submit_creates_job_and_cancel(browser, smeltd, training_job):
+    open_page(browser, smeltd, ADMIN_KEY)
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#submit-training-file option[value^='file-']")
+             and d.find_elements(By.CSS_SELECTOR, "#submit-model option[value='tiny']"), 15, "the form's choices")
+    browser.find_element(By.ID, "submit-suffix").send_keys("fromform")
+    browser.find_element(By.ID, "submit-extra").send_keys(
+        '{"model_init": "random", "data": {"max_seq_len": 32}, "hyperparameters": {"max_steps": 5000}}')
+    browser.find_element(By.ID, "submit-button").click()
+    wait_for(browser, lambda d: "created ftjob-" in text_of(d, "submit-result"), 10, "the created job", smeltd)
+    job_id = text_of(browser, "submit-result").split()[-1]
+    wait_for(browser, lambda d: text_of(d, "detail-id") == job_id, 10, "the new job's detail")
+    status, job = smeltd.request("GET", f"/v1/fine_tuning/jobs/{job_id}")
+    assert status == 200 and job["user_provided_suffix"] == "fromform"
+    assert job["spec"]["hyperparameters"]["max_steps"] == 5000  # the extra JSON was merged in
+    wait_for(browser, lambda d: not d.find_element(By.ID, "pause-job").get_attribute("disabled"), 10,
+             "the pause button")
+    assert browser.find_element(By.ID, "resume-job").get_attribute("disabled"), "resume needs a paused job"
+    browser.find_element(By.ID, "pause-job").click()
+    wait_for(browser, lambda d: "paused" in text_of(d, "detail-status"), 10, "the paused status", smeltd)
+    wait_for(browser, lambda d: not d.find_element(By.ID, "resume-job").get_attribute("disabled"), 10,
+             "the resume button")
+    browser.find_element(By.ID, "resume-job").click()
+    wait_for(browser, lambda d: any(s in text_of(d, "detail-status") for s in ("queued", "running")), 10,
+             "the resumed job", smeltd)
+    browser.execute_script("window.confirm = () => true")
+    wait_for(browser, lambda d: not d.find_element(By.ID, "cancel-job").get_attribute("disabled"), 10,
+             "the cancel button")
+    browser.find_element(By.ID, "cancel-job").click()
+    wait_for(browser, lambda d: "cancelled" in text_of(d, "detail-status"), 10, "the cancelled status", smeltd)
+    # a second cancel is refused by the API, and the page says why (the button is
+    # disabled by now, so press it the way its click handler does)
+    browser.execute_script("jobAction('cancel')")
+    wait_for(browser, lambda d: d.find_element(By.ID, "detail-error").is_displayed(), 10, "the 409 message")
+    assert "409" in text_of(browser, "detail-error") and "already ended" in text_of(browser, "detail-error")
+
+
+def test_rl_charts_appear_with_rl_metrics(browser, smeltd):
+    open_page(browser, smeltd)
+    figures = ("reward-chart-figure", "kl-chart-figure", "length-chart-figure")
+    # #job-detail itself is hidden here (no job open): look at the figures' own flag
+    assert all(browser.find_element(By.ID, f).get_property("hidden") for f in figures)
+    browser.execute_script("absorbMetrics(1, {type: 'train', loss: 1.5, reward: 0.25, kl: 0.01, response_length: 17});"
+                           "absorbMetrics(2, {step: 2, train_loss: 1.4, reward_mean: 0.5, kl: 0.02});")
+    wait_for(browser, lambda d: d.find_element(By.ID, "reward-chart").get_attribute("data-points") == "2", 5,
+             "two reward points")
+    assert not any(browser.find_element(By.ID, f).get_property("hidden") for f in figures)
+    assert browser.find_element(By.ID, "kl-chart").get_attribute("data-points") == "2"
+    assert browser.find_element(By.ID, "length-chart").get_attribute("data-points") == "1"
+    assert browser.find_element(By.ID, "loss-chart").get_attribute("data-points") == "2"
+
+
+def test_page_works_without_chartjs(browser, smeltd, training_job):
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*vendor/chart.js"]})
+    try:
+        open_page(browser, smeltd, ADMIN_KEY)
+        assert browser.execute_script("return typeof Chart") == "undefined"
+        assert not browser.find_element(By.ID, "charts-unavailable").get_property("hidden")
+        browser.execute_script("absorbMetrics(3, {type: 'train', loss: 2.5})")
+        wait_for(browser, lambda d: d.find_element(By.ID, "loss-chart").get_attribute("data-points") == "1", 5,
+                 "the point counted without Chart.js")
+        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr"), 15, "jobs", smeltd)
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+        browser.get_log("browser")  # drop the blocked request's console error
+
+
+def test_openapi_served(smeltd):
+    with urllib.request.urlopen(smeltd.url + "/v1/openapi.json", timeout=10) as res:
+        assert res.status == 200 and "json" in res.headers["Content-Type"]
+        served = json.loads(res.read())
+    assert served == json.loads((ROOT / "server" / "web" / "openapi.json").read_text())
+
+
+def test_sse_parser(browser, smeltd):
+    open_page(browser, smeltd)
+    rec = browser.execute_script(
+        "return parseSseRecord('id: ftevent-7\\nevent: fine_tuning.job.event\\ndata: {\"a\":\\ndata: 1}')")
+    assert rec == {"id": "ftevent-7", "event": "fine_tuning.job.event", "data": ['{"a":', "1}"]}
+    assert browser.execute_script("return parseSseRecord(': keep-alive')") is None
+    end = browser.execute_script("return parseSseRecord('event: end\\r\\ndata: {}')")
+    assert end["event"] == "end"
+
+
+# Wraps the page's fetch: the events list comes back empty (so the stream starts at the
+# first event), and the first stream's body ends after one record, as a dropped
+# connection would. Each stream request's Last-Event-ID is recorded.
+CUT_STREAM_JS = r"""
+window.__streamCalls = [];
+const realFetch = window.fetch.bind(window);
+window.fetch = async (url, opts) => {
+  const headers = (opts && opts.headers) || {};
+  if (String(url).includes('/events') && headers['Accept'] === 'text/event-stream') {
+    window.__streamCalls.push(headers['Last-Event-ID'] || null);
+    const res = await realFetch(url, opts);
+    if (window.__streamCalls.length > 1) return res;
+    const reader = res.body.getReader();
+    const dec = new TextDecoder(), enc = new TextEncoder();
+    let buf = '';
+    const body = new ReadableStream({async pull(ctrl) {
+      while (!buf.includes('\n\n')) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, {stream: true});
+      }
+      ctrl.enqueue(enc.encode(buf.slice(0, buf.indexOf('\n\n') + 2)));
+      reader.cancel();
+      ctrl.close();
+    }});
+    return new Response(body, {status: res.status, headers: res.headers});
+  }
+  if (String(url).includes('/events?'))
+    return new Response('{"object":"list","data":[],"has_more":false}',
+                        {status: 200, headers: {'Content-Type': 'application/json'}});
+  return realFetch(url, opts);
+};
+"""
+
+
+def test_stream_resumes_with_last_event_id(browser, smeltd, training_job):
+    job_id = training_job["id"]
+    open_page(browser, smeltd, ADMIN_KEY)
+    browser.execute_script(CUT_STREAM_JS)
+    row = f'#jobs-table tr[data-job-id="{job_id}"]'
+    wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, row).click() or True, 15, "a click on the job")
+    wait_for(browser, lambda d: "ended" in text_of(d, "stream-status"), TRAIN_WAIT_S, "the stream's end", smeltd)
+    calls = browser.execute_script("return window.__streamCalls")
+    assert len(calls) >= 2 and calls[0] is None, calls
+    assert calls[1] and calls[1].startswith("ftevent-"), f"the reconnect did not send Last-Event-ID: {calls}"
+    shown = [e.get_attribute("data-event-id") for e in browser.find_elements(By.CSS_SELECTOR, "#events li")]
+    status, page = smeltd.request("GET", f"/v1/fine_tuning/jobs/{job_id}/events?limit=1000")
+    assert status == 200
+    assert len(shown) == len(set(shown)), "an event is listed twice"
+    assert set(shown) == {e["id"] for e in page["data"]}, "events went missing across the reconnect"
+    assert int(browser.find_element(By.ID, "loss-chart").get_attribute("data-points")) >= 30
