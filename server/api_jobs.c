@@ -243,15 +243,21 @@ static long event_stream_next(void *ctx, char *buf, size_t cap) {
     struct store_conn *conn = store_acquire(st->server->store, &err);
     if (!conn) return 0;
     json_t *rows = NULL, *job = NULL;
-    int rc = store_query(conn, &rows, &err,
+    /* The job's state first, then its events: a job seen ended has all its events in
+     * (the control loop writes an ending and its events in one transaction). */
+    int rc = store_query_one(conn, &job, &err, "SELECT status, devices FROM jobs WHERE id = ?", "s", st->job_id);
+    if (rc == 0)
+        rc = store_query(conn, &rows, &err,
                          "SELECT id, created_at, level, type, message, data AS data__json FROM events "
                          "WHERE job_id = ? AND id > ? ORDER BY id LIMIT 100", "si", st->job_id, st->last_id);
-    if (rc == 0 && json_array_size(rows) == 0)
-        rc = store_query_one(conn, &job, &err, "SELECT status, devices FROM jobs WHERE id = ?", "s",
-                             st->job_id);
     store_release(st->server->store, conn);
+    if (rc == 0 && json_array_size(rows) > 0) {
+        json_decref(job);
+        job = NULL;
+    }
     if (rc) {
         json_decref(rows);
+        json_decref(job);
         return rc == SMELT_ENOTFOUND ? -1 : 0;
     }
     if (job) {

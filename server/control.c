@@ -630,9 +630,13 @@ static void tick(struct server *s) {
         log_error("control: %s", err.message);
         return;
     }
+    /* One transaction per pass, so readers (the SSE streams) never see a job's end
+     * without the events written with it. */
+    bool txn = store_begin(c, &err) == 0;
     mark_lost_agents(s, c);
     send_stops(s, c);
     schedule_queue(s, c);
+    if (txn && store_commit(c, &err) != 0) log_error("control: %s", err.message);
     store_release(s->store, c);
     schedules_tick(s);
 }
@@ -647,7 +651,11 @@ static void *control_main(void *arg) {
         if (rc == 0 || rc == SMELT_EFORMAT) {
             struct store_conn *c = store_acquire(s->store, &err);
             if (c) {
-                if (rc == 0) on_agent_message(s, c, &m);
+                if (rc == 0) {
+                    bool txn = store_begin(c, &err) == 0;
+                    on_agent_message(s, c, &m);
+                    if (txn && store_commit(c, &err) != 0) log_error("control: %s", err.message);
+                }
                 else if (m.route_len) {
                     json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", err.message, "field", "frames");
                     if (h) msg_send(s->agent_router, m.route, m.route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);

@@ -47,6 +47,9 @@ struct MHD_Response *http_stream_response(struct http_streams *streams,
                                           struct MHD_Connection *connection,
                                           struct http_response *res);
 
+/* Whether the client shut its sending side or the socket failed (never blocks). */
+bool http_peer_hung_up(int fd);
+
 /* Monotonic clock in seconds. */
 double http_now_s(void);
 

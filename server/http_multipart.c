@@ -2,7 +2,7 @@
  * parts of "headers CRLF CRLF data", each ended by "CRLF --boundary". Binary-safe: data
  * is searched with memmem, and a "CRLF --boundary" counts only when what follows is
  * "--" (the last) or optional blanks and CRLF (another part), as RFC 2046 requires. */
-#include "server/http_internal.h"
+#include "server/http.h"
 
 #include <string.h>
 #include <strings.h>

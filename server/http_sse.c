@@ -38,8 +38,7 @@ double http_now_s(void) {
 static void lock(struct http_streams *streams) { pthread_mutex_lock(&streams->mutex); }
 static void unlock(struct http_streams *streams) { pthread_mutex_unlock(&streams->mutex); }
 
-/* Whether the client closed its end or the socket failed (never blocks). */
-static bool peer_hung_up(int fd) {
+bool http_peer_hung_up(int fd) {
     if (fd < 0) return false;
     struct pollfd pfd = {.fd = fd, .events = POLLRDHUP};
     int rc = poll(&pfd, 1, 0);
@@ -91,7 +90,7 @@ static void *ticker_main(void *arg) {
         double now = http_now_s();
         for (struct http_stream *s = streams->head; s; s = s->next_stream) {
             if (!s->suspended) continue;
-            if (peer_hung_up(s->fd)) s->peer_gone = true;
+            if (http_peer_hung_up(s->fd)) s->peer_gone = true;
             if (s->peer_gone || now - s->last_write_s >= HTTP_SSE_KEEPALIVE_S)
                 chain_for_resume(s, &chain);
         }
@@ -180,7 +179,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             unlock(streams);
             return n;
         }
-        if (peer_hung_up(s->fd)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (http_peer_hung_up(s->fd)) return MHD_CONTENT_READER_END_WITH_ERROR;
 
         lock(streams);
         if (streams->stopping || streams->wake_seq != seen) { /* woken while next() ran */
