@@ -1,4 +1,4 @@
-/* CPU matmul and its backward: OpenBLAS sgemm for every product, OpenMP for the
+/* CPU matmul and its backward: OpenBLAS sgemm for every product (sgemv for one row), OpenMP for the
  * bias/beta pass and the bias gradient.
  *
  * Every product is issued as an accumulating GEMM (BLAS beta = 1). The forward first
@@ -72,6 +72,21 @@ static int gemm_accumulate(struct gemm g, const char *op, struct smelt_error *er
                              "32-bit index",
                              op, (long long)dims[i], (long long)g.m, (long long)g.n,
                              (long long)g.k);
+    if (g.m == 1) {
+        /* A single row (decode at batch 1): GEMV reads B once, where GEMM would first
+         * repack all of B for one row of output. */
+        for (int64_t i = 0; i < g.batch; i++) {
+            const float *x = g.a + i * g.a_stride;
+            int incx = g.trans_a ? (int)g.lda : 1;
+            if (g.trans_b)
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)g.n, (int)g.k, g.alpha, g.b + i * g.b_stride,
+                            (int)g.ldb, x, incx, 1.0f, g.c + i * g.c_stride, 1);
+            else
+                cblas_sgemv(CblasRowMajor, CblasTrans, (int)g.k, (int)g.n, g.alpha, g.b + i * g.b_stride,
+                            (int)g.ldb, x, incx, 1.0f, g.c + i * g.c_stride, 1);
+        }
+        return SMELT_OK;
+    }
     for (int64_t i = 0; i < g.batch; i++)
         cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
                     g.trans_b ? CblasTrans : CblasNoTrans, (int)g.m, (int)g.n, (int)g.k, g.alpha,

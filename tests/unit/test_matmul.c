@@ -25,6 +25,10 @@ static const struct mm_case grad_cases[] = {
     /* m == k: a transposed batch has the same stride as an untransposed one. */
     {"shared b square", 3, 8, 5, 8, true, false, true, 1.0, 0.0},
     {"shared a", 3, 6, 5, 7, false, true, false, -0.75, 1.0},
+    /* one row: the GEMV path (decode at batch 1) */
+    {"one row", 1, 1, 9, 7, false, false, true, 1.0, 0.0},
+    {"one row batched", 3, 1, 6, 5, true, true, true, 1.0, 0.5},
+    {"one row shared a", 2, 1, 5, 4, false, true, false, 0.5, 0.0},
     {"shared a bias", 2, 1, 3, 33, false, true, true, 2.0, 0.0},
 };
 
@@ -34,6 +38,7 @@ static const struct mm_case big_cases[] = {
     {"big shared b", 3, 65, 129, 257, true, false, true, 1.0, 0.0},
     {"big shared a", 3, 65, 129, 257, false, true, false, 0.5, 1.0},
     {"big batched", 2, 64, 64, 130, true, true, true, 1.0, -0.5},
+    {"big one row", 2, 1, 300, 257, true, true, true, 1.0, 0.0},
 };
 
 /* One case in one transpose mode, in float64: inputs, the old out, and the loss weights. */
