@@ -130,7 +130,8 @@ static void change_state(struct server *s, struct http_request *req, struct http
         server_reply_failure(res, &err, NULL);
         return;
     }
-    const char *status = json_string_value(json_object_get(row, "status"));
+    char status[32];
+    snprintf(status, sizeof status, "%s", json_string_value(json_object_get(row, "status")));
     const char *id = req->params[0];
     bool has_worker = !json_is_null(json_object_get(row, "devices"));
     int64_t now = server_now();

@@ -140,7 +140,10 @@ class Smeltd:
         raise AssertionError("devices still allocated: %s" % body)
 
     def kill(self, sig=signal.SIGTERM):
-        if self.proc and self.proc.poll() is None:
+        if self.proc is None or getattr(self, "stopped", False):
+            return
+        self.stopped = True
+        if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=30)
@@ -150,6 +153,28 @@ class Smeltd:
         if getattr(self, "log", None):
             self.log.close()
             self.log = None
+        # a sanitizer build reports memory errors and leaks in the log: they fail the test
+        text = self.read_log_all()
+        logs = [("smeltd", text)]
+        jobs = os.path.join(self.data_dir, "jobs")
+        for job in sorted(os.listdir(jobs)) if os.path.isdir(jobs) else []:
+            path = os.path.join(jobs, job, "log.txt")
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    logs.append((job, f.read().decode("utf-8", "replace")))
+        for name, log in logs:
+            for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+                assert marker not in log, "%s: %s\n%s" % (name, marker, log[-6000:])
+        if sig == signal.SIGTERM:
+            assert self.proc.returncode == 0, "smeltd exited with %s after SIGTERM\n%s" % (
+                self.proc.returncode, text[-3000:])
+
+    def read_log_all(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
 
 
 def make_models_dir(tmp):
@@ -190,7 +215,10 @@ def smeltd():
     s = Smeltd(data_dir, make_models_dir(tmp)).start()
     yield s
     s.kill()
-    shutil.rmtree(tmp, ignore_errors=True)
+    if os.environ.get("SMELT_TEST_KEEP"):
+        print("kept", tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
