@@ -73,7 +73,7 @@ def main():
     proc = subprocess.Popen([smeltd, "--data", os.path.join(tmp, "data"), "--models", models, "--port", "0",
                              "--port-file", port_file, "--no-local-agent"],
                             env=dict(os.environ, SMELT_ADMIN_KEY=KEY, SMELT_LOG_LEVEL="warn"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=open(os.path.join(tmp, "smeltd.log"), "wb"), stderr=subprocess.STDOUT)
     try:
         for _ in range(200):
             if os.path.exists(port_file) and open(port_file).read().strip():
@@ -113,7 +113,7 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        print(open(os.path.join(tmp, "smeltd.log")).read()[-3000:]) if os.environ.get("DEBUG") else None; shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -446,9 +446,8 @@ int jobs_create(struct server *s, const char *project, json_t *request, const ch
         server_reply_failure(res, &err, NULL);
         return -1;
     }
-    rc = store_query_one(conn = store_acquire(s->store, &err), &row, &err,
-                         "SELECT * FROM jobs WHERE id = ?", "s", id);
-    if (conn) store_release(s->store, conn);
+    rc = store_query_one(conn, &row, &err, "SELECT * FROM jobs WHERE id = ?", "s", id);
+    store_release(s->store, conn);
     if (rc) {
         server_reply_failure(res, &err, NULL);
         return -1;

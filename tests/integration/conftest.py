@@ -62,6 +62,8 @@ class Smeltd:
             time.sleep(0.05)
         else:
             raise RuntimeError("smeltd did not start: " + self.read_log())
+        if "--no-local-agent" in self.extra_args:
+            return self
         # wait for the embedded agent to register
         deadline = time.time() + 20
         while time.time() < deadline:

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from conftest import ADMIN_KEY, SMALL_JOB
+from conftest import ADMIN_KEY, SMALL_JOB, TRAIN_FILE
 
 
 def raw(server, data, timeout=10):
@@ -252,3 +252,30 @@ def test_metrics_endpoint(smeltd):
                  "smelt_job_retries_total"):
         assert name in text, name
     assert smeltd.request("GET", "/metrics", key=None)[0] == 401
+
+
+def test_many_requests_do_not_exhaust_the_store(start_smeltd):
+    """More creates, cancels and reads than the store has connections: a connection not
+    given back would hang the server here."""
+    server = start_smeltd(extra_args=("--no-local-agent",))
+    status, f = server.upload(TRAIN_FILE)
+    assert status == 200
+    ids = []
+    for i in range(40):
+        status, job = server.request("POST", "/v1/fine_tuning/jobs", dict(SMALL_JOB, training_file=f["id"]),
+                                     headers={"Idempotency-Key": "many-%d" % (i % 30)})
+        assert status == 200, job
+        ids.append(job["id"])
+    for job_id in ids[:20]:
+        for path in ("", "/events", "/checkpoints", "/metrics", "/logs"):
+            assert server.request("GET", "/v1/fine_tuning/jobs/" + job_id + path)[0] == 200
+        server.request("POST", "/v1/fine_tuning/jobs/%s/cancel" % job_id)
+        assert server.request("POST", "/v1/fine_tuning/jobs/%s/cancel" % job_id)[0] in (409,)
+        assert server.request("POST", "/v1/fine_tuning/jobs/%s/resume" % job_id)[0] == 409
+    for _ in range(20):
+        for path in ("/v1/files", "/v1/models", "/v1/cluster", "/metrics", "/v1/fine_tuning/jobs?limit=5"):
+            assert server.request("GET", path)[0] == 200
+        assert server.request("GET", "/v1/files/file-nope")[0] == 404
+        assert server.request("GET", "/v1/models/nope")[0] == 404
+    status, page = server.request("GET", "/v1/fine_tuning/jobs?limit=100&status=queued")
+    assert len(page["data"]) == 10  # 30 distinct keys, 20 of them cancelled
