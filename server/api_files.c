@@ -39,6 +39,11 @@ static json_t *report_json(const struct dataset_report *r) {
                      "errors_total", (json_int_t)r->n_issues, "errors", errors);
 }
 
+static json_t *file_list_object(void *ctx, json_t *row) {
+    (void)ctx;
+    return file_object(row);
+}
+
 #define FILE_COLUMNS "id, bytes, created_at, filename, purpose, status, " \
                      "CASE WHEN status = 'error' THEN json_extract(report, '$.errors[0].message') END " \
                      "AS status_details, report AS report__json"
@@ -182,20 +187,7 @@ void api_files_list(void *app, struct http_request *req, struct http_response *r
         server_reply_failure(res, &err, NULL);
         return;
     }
-    json_t *data = json_array();
-    size_t i;
-    json_t *row;
-    json_array_foreach(rows, i, row) {
-        if ((int64_t)i == limit) break;
-        json_array_append_new(data, file_object(row));
-    }
-    bool has_more = (int64_t)json_array_size(rows) > limit;
-    json_decref(rows);
-    json_t *first = json_array_size(data) ? json_object_get(json_array_get(data, 0), "id") : NULL;
-    json_t *last = json_array_size(data)
-                       ? json_object_get(json_array_get(data, json_array_size(data) - 1), "id") : NULL;
-    http_reply_json(res, 200, json_pack("{s:s, s:o, s:b, s:O?, s:O?}", "object", "list", "data", data,
-                                        "has_more", has_more, "first_id", first, "last_id", last));
+    server_reply_list(res, rows, limit, file_list_object, NULL, true);
 }
 
 static json_t *file_row(struct server *s, struct http_request *req, struct http_response *res) {

@@ -61,6 +61,10 @@ void api_jobs_get(void *app, struct http_request *req, struct http_response *res
     reply_job(app, req, res);
 }
 
+static json_t *job_list_object(void *ctx, json_t *row) {
+    return jobs_object(ctx, row);
+}
+
 static bool valid_status(const char *st) {
     static const char *const all[] = {"validating_files", "queued", "running", "succeeded", "failed",
                                       "cancelled", "paused", NULL};
@@ -93,16 +97,7 @@ void api_jobs_list(void *app, struct http_request *req, struct http_response *re
         server_reply_failure(res, &err, NULL);
         return;
     }
-    json_t *data = json_array();
-    size_t i;
-    json_t *row;
-    json_array_foreach(rows, i, row) {
-        if ((int64_t)i == limit) break;
-        json_array_append_new(data, jobs_object(s, row));
-    }
-    bool more = (int64_t)json_array_size(rows) > limit;
-    json_decref(rows);
-    http_reply_json(res, 200, json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", more));
+    server_reply_list(res, rows, limit, job_list_object, s, false);
 }
 
 /* A state change under one transaction: from the statuses allowed, to the new status
@@ -204,6 +199,11 @@ static json_t *event_object(json_t *row) {
                      "created_at", json_object_get(row, "created_at"), "level", json_object_get(row, "level"),
                      "message", json_object_get(row, "message"), "type", json_object_get(row, "type"),
                      "data", json_object_get(row, "data"));
+}
+
+static json_t *event_list_object(void *ctx, json_t *row) {
+    (void)ctx;
+    return event_object(row);
 }
 
 /* "ftevent-12" or "12" -> 12; -1 when neither. */
@@ -360,15 +360,7 @@ void api_jobs_events(void *app, struct http_request *req, struct http_response *
         server_reply_failure(res, &err, NULL);
         return;
     }
-    json_t *data = json_array();
-    size_t i;
-    json_array_foreach(rows, i, row) {
-        if ((int64_t)i == limit) break;
-        json_array_append_new(data, event_object(row));
-    }
-    bool more = (int64_t)json_array_size(rows) > limit;
-    json_decref(rows);
-    http_reply_json(res, 200, json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", more));
+    server_reply_list(res, rows, limit, event_list_object, NULL, false);
 }
 
 /* ---- checkpoints, metrics, logs ---- */

@@ -20,6 +20,11 @@ static json_t *schedule_object(json_t *row) {
                      "created_at", json_object_get(row, "created_at"));
 }
 
+static json_t *schedule_list_object(void *ctx, json_t *row) {
+    (void)ctx;
+    return schedule_object(row);
+}
+
 #define SCHEDULE_COLUMNS "id, project_id, name, cron, template AS template__json, concurrency, suspended, " \
                          "next_fire_at, last_fire_at, created_at"
 
@@ -180,16 +185,7 @@ void api_schedules_list(void *app, struct http_request *req, struct http_respons
         server_reply_failure(res, &err, NULL);
         return;
     }
-    json_t *data = json_array();
-    size_t i;
-    json_t *row;
-    json_array_foreach(rows, i, row) {
-        if ((int64_t)i == limit) break;
-        json_array_append_new(data, schedule_object(row));
-    }
-    bool more = (int64_t)json_array_size(rows) > limit;
-    json_decref(rows);
-    http_reply_json(res, 200, json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", more));
+    server_reply_list(res, rows, limit, schedule_list_object, NULL, false);
 }
 
 void api_schedules_update(void *app, struct http_request *req, struct http_response *res) {
@@ -262,6 +258,11 @@ static json_t *run_object(json_t *row) {
                      json_object_get(row, "scheduled_for"), "fired_at", json_object_get(row, "fired_at"), "trigger",
                      json_object_get(row, "trigger"), "job_id", json_object_get(row, "job_id"), "outcome",
                      json_object_get(row, "outcome"), "message", json_object_get(row, "message"));
+}
+
+static json_t *run_list_object(void *ctx, json_t *row) {
+    (void)ctx;
+    return run_object(row);
 }
 
 int schedules_fire(struct server *s, json_t *schedule, const char *trigger, int64_t scheduled_for, char *job_id,
@@ -402,13 +403,5 @@ void api_schedules_runs(void *app, struct http_request *req, struct http_respons
         server_reply_failure(res, &err, NULL);
         return;
     }
-    json_t *data = json_array();
-    size_t i;
-    json_array_foreach(rows, i, row) {
-        if ((int64_t)i == limit) break;
-        json_array_append_new(data, run_object(row));
-    }
-    bool more = (int64_t)json_array_size(rows) > limit;
-    json_decref(rows);
-    http_reply_json(res, 200, json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", more));
+    server_reply_list(res, rows, limit, run_list_object, NULL, false);
 }

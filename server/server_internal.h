@@ -53,6 +53,11 @@ json_t *server_body_object(const struct http_request *req, struct http_response 
 /* Reads ?limit= (default def, 1..max) and ?after=; replies 400 and returns -1 when bad. */
 int server_page_args(const struct http_request *req, struct http_response *res, int64_t def,
                      int64_t max, int64_t *limit, const char **after);
+/* Replies a list page {"object": "list", "data", "has_more"} (plus first_id / last_id when
+ * ids is set) from rows fetched with LIMIT limit + 1: the first limit rows, each made an
+ * API object by fn(ctx, row). Takes rows. */
+void server_reply_list(struct http_response *res, json_t *rows, int64_t limit,
+                       json_t *(*fn)(void *ctx, json_t *row), void *ctx, bool ids);
 /* A store connection or a 503 reply. */
 struct store_conn *server_conn(struct server *s, struct http_response *res);
 

@@ -89,3 +89,28 @@ struct store_conn *server_conn(struct server *s, struct http_response *res) {
     if (!c) http_reply_error(res, 503, NULL, "store_unavailable", "%s", err.message);
     return c;
 }
+
+void server_reply_list(struct http_response *res, json_t *rows, int64_t limit,
+                       json_t *(*fn)(void *ctx, json_t *row), void *ctx, bool ids) {
+    json_t *data = json_array();
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        if ((int64_t)i == limit) break;
+        json_t *o = fn(ctx, row);
+        if (o) json_array_append_new(data, o);
+    }
+    bool more = (int64_t)json_array_size(rows) > limit;
+    json_decref(rows);
+    json_t *page = json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", more);
+    size_t n = json_array_size(data);
+    if (page && ids) {
+        json_object_set(page, "first_id", n ? json_object_get(json_array_get(data, 0), "id") : json_null());
+        json_object_set(page, "last_id", n ? json_object_get(json_array_get(data, n - 1), "id") : json_null());
+    }
+    if (!page) {
+        http_reply_error(res, 500, NULL, "out_of_memory", "out of memory");
+        return;
+    }
+    http_reply_json(res, 200, page);
+}

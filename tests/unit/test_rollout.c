@@ -8,61 +8,7 @@
 
 #include "model/model.h"
 #include "rollout/rollout.h"
-#include "testutil.h"
-
-static struct model *load(const char *type) {
-    char dir[128];
-    snprintf(dir, sizeof dir, "tests/data/parity/%s", type);
-    struct model *m;
-    struct smelt_error err = {0};
-    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
-    return m;
-}
-
-static struct rollout_engine *engine(struct model *m, int64_t kv_tokens, int64_t batch_tokens, int max_seqs,
-                                     int64_t chunk) {
-    struct rollout_config c = {.kv_memory_bytes = kv_tokens * model_kv_bytes_per_token(m),
-                               .max_batch_tokens = batch_tokens, .max_seqs = max_seqs, .prefill_chunk = chunk};
-    struct rollout_engine *e;
-    struct smelt_error err = {0};
-    TEST_OK(rollout_engine_create(m, NULL, &c, &e, &err), &err);
-    return e;
-}
-
-/* Runs until idle; results sorted into out[request id][sample]. */
-#define MAX_REQ 64
-struct collected {
-    struct rollout_result r[MAX_REQ][8];
-    bool have[MAX_REQ][8];
-};
-
-static void run_all(struct rollout_engine *e, struct collected *c) {
-    struct smelt_error err = {0};
-    memset(c, 0, sizeof *c);
-    for (int guard = 0; !rollout_engine_idle(e); guard++) {
-        cr_assert(guard < 100000, "the engine does not finish");
-        TEST_OK(rollout_engine_step(e, &err), &err);
-        struct rollout_result *res;
-        int n;
-        TEST_OK(rollout_engine_take(e, &res, &n, &err), &err);
-        for (int i = 0; i < n; i++) {
-            cr_assert(res[i].request_id < MAX_REQ && res[i].sample_index < 8);
-            cr_assert(!c->have[res[i].request_id][res[i].sample_index], "a sample finished twice");
-            c->r[res[i].request_id][res[i].sample_index] = res[i];
-            c->have[res[i].request_id][res[i].sample_index] = true;
-        }
-        free(res); /* the arrays inside now belong to c */
-    }
-}
-
-static void free_collected(struct collected *c) {
-    for (int i = 0; i < MAX_REQ; i++)
-        for (int s = 0; s < 8; s++)
-            if (c->have[i][s]) {
-                free(c->r[i][s].ids);
-                free(c->r[i][s].logprobs);
-            }
-}
+#include "tests/unit/rollout_testutil.h"
 
 static struct rollout_request greedy_request(uint64_t id, const int32_t *prompt, int64_t n, int64_t max_new) {
     return (struct rollout_request){.id = id, .prompt = prompt, .n_prompt = n, .n = 1,
@@ -75,9 +21,9 @@ static void prompt_of(int32_t *ids, int64_t n, int seed, int64_t V) {
 
 /* Greedy output of the engine equals the reference generator for every prompt. */
 static void check_greedy(const char *type, int64_t kv_tokens, int64_t batch_tokens, int64_t chunk, bool expect_preempt) {
-    struct model *m = load(type);
+    struct model *m = rollout_test_load(type);
     int64_t V = m->config.vocab_size, ctx = m->config.max_seq_len;
-    struct rollout_engine *e = engine(m, kv_tokens, batch_tokens, 16, chunk);
+    struct rollout_engine *e = rollout_test_engine(m, NULL, kv_tokens, batch_tokens, 16, chunk);
     enum { N = 6 };
     int32_t prompts[N][64];
     int64_t lens[N] = {1, 5, 17, 33, 9, 40}, max_new = 20;
@@ -88,8 +34,7 @@ static void check_greedy(const char *type, int64_t kv_tokens, int64_t batch_toke
         struct rollout_request r = greedy_request((uint64_t)i, prompts[i], lens[i], mn);
         TEST_OK(rollout_engine_add(e, &r, &err), &err);
     }
-    struct collected *c = calloc(1, sizeof *c);
-    run_all(e, c);
+    struct rollout_test_collected *c = rollout_test_run_all(e);
     struct rollout_stats st = rollout_engine_stats(e);
     cr_expect_eq(st.free_blocks, st.n_blocks, "%s: blocks leaked", type);
     if (expect_preempt) cr_expect(st.preemptions > 0, "%s: the small pool caused no preemption", type);
@@ -109,8 +54,7 @@ static void check_greedy(const char *type, int64_t kv_tokens, int64_t batch_toke
         cr_expect_str_eq(r->finish_reason, "length");
         generate_result_free(&ref);
     }
-    free_collected(c);
-    free(c);
+    rollout_test_free_collected(c);
     rollout_engine_free(e);
     model_free(m);
 }
@@ -127,8 +71,8 @@ Test(rollout, greedy_matches_reference_with_preemption_and_chunked_prefill) {
 }
 
 Test(rollout, samples_of_a_prompt_share_its_blocks) {
-    struct model *m = load("llama");
-    struct rollout_engine *e = engine(m, 2048, 512, 16, 512);
+    struct model *m = rollout_test_load("llama");
+    struct rollout_engine *e = rollout_test_engine(m, NULL, 2048, 512, 16, 512);
     int32_t prompt[50];
     prompt_of(prompt, 50, 1, m->config.vocab_size);
     struct rollout_request r = {.id = 0, .prompt = prompt, .n_prompt = 50, .n = 8,
@@ -143,19 +87,17 @@ Test(rollout, samples_of_a_prompt_share_its_blocks) {
     cr_expect_eq(used, (prompt_blocks - 1) + 8, "8 samples use %lld blocks; one prompt is %lld", (long long)used,
                  (long long)prompt_blocks);
     cr_expect(used < 2 * prompt_blocks + 8);
-    struct collected *c = calloc(1, sizeof *c);
-    run_all(e, c);
+    struct rollout_test_collected *c = rollout_test_run_all(e);
     for (int s = 0; s < 8; s++) cr_expect(c->have[0][s], "sample %d missing", s);
     st = rollout_engine_stats(e);
     cr_expect_eq(st.free_blocks, st.n_blocks);
-    free_collected(c);
-    free(c);
+    rollout_test_free_collected(c);
     rollout_engine_free(e);
     model_free(m);
 }
 
 Test(rollout, same_seed_same_output_alone_or_batched) {
-    struct model *m = load("qwen2");
+    struct model *m = rollout_test_load("qwen2");
     int64_t V = m->config.vocab_size;
     int32_t prompt[12], other[30];
     prompt_of(prompt, 12, 2, V);
@@ -164,19 +106,18 @@ Test(rollout, same_seed_same_output_alone_or_batched) {
                                 .sampling = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f}, .seed = 77,
                                 .max_new_tokens = 12};
     struct smelt_error err = {0};
-    struct collected *alone = calloc(1, sizeof *alone), *batched = calloc(1, sizeof *batched);
-    struct rollout_engine *e = engine(m, 2048, 256, 16, 256);
+    struct rollout_engine *e = rollout_test_engine(m, NULL, 2048, 256, 16, 256);
     TEST_OK(rollout_engine_add(e, &r, &err), &err);
-    run_all(e, alone);
+    struct rollout_test_collected *alone = rollout_test_run_all(e);
     rollout_engine_free(e);
-    e = engine(m, 2048, 256, 16, 5);
+    e = rollout_test_engine(m, NULL, 2048, 256, 16, 5);
     for (int i = 1; i < 5; i++) {
         struct rollout_request o = {.id = (uint64_t)i, .prompt = other, .n_prompt = 10 + i, .n = 2,
                                     .sampling = {.temperature = 1, .top_p = 1}, .seed = (uint64_t)i, .max_new_tokens = 9};
         TEST_OK(rollout_engine_add(e, &o, &err), &err);
         if (i == 2) TEST_OK(rollout_engine_add(e, &r, &err), &err);
     }
-    run_all(e, batched);
+    struct rollout_test_collected *batched = rollout_test_run_all(e);
     for (int s = 0; s < 3; s++) {
         struct rollout_result *a = &alone->r[0][s], *b = &batched->r[0][s];
         cr_assert(alone->have[0][s] && batched->have[0][s]);
@@ -192,18 +133,16 @@ Test(rollout, same_seed_same_output_alone_or_batched) {
     TEST_OK(model_generate_reference(m, prompt, 12, &gp, &ref, &err), &err);
     cr_expect_eq(memcmp(ref.ids, alone->r[0][0].ids, 12 * sizeof(int32_t)), 0, "sample 0 differs from smelt-generate");
     generate_result_free(&ref);
-    free_collected(alone);
-    free_collected(batched);
-    free(alone);
-    free(batched);
+    rollout_test_free_collected(alone);
+    rollout_test_free_collected(batched);
     rollout_engine_free(e);
     model_free(m);
 }
 
 Test(rollout, every_block_returns_under_random_load_and_aborts) {
-    struct model *m = load("llama");
+    struct model *m = rollout_test_load("llama");
     int64_t V = m->config.vocab_size;
-    struct rollout_engine *e = engine(m, 20 * 16, 96, 12, 24);
+    struct rollout_engine *e = rollout_test_engine(m, NULL, 20 * 16, 96, 12, 24);
     struct test_rng rng = {2024};
     struct smelt_error err = {0};
     int32_t prompt[48];
@@ -249,8 +188,8 @@ Test(rollout, every_block_returns_under_random_load_and_aborts) {
 }
 
 Test(rollout, bad_requests_name_the_field) {
-    struct model *m = load("llama");
-    struct rollout_engine *e = engine(m, 1024, 128, 8, 128);
+    struct model *m = rollout_test_load("llama");
+    struct rollout_engine *e = rollout_test_engine(m, NULL, 1024, 128, 8, 128);
     int32_t p[80] = {0};
     struct smelt_error err = {0};
     struct rollout_request ok = greedy_request(1, p, 4, 4);
@@ -276,7 +215,7 @@ Test(rollout, bad_requests_name_the_field) {
 }
 
 Test(rollout, new_weights_rerun_unfinished_samples) {
-    struct model *m = load("llama"), *m2 = load("llama");
+    struct model *m = rollout_test_load("llama"), *m2 = rollout_test_load("llama");
     /* Other weights: scale every weight a little. */
     float *w2 = m2->weights.data;
     for (int64_t i = 0; i < m2->n_weights; i++) w2[i] *= 1.5f;
@@ -286,18 +225,17 @@ Test(rollout, new_weights_rerun_unfinished_samples) {
                                 .sampling = {.temperature = 1, .top_p = 1}, .seed = 9, .max_new_tokens = 16};
     struct smelt_error err = {0};
     /* Reference: the whole request on the new weights. */
-    struct rollout_engine *e = engine(m2, 1024, 128, 8, 128);
-    struct collected *want = calloc(1, sizeof *want), *got = calloc(1, sizeof *got);
+    struct rollout_engine *e = rollout_test_engine(m2, NULL, 1024, 128, 8, 128);
     TEST_OK(rollout_engine_add(e, &r, &err), &err);
-    run_all(e, want);
+    struct rollout_test_collected *want = rollout_test_run_all(e);
     rollout_engine_free(e);
     /* Start on the old weights, switch after a few steps. */
-    e = engine(m, 1024, 128, 8, 128);
+    e = rollout_test_engine(m, NULL, 1024, 128, 8, 128);
     TEST_OK(rollout_engine_add(e, &r, &err), &err);
     for (int i = 0; i < 4; i++) TEST_OK(rollout_engine_step(e, &err), &err);
     TEST_OK(rollout_engine_set_weights(e, w2, m2->n_weights, &err), &err);
     TEST_EXPECT_ERROR(rollout_engine_set_weights(e, w2, 3, &err), SMELT_EINVAL, &err);
-    run_all(e, got);
+    struct rollout_test_collected *got = rollout_test_run_all(e);
     for (int s = 0; s < 2; s++) {
         cr_assert(got->have[0][s]);
         cr_expect_eq(got->r[0][s].policy_version, 1);
@@ -307,10 +245,8 @@ Test(rollout, new_weights_rerun_unfinished_samples) {
     }
     struct rollout_stats st = rollout_engine_stats(e);
     cr_expect_eq(st.free_blocks, st.n_blocks);
-    free_collected(want);
-    free_collected(got);
-    free(want);
-    free(got);
+    rollout_test_free_collected(want);
+    rollout_test_free_collected(got);
     rollout_engine_free(e);
     model_free(m);
     model_free(m2);
