@@ -6,21 +6,19 @@ Run: python3 -m pytest tests/e2e/test_page.py -v
 A screenshot of the page with a training job lands in tests/e2e/artifacts/page.png.
 """
 import json
-import os
 import pathlib
 import shutil
-import subprocess
+import sys
 import time
-import urllib.error
 import urllib.request
-import uuid
 
 import pytest
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from smeltd_harness import ADMIN_KEY, TRAIN_FILE, Smeltd, make_models_dir  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = pathlib.Path(__file__).resolve().parent / "artifacts"
-ADMIN_KEY = "e2e-admin-key-" + uuid.uuid4().hex[:12]
-TRAIN_FILE = ROOT / "examples" / "data" / "addition_train.jsonl"
 TRAIN_WAIT_S = 180
 # Few steps keep the job to well under a minute on a busy 2-core machine.
 JOB_REQUEST = {
@@ -44,112 +42,27 @@ except ImportError:  # reported by the browser fixture
 # ---------------------------------------------------------------- the server
 
 
-class Smeltd:
-    def __init__(self, url, key, proc, log_path, data_dir):
-        self.url, self.key, self.proc, self.log_path, self.data_dir = url, key, proc, log_path, data_dir
-
-    def request(self, method, path, body=None, headers=None, key=None):
-        headers = dict(headers or {})
-        headers["Authorization"] = "Bearer " + (key or self.key)
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as res:
-                raw = res.read()
-                return res.status, json.loads(raw) if "json" in res.headers.get("Content-Type", "") else raw
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                return e.code, json.loads(raw)
-            except ValueError:
-                return e.code, raw
-
-    def upload(self, path, name=None):
-        boundary = "----smelt" + uuid.uuid4().hex
-        name = name or pathlib.Path(path).name
-        parts = [
-            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nfine-tune\r\n'.encode(),
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
-            "Content-Type: application/jsonl\r\n\r\n".encode(),
-            pathlib.Path(path).read_bytes(),
-            f"\r\n--{boundary}--\r\n".encode(),
-        ]
-        status, body = self.request("POST", "/v1/files", b"".join(parts),
-                                    {"Content-Type": "multipart/form-data; boundary=" + boundary})
-        assert status == 200, f"upload of {name} failed: {status} {body}"
-        return body
-
-    def log_tail(self, n=3000):
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return "(no log)"
-
-
-def smeltd_binary():
-    build = os.environ.get("SMELT_BUILD", "build-cpu")
-    path = pathlib.Path(build)
-    if not path.is_absolute():
-        path = ROOT / path
-    return path / "smeltd"
-
-
 @pytest.fixture(scope="module")
 def smeltd(tmp_path_factory):
-    binary = smeltd_binary()
-    if not binary.exists():
-        pytest.fail(f"{binary} is not built: run `make -j2 CUDA=0 BUILD={binary.parent.name} "
-                    f"{binary.parent.name}/smeltd {binary.parent.name}/smelt-trainer` (or set SMELT_BUILD)")
     tmp = tmp_path_factory.mktemp("smeltd")
-    models = tmp / "models"
-    models.mkdir()
-    (models / "tiny").symlink_to(ROOT / "examples" / "tiny")
-    port_file = tmp / "port"
-    log_path = tmp / "smeltd.log"
-    env = dict(os.environ, SMELT_ADMIN_KEY=ADMIN_KEY)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "--data", str(tmp / "data"), "--models", str(models), "--port", "0",
-                                 "--port-file", str(port_file), "--cpu"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp))
-    server = None
+    data_dir = tmp / "data"
+    data_dir.mkdir()
+    server = Smeltd(str(data_dir), make_models_dir(str(tmp))).start()
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"smeltd exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}")
-            text = port_file.read_text().strip() if port_file.exists() else ""
-            if text.isdigit():
-                server = Smeltd(f"http://127.0.0.1:{text}", ADMIN_KEY, proc, log_path, tmp / "data")
-                try:
-                    with urllib.request.urlopen(server.url + "/healthz", timeout=5) as res:
-                        if res.status == 200:
-                            break
-                except OSError:
-                    pass
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"smeltd did not answer /healthz within 30 s:\n{log_path.read_text(errors='replace')}")
         yield server
-        crashed = proc.poll()
-        assert crashed is None, f"smeltd died during the tests (exit {crashed}):\n{server.log_tail()}"
+        crashed = server.proc.poll()
+        assert crashed is None, f"smeltd died during the tests (exit {crashed}):\n{server.read_log()}"
     finally:
         ARTIFACTS.mkdir(exist_ok=True)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.copyfile(log_path, ARTIFACTS / "smeltd.log")
+        server.kill()
+        shutil.copyfile(server.log_path, ARTIFACTS / "smeltd.log")
 
 
 @pytest.fixture(scope="module")
 def training_job(smeltd):
     """A small job that trains while the page tests run."""
-    f = smeltd.upload(TRAIN_FILE)
-    assert f["status"] == "processed", f
+    status, f = smeltd.upload(TRAIN_FILE)
+    assert status == 200 and f["status"] == "processed", f
     status, job = smeltd.request("POST", "/v1/fine_tuning/jobs", dict(JOB_REQUEST, training_file=f["id"]))
     assert status == 200, f"job create refused: {job}"
     return job
@@ -190,9 +103,9 @@ def browser():
 
 def open_page(browser, smeltd, key=None):
     """Loads the page with an empty localStorage and, if key is given, enters it."""
-    browser.get(smeltd.url + "/")
+    browser.get(smeltd.base_url + "/")
     browser.execute_script("localStorage.clear()")
-    browser.get(smeltd.url + "/")
+    browser.get(smeltd.base_url + "/")
     if key is not None:
         box = browser.find_element(By.ID, "api-key")
         box.clear()
@@ -209,7 +122,7 @@ def wait_for(browser, predicate, seconds, what, smeltd=None):
         ARTIFACTS.mkdir(exist_ok=True)
         browser.save_screenshot(str(ARTIFACTS / "failure.png"))
         console = "\n".join(str(e) for e in browser.get_log("browser"))[-3000:]
-        tail = smeltd.log_tail() if smeltd else ""
+        tail = smeltd.read_log() if smeltd else ""
         pytest.fail(f"timed out after {seconds} s waiting for {what}; screenshot in {ARTIFACTS / 'failure.png'}\n"
                     f"browser console:\n{console}\nsmeltd log:\n{tail}")
 
@@ -324,8 +237,9 @@ def test_upload_shows_validation_errors(browser, smeltd, tmp_path):
 def test_api_text_is_escaped(browser, smeltd, tmp_path):
     name = "<img src=x onerror=window.__pwned=1>.jsonl"
     f = tmp_path / "evil.jsonl"
-    f.write_text(TRAIN_FILE.read_text().splitlines()[0] + "\n")
-    smeltd.upload(f, name=name)
+    f.write_text(pathlib.Path(TRAIN_FILE).read_text().splitlines()[0] + "\n")
+    status, _ = smeltd.upload(str(f), filename=name)
+    assert status == 200
     open_page(browser, smeltd, ADMIN_KEY)
     wait_for(browser, lambda d: "onerror" in text_of(d, "files-table"), 15, "the file with markup in its name")
     assert not browser.find_elements(By.CSS_SELECTOR, "#files-table img")
@@ -418,7 +332,7 @@ def test_page_works_without_chartjs(browser, smeltd, training_job):
 
 
 def test_openapi_served(smeltd):
-    with urllib.request.urlopen(smeltd.url + "/v1/openapi.json", timeout=10) as res:
+    with urllib.request.urlopen(smeltd.base_url + "/v1/openapi.json", timeout=10) as res:
         assert res.status == 200 and "json" in res.headers["Content-Type"]
         served = json.loads(res.read())
     assert served == json.loads((ROOT / "server" / "web" / "openapi.json").read_text())

@@ -1,0 +1,183 @@
+"""A real smeltd for the Python tests (integration and browser): started on a free
+loopback port in a data directory with the tiny example model, with an admin key from
+SMELT_ADMIN_KEY, helpers for requests and uploads, and a stop that fails on sanitizer
+reports in smeltd's or a worker's log. Binaries come from $SMELT_BUILD (default
+build-cpu)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+BUILD = os.path.join(ROOT, os.environ.get("SMELT_BUILD", "build-cpu"))
+ADMIN_KEY = "sk-smelt-test-admin-key-0123456789"
+TRAIN_FILE = os.path.join(ROOT, "examples", "data", "addition_train.jsonl")
+VAL_FILE = os.path.join(ROOT, "examples", "data", "addition_val.jsonl")
+
+# A job that trains the tiny example model for a few steps (a second or two on CPU).
+SMALL_JOB = {
+    "model": "tiny",
+    "model_init": "random",
+    "hyperparameters": {"n_epochs": 1, "batch_size": 16, "max_steps": 12, "learning_rate": 0.003},
+    "data": {"max_seq_len": 32},
+}
+
+
+class Smeltd:
+    def __init__(self, data_dir, models_dir, extra_args=()):
+        self.data_dir = data_dir
+        self.models_dir = models_dir
+        self.extra_args = list(extra_args)
+        self.proc = None
+        self.port = None
+        self.log_path = os.path.join(data_dir, "smeltd.log")
+
+    def start(self):
+        port_file = os.path.join(self.data_dir, "port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        env = dict(os.environ, SMELT_ADMIN_KEY=ADMIN_KEY, OMP_NUM_THREADS="1")
+        args = [os.path.join(BUILD, "smeltd"), "--data", self.data_dir, "--models", self.models_dir,
+                "--port", "0", "--port-file", port_file, "--cpu", "--heartbeat-ms", "200",
+                "--agent-lost-ms", "2000", "--stop-grace-ms", "3000"] + self.extra_args
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("smeltd exited with %d: %s" % (self.proc.returncode, self.read_log()))
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    text = f.read().strip()
+                if text:
+                    self.port = int(text)
+                    break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("smeltd did not start: " + self.read_log())
+        if "--no-local-agent" in self.extra_args:
+            return self
+        # wait for the embedded agent to register
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            status, body = self.request("GET", "/v1/cluster")
+            if status == 200 and any(a["status"] == "online" for a in body["agents"]):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("no agent registered: " + self.read_log())
+
+    def read_log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")[-4000:]
+        except OSError:
+            return ""
+
+    @property
+    def base_url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def request(self, method, path, body=None, key=ADMIN_KEY, headers=None, raw=None):
+        """(status, parsed JSON or text) for one request."""
+        data = raw
+        hdrs = dict(headers or {})
+        if body is not None:
+            data = json.dumps(body).encode()
+            hdrs.setdefault("Content-Type", "application/json")
+        if key is not None:
+            hdrs["Authorization"] = "Bearer " + key
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                status, payload, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as e:
+            status, payload, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
+        if "json" in ctype:
+            return status, json.loads(payload)
+        return status, payload.decode("utf-8", "replace")
+
+    def upload(self, path, key=ADMIN_KEY, purpose="fine-tune", filename=None):
+        with open(path, "rb") as f:
+            content = f.read()
+        return self.upload_bytes(content, filename or os.path.basename(path), key=key, purpose=purpose)
+
+    def upload_bytes(self, content, filename, key=ADMIN_KEY, purpose="fine-tune"):
+        boundary = "----smelttest7d1f"
+        parts = []
+        if purpose is not None:
+            parts.append(("--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n%s\r\n"
+                          % (boundary, purpose)).encode())
+        parts.append(("--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"%s\"\r\n"
+                      "Content-Type: application/jsonl\r\n\r\n" % (boundary, filename)).encode() + content + b"\r\n")
+        body = b"".join(parts) + ("--%s--\r\n" % boundary).encode()
+        return self.request("POST", "/v1/files", raw=body, key=key,
+                            headers={"Content-Type": "multipart/form-data; boundary=" + boundary})
+
+    def wait_job(self, job_id, statuses, timeout=120, key=ADMIN_KEY):
+        deadline = time.time() + timeout
+        job = None
+        while time.time() < deadline:
+            status, job = self.request("GET", "/v1/fine_tuning/jobs/" + job_id, key=key)
+            assert status == 200, job
+            if job["status"] in statuses:
+                return job
+            time.sleep(0.1)
+        raise AssertionError("job %s did not reach %s; last: %s\n%s" % (job_id, statuses, job, self.read_log()))
+
+    def wait_devices_free(self, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            status, body = self.request("GET", "/v1/cluster")
+            devices = [d for a in body["agents"] for d in a["devices"]]
+            if devices and all(d["state"] == "free" for d in devices):
+                return body
+            time.sleep(0.1)
+        raise AssertionError("devices still allocated: %s" % body)
+
+    def kill(self, sig=signal.SIGTERM):
+        if self.proc is None or getattr(self, "stopped", False):
+            return
+        self.stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+            self.log = None
+        # a sanitizer build reports memory errors and leaks in the log: they fail the test
+        text = self.read_log_all()
+        logs = [("smeltd", text)]
+        jobs = os.path.join(self.data_dir, "jobs")
+        for job in sorted(os.listdir(jobs)) if os.path.isdir(jobs) else []:
+            path = os.path.join(jobs, job, "log.txt")
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    logs.append((job, f.read().decode("utf-8", "replace")))
+        for name, log in logs:
+            for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+                assert marker not in log, "%s: %s\n%s" % (name, marker, log[-6000:])
+        if sig == signal.SIGTERM:
+            assert self.proc.returncode == 0, "smeltd exited with %s after SIGTERM\n%s" % (
+                self.proc.returncode, text[-3000:])
+
+    def read_log_all(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def make_models_dir(tmp):
+    models = os.path.join(tmp, "models")
+    os.makedirs(models, exist_ok=True)
+    shutil.copytree(os.path.join(ROOT, "examples", "tiny"), os.path.join(models, "tiny"))
+    return models
