@@ -4,7 +4,6 @@
  * checkpoints and models, decides a job's end (succeeded, retried from its checkpoint,
  * failed), enforces max_runtime_seconds and fires schedules. HTTP threads only write
  * the wishes (status, desired) into the store and set s->kick. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include "common/msg.h"
 #include "server/agent.h"
 #include "server/server_internal.h"
+#include "trainer/trainer.h"
 
 #define CONTROL_INPROC "inproc://smeltd-agents"
 #define CONTROL_TICK_MS 250
@@ -45,8 +45,7 @@ static void job_event(struct server *s, struct store_conn *c, const char *job, c
         log_error("control: event for %s: %s", job, err.message);
 }
 
-static void exec_logged(struct store_conn *c, const char *what, int rc, struct smelt_error *err) {
-    (void)c;
+static void exec_logged(const char *what, int rc, struct smelt_error *err) {
     if (rc < 0) log_error("control: %s: %s", what, err->message);
 }
 
@@ -76,10 +75,10 @@ static void job_succeed(struct server *s, struct store_conn *c, json_t *job) {
     int rc = store_exec(c, &err, "INSERT OR REPLACE INTO models (id, project_id, job_id, path, kind, base_model, "
                         "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssssssi", name, project, id, path,
                         lora ? "lora" : "full", base, now);
-    exec_logged(c, "model row", rc, &err);
+    exec_logged("model row", rc, &err);
     rc = store_exec(c, &err, "UPDATE jobs SET status = 'succeeded', finished_at = ?, fine_tuned_model = ? "
                     "WHERE id = ?", "iss", now, name, id);
-    exec_logged(c, "job succeeded", rc, &err);
+    exec_logged("job succeeded", rc, &err);
     job_event(s, c, id, "info", "New fine-tuned model created: %s", name);
     job_event(s, c, id, "info", "%s", "The job has successfully completed");
 }
@@ -90,7 +89,7 @@ static void job_fail(struct server *s, struct store_conn *c, const char *id, con
     int rc = store_exec(c, &err, "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? WHERE id = ?",
                         "ijs", server_now(), error, id);
     json_decref(error);
-    exec_logged(c, "job failed", rc, &err);
+    exec_logged("job failed", rc, &err);
     job_event(s, c, id, "error", "Job failed: %s", message);
 }
 
@@ -129,7 +128,7 @@ static void worker_gone(struct server *s, struct store_conn *c, json_t *job, int
     struct smelt_error err = {0};
     int rc = store_exec(c, &err, "UPDATE jobs SET devices = NULL, pid = NULL, stop_sent_at = NULL WHERE id = ?",
                         "s", id);
-    exec_logged(c, "free devices", rc, &err);
+    exec_logged("free devices", rc, &err);
     char how[128];
     if (launch_error) snprintf(how, sizeof how, "could not start");
     else if (signal_no > 0) snprintf(how, sizeof how, "was stopped by signal %d", signal_no);
@@ -163,7 +162,7 @@ static void worker_gone(struct server *s, struct store_conn *c, json_t *job, int
     if (retryable && retries < max_retries) {
         rc = store_exec(c, &err, "UPDATE jobs SET status = 'queued', retries = retries + 1, queued_at = ? "
                         "WHERE id = ?", "is", server_now(), id);
-        exec_logged(c, "retry", rc, &err);
+        exec_logged("retry", rc, &err);
         atomic_fetch_add(&s->job_retries_total, 1);
         char text[1024];
         snprintf(text, sizeof text, "%.900s; retrying from the last checkpoint (retry %lld of %lld)", message,
@@ -227,7 +226,7 @@ static void on_register(struct server *s, struct store_conn *c, const struct msg
                         "devices = excluded.devices, registered_at = excluded.registered_at, last_seen = "
                         "excluded.last_seen, status = 'online'", "ssjii", agent_id, hostname ? hostname : "",
                         devices, now, now);
-    exec_logged(c, "agent row", rc, &err);
+    exec_logged("agent row", rc, &err);
     log_info("control: agent %s registered with %zu device(s)", agent_id, json_array_size(devices));
     /* Workers smeltd placed on this agent that it does not run any more are gone. */
     json_t *jobs = NULL;
@@ -281,7 +280,7 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
     }
     int rc = store_exec(c, &err, "INSERT INTO metrics (job_id, attempt, step, type, data) VALUES (?, ?, ?, ?, ?)",
                         "siisj", id, json_integer_value(json_object_get(m->header, "attempt")), step, type, line);
-    exec_logged(c, "metrics row", rc, &err);
+    exec_logged("metrics row", rc, &err);
     char msg[512];
     if (strcmp(type, "train") == 0) {
         int64_t total = 0;
@@ -299,10 +298,10 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
         snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f", (long long)step, (long long)total, loss);
         rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
         json_decref(data);
-        exec_logged(c, "event", rc, &err);
+        exec_logged("event", rc, &err);
         json_t *tt = json_object_get(line, "trained_tokens");
         if (json_is_integer(tt))
-            exec_logged(c, "trained tokens", store_exec(c, &err, "UPDATE jobs SET trained_tokens = "
+            exec_logged("trained tokens", store_exec(c, &err, "UPDATE jobs SET trained_tokens = "
                         "coalesce(trained_tokens, 0) + ? WHERE id = ?", "is", (int64_t)json_integer_value(tt), id),
                         &err);
     } else if (strcmp(type, "eval") == 0) {
@@ -311,7 +310,7 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
         snprintf(msg, sizeof msg, "Step %lld: validation loss=%.4f", (long long)step, vl);
         rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
         json_decref(data);
-        exec_logged(c, "event", rc, &err);
+        exec_logged("event", rc, &err);
     } else if (strcmp(type, "checkpoint") == 0) {
         const char *rel = json_string_value(json_object_get(line, "path"));
         char path[SERVER_PATH_BYTES + 256], ckpt_id[HTTP_ID_BYTES];
@@ -329,11 +328,11 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
         rc = store_exec(c, &err, "INSERT OR IGNORE INTO checkpoints (id, job_id, step, created_at, path, metrics) "
                         "VALUES (?, ?, ?, ?, ?, ?)", "ssiisj", ckpt_id, id, step, server_now(), path, metrics);
         json_decref(metrics);
-        exec_logged(c, "checkpoint row", rc, &err);
+        exec_logged("checkpoint row", rc, &err);
         snprintf(msg, sizeof msg, "Checkpoint saved at step %lld", (long long)step);
         job_event(s, c, id, "info", "%s", msg);
     } else if (strcmp(type, "final") == 0) {
-        exec_logged(c, "final", store_exec(c, &err, "UPDATE jobs SET saw_final = 1 WHERE id = ?", "s", id), &err);
+        exec_logged("final", store_exec(c, &err, "UPDATE jobs SET saw_final = 1 WHERE id = ?", "s", id), &err);
         json_t *vl = json_object_get(line, "val_loss"), *acc = json_object_get(line, "accuracy");
         char extra[160] = "";
         if (json_is_number(vl)) snprintf(extra, sizeof extra, ": validation loss=%.4f", json_number_value(vl));
@@ -344,7 +343,7 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
         json_t *data = json_deep_copy(line);
         rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
         json_decref(data);
-        exec_logged(c, "event", rc, &err);
+        exec_logged("event", rc, &err);
     } else if (strcmp(type, "start") == 0) {
         snprintf(msg, sizeof msg, "Training started: %lld steps on %lld examples",
                  (long long)json_integer_value(json_object_get(line, "total_steps")),
@@ -376,7 +375,7 @@ static void on_agent_message(struct server *s, struct store_conn *c, const struc
         json_decref(h);
         return;
     }
-    exec_logged(c, "last seen", store_exec(c, &err, "UPDATE agents SET last_seen = ? WHERE id = ?", "is",
+    exec_logged("last seen", store_exec(c, &err, "UPDATE agents SET last_seen = ? WHERE id = ?", "is",
                                            server_now(), agent_id), &err);
     if (strcmp(m->type, MSG_AGENT_HEARTBEAT) == 0) {
         json_t *running = json_object_get(m->header, "running");
@@ -399,7 +398,7 @@ static void on_agent_message(struct server *s, struct store_conn *c, const struc
     bool current = json_integer_value(json_object_get(job, "attempt")) == json_integer_value(attempt) &&
                    !json_is_null(json_object_get(job, "devices"));
     if (strcmp(m->type, MSG_WORKER_STARTED) == 0 && current) {
-        exec_logged(c, "pid", store_exec(c, &err, "UPDATE jobs SET pid = ? WHERE id = ?", "is",
+        exec_logged("pid", store_exec(c, &err, "UPDATE jobs SET pid = ? WHERE id = ?", "is",
                                          (int64_t)json_integer_value(json_object_get(m->header, "pid")), job_id),
                     &err);
     } else if (strcmp(m->type, MSG_WORKER_EVENT) == 0) {
@@ -431,7 +430,7 @@ static void mark_lost_agents(struct server *s, struct store_conn *c) {
     json_array_foreach(lost, i, a) {
         const char *agent_id = json_string_value(json_object_get(a, "id"));
         log_warn("control: agent %s missed its heartbeats: lost", agent_id);
-        exec_logged(c, "lost", store_exec(c, &err, "UPDATE agents SET status = 'lost' WHERE id = ?", "s", agent_id),
+        exec_logged("lost", store_exec(c, &err, "UPDATE agents SET status = 'lost' WHERE id = ?", "s", agent_id),
                     &err);
         json_t *jobs = NULL;
         if (store_query(c, &jobs, &err, "SELECT * FROM jobs WHERE agent_id = ? AND devices IS NOT NULL", "s",
@@ -476,7 +475,7 @@ static void send_stops(struct server *s, struct store_conn *c) {
             if (now - json_integer_value(sent) > grace_ms(s) / 1000 + CONTROL_STOP_FORCE_S) {
                 /* The agent never confirmed the stop: free the devices anyway. */
                 log_warn("control: no exit reported for %s after its stop; freeing its devices", id);
-                exec_logged(c, "force free", store_exec(c, &err, "UPDATE jobs SET devices = NULL, pid = NULL, "
+                exec_logged("force free", store_exec(c, &err, "UPDATE jobs SET devices = NULL, pid = NULL, "
                                                         "stop_sent_at = NULL WHERE id = ?", "s", id), &err);
             }
             continue;
@@ -487,7 +486,7 @@ static void send_stops(struct server *s, struct store_conn *c) {
                               "grace_ms", (json_int_t)grace_ms(s), "reason", st);
         if (h && agent_id) send_to_agent(s, agent_id, MSG_WORKER_STOP, h);
         json_decref(h);
-        exec_logged(c, "stop sent", store_exec(c, &err, "UPDATE jobs SET stop_sent_at = ? WHERE id = ?", "is",
+        exec_logged("stop sent", store_exec(c, &err, "UPDATE jobs SET stop_sent_at = ? WHERE id = ?", "is",
                                                now, id), &err);
     }
     json_decref(jobs);
@@ -520,24 +519,6 @@ static int free_devices(struct store_conn *c, json_t *agent, int64_t *free_idx, 
     return n;
 }
 
-/* A complete trainer checkpoint (checkpoints/step-N/trainer_state.json) exists. */
-static bool has_checkpoint(const char *job_dir) {
-    char path[SERVER_PATH_BYTES + 256];
-    if (snprintf(path, sizeof path, "%s/checkpoints", job_dir) >= (int)sizeof path) return false;
-    DIR *dir = opendir(path);
-    if (!dir) return false;
-    bool found = false;
-    struct dirent *e;
-    while (!found && (e = readdir(dir))) {
-        if (strncmp(e->d_name, "step-", 5) != 0) continue;
-        char probe[SERVER_PATH_BYTES + 640];
-        snprintf(probe, sizeof probe, "%s/%s/trainer_state.json", path, e->d_name);
-        found = path_exists(probe);
-    }
-    closedir(dir);
-    return found;
-}
-
 static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *agent, const int64_t *devices,
                    int n_devices) {
     const char *id = json_string_value(json_object_get(job, "id"));
@@ -557,7 +538,9 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
         job_fail(s, c, id, "launch_failed", err.message);
         return;
     }
-    bool resume = has_checkpoint(job_dir);
+    char latest[SERVER_PATH_BYTES + 256];
+    bool resume = trainer_checkpoint_latest(job_dir, latest, sizeof latest, &err) == 0;
+    error_clear(&err);
     json_t *argv = json_pack("[s, s, s]", s->trainer_path, "--spec", spec_path);
     if (resume) {
         json_array_append_new(argv, json_string("--resume"));

@@ -126,14 +126,13 @@ static int map_hyperparameters(const json_t *hp, const char *where, json_t *spec
     return 0;
 }
 
-static int file_path(struct server *s, struct store_conn *conn, const char *project, const char *param,
+static int file_path(struct store_conn *conn, const char *project, const char *param,
                      const char *id, char *path, size_t cap, struct create_error *e) {
     json_t *row = NULL;
     struct smelt_error err = {0};
     int rc = store_query_one(conn, &row, &err,
                              "SELECT path, status, kind, report AS report__json FROM files "
                              "WHERE id = ? AND project_id = ? AND deleted = 0", "ss", id, project);
-    (void)s;
     if (rc == SMELT_ENOTFOUND) return refuse(e, param, "%s: no such file: %s", param, id);
     if (rc) {
         e->status = 500;
@@ -324,9 +323,9 @@ static int plan_job(struct server *s, struct store_conn *conn, const char *proje
         return -1;
     }
     char train_path[SERVER_PATH_BYTES], val_path[SERVER_PATH_BYTES] = "";
-    if (file_path(s, conn, project, "training_file", p->training_file, train_path, sizeof train_path, e)) return -1;
+    if (file_path(conn, project, "training_file", p->training_file, train_path, sizeof train_path, e)) return -1;
     if (p->validation_file &&
-        file_path(s, conn, project, "validation_file", p->validation_file, val_path, sizeof val_path, e))
+        file_path(conn, project, "validation_file", p->validation_file, val_path, sizeof val_path, e))
         return -1;
 
     p->spec = json_pack("{s:s, s:s, s:{s:s}, s:{}, s:s, s:I, s:i}", "type", "sft", "model", model_path,
@@ -486,7 +485,6 @@ json_t *jobs_object(struct server *s, json_t *row) {
     json_t *method = parse_text(row, "method");
     json_t *hp = json_object_get(json_object_get(method, "supervised"), "hyperparameters");
     json_t *spec = parse_text(row, "spec");
-    const char *status = json_string_value(json_object_get(row, "status"));
     json_t *o = json_pack(
         "{s:s, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O?, s:O, s:O?, s:O, s:O, s:[], s:[], s:n}",
         "object", "fine_tuning.job", "id", json_object_get(row, "id"), "model", json_object_get(row, "model"),
@@ -522,6 +520,5 @@ json_t *jobs_object(struct server *s, json_t *row) {
     json_object_set_new(o, "devices", parse_text(row, "devices"));
     json_object_set(o, "schedule_id", json_object_get(row, "schedule_id"));
     json_object_set_new(o, "spec", spec);
-    (void)status;
     return o;
 }

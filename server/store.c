@@ -181,11 +181,6 @@ void store_close(struct store *s) {
     free(s);
 }
 
-int store_schema_version(struct store *s) {
-    (void)s;
-    return N_MIGRATIONS;
-}
-
 struct store_conn *store_acquire(struct store *s, struct smelt_error *err) {
     pthread_mutex_lock(&s->lock);
     for (;;) {

@@ -29,7 +29,6 @@ struct store_conn;
 /* Opens (creating) the database file and brings its schema to the newest version. */
 int store_open(const char *path, struct store **out, struct smelt_error *err);
 void store_close(struct store *store);
-int store_schema_version(struct store *store);
 
 /* A connection for this thread's use until released (waits if all are lent). */
 struct store_conn *store_acquire(struct store *store, struct smelt_error *err);

@@ -115,9 +115,9 @@ static int checkpoints_dir(const struct job_spec *spec, char *dst, size_t cap, s
     return path_join(dst, cap, spec->output_dir, "checkpoints", err);
 }
 
-int run_checkpoint_latest(const struct job_spec *spec, char *dst, size_t cap, struct smelt_error *err) {
+int trainer_checkpoint_latest(const char *output_dir, char *dst, size_t cap, struct smelt_error *err) {
     char dir[CKPT_PATH_BYTES];
-    TRY(checkpoints_dir(spec, dir, sizeof dir, err));
+    TRY(path_join(dir, sizeof dir, output_dir, "checkpoints", err));
     int64_t *steps, n;
     TRY(list_checkpoints(dir, &steps, &n, err));
     int64_t last = n ? steps[n - 1] : -1;
@@ -206,7 +206,7 @@ static int restore_weights(struct trainer_run *r, const char *ckpt, struct smelt
 int run_checkpoint_restore(struct trainer_run *r, const char *resume, int64_t *step_out,
                            struct smelt_error *err) {
     char ckpt[CKPT_PATH_BYTES], p[CKPT_PATH_BYTES + 64];
-    if (strcmp(resume, "latest") == 0) TRY(run_checkpoint_latest(r->spec, ckpt, sizeof ckpt, err));
+    if (strcmp(resume, "latest") == 0) TRY(trainer_checkpoint_latest(r->spec->output_dir, ckpt, sizeof ckpt, err));
     else if (snprintf(ckpt, sizeof ckpt, "%s", resume) >= (int)sizeof ckpt)
         return error_set(err, SMELT_EINVAL, "--resume: path too long");
     snprintf(p, sizeof p, "%s/trainer_state.json", ckpt);

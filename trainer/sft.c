@@ -164,7 +164,7 @@ static int start(struct trainer_run *r, const struct trainer_options *o, struct 
     TRY(dir_create_all(s->output_dir, err));
     char ckpt[JOB_PATH_BYTES + 128];
     struct smelt_error ignore = {0};
-    bool have_ckpt = run_checkpoint_latest(s, ckpt, sizeof ckpt, &ignore) == SMELT_OK;
+    bool have_ckpt = trainer_checkpoint_latest(s->output_dir, ckpt, sizeof ckpt, &ignore) == SMELT_OK;
     if (!o->resume && have_ckpt)
         return error_set(err, SMELT_EINVAL, "%s holds checkpoints (%s); resume it (--resume) or choose another output_dir",
                          s->output_dir, ckpt);

@@ -135,6 +135,10 @@ struct trainer_result {
 int trainer_run(const struct job_spec *spec, const struct trainer_options *options,
                 struct trainer_result *result, struct smelt_error *err);
 
+/* The newest complete checkpoint of a job directory (output_dir/checkpoints/step-N) into
+ * dst; SMELT_ENOTFOUND when there is none. What `--resume latest` resumes from. */
+int trainer_checkpoint_latest(const char *output_dir, char *dst, size_t cap, struct smelt_error *err);
+
 /* Set by SIGTERM/SIGINT in smelt-trainer: trainer_run checkpoints after the current step
  * and returns with result->stopped. */
 void trainer_request_stop(void);

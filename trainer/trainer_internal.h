@@ -57,8 +57,6 @@ int run_checkpoint_save(struct trainer_run *r, struct smelt_error *err);
 /* resume: "latest" or a checkpoint directory; restores weights, moments, cursor, step. */
 int run_checkpoint_restore(struct trainer_run *r, const char *resume, int64_t *step_out,
                            struct smelt_error *err);
-/* The newest checkpoint directory under output_dir into dst; SMELT_ENOTFOUND if none. */
-int run_checkpoint_latest(const struct job_spec *spec, char *dst, size_t cap, struct smelt_error *err);
 
 /* metrics.c: JSON lines to output_dir/metrics.jsonl and stdout. */
 int run_metrics_open(struct trainer_run *r, int64_t keep_through_step, struct smelt_error *err);
