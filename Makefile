@@ -69,6 +69,9 @@ UNIT_BIN  := $(BUILD)/tests/unit_tests
 GPU_TEST_BIN := $(BUILD)/tests/gpu_tests
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
+# GPU benchmarks (bench/gpu/run.sh runs them on a lent GPU); built by cuda-check.
+BENCH_GPU_SRCS := $(wildcard bench/gpu/*.c)
+BENCH_GPU_BINS := $(BENCH_GPU_SRCS:bench/gpu/%.c=$(BUILD)/bench/gpu/%)
 
 .PHONY: all deps deps-test install-pkgs test test-unit test-tools test-integration test-e2e test-parity test-gpu run bench \
         clean help cuda-check
@@ -127,6 +130,10 @@ $(call bin_path,$(1)): $(BUILD)/$(1:.c=.o) $(LIB)
 endef
 $(foreach s,$(MAIN_SRCS),$(eval $(call BIN_RULE,$(s))))
 
+$(BUILD)/bench/gpu/%: $(BUILD)/bench/gpu/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
@@ -152,7 +159,7 @@ test-gpu: deps
 # Compiles every .cu file and links the library with them: CI's check on machines
 # without a GPU.
 cuda-check:
-	$(MAKE) CUDA=1 $(LIB) $(GPU_TEST_BIN)
+	$(MAKE) CUDA=1 $(LIB) $(GPU_TEST_BIN) $(BENCH_GPU_BINS)
 
 # Starts the service on http://127.0.0.1:8700 with its data in ./var (the admin key is
 # written to var/admin_key at the first start). The example model is offered as "tiny".

@@ -20,6 +20,8 @@ struct backend_ops {
     int (*copy_to_host)(void *host_dst, const void *src, size_t bytes, struct smelt_error *err);
     int (*copy_from_host)(void *dst, const void *host_src, size_t bytes, struct smelt_error *err);
     int (*copy_within)(void *dst, const void *src, size_t bytes, struct smelt_error *err);
+    /* Waits for the backend's queued work; NULL for a synchronous backend. */
+    int (*sync)(struct smelt_error *err);
 
     int (*matmul)(struct tensor *out, const struct tensor *a, const struct tensor *b,
                   const struct tensor *bias, bool trans_a, bool trans_b, float alpha,

@@ -61,6 +61,12 @@ bool backend_available(enum backend backend);
  * name, SMELT_EUNSUPPORTED for a backend this build or machine lacks. */
 int backend_from_name(const char *name, enum backend *out, struct smelt_error *err);
 
+/* Waits until every op issued so far on the backend has finished, and reports a fault
+ * an asynchronous kernel raised meanwhile (SMELT_EBACKEND). Ops on a device backend
+ * may return before their work is done; benchmarks call this before reading a clock.
+ * The CPU backend is synchronous: a no-op. */
+int backend_sync(enum backend backend, struct smelt_error *err);
+
 /* Host scalar conversions with the rounding ops_cast uses (round to nearest even). */
 float bf16_to_f32(uint16_t bits);
 uint16_t f32_to_bf16(float x);

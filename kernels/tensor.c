@@ -177,6 +177,14 @@ const char *tensor_shape_str(const struct tensor *t, char *buf, size_t buf_bytes
     return buf;
 }
 
+int backend_sync(enum backend backend, struct smelt_error *err) {
+    const struct backend_ops *ops = backend_ops_get(backend);
+    if (!ops)
+        return error_set(err, SMELT_EUNSUPPORTED, "backend_sync: backend %s is not available",
+                         backend_name(backend));
+    return ops->sync ? ops->sync(err) : SMELT_OK;
+}
+
 const struct backend_ops *backend_ops_get(enum backend backend) {
     if (backend == BACKEND_CPU) return &cpu_backend_ops;
 #ifdef SMELT_CUDA

@@ -116,6 +116,11 @@ static int cuda_copy_within(void *dst, const void *src, size_t bytes, struct sme
     return SMELT_OK;
 }
 
+static int cuda_sync(struct smelt_error *err) {
+    CUDA_TRY(err, "backend_sync", cudaDeviceSynchronize());
+    return SMELT_OK;
+}
+
 /* ---- the table -------------------------------------------------------------------- */
 
 /* Filled by name (C++17 has no designated initialisers); runs during static
@@ -130,6 +135,7 @@ static struct backend_ops cuda_table(void) {
     t.copy_to_host = cuda_copy_to_host;
     t.copy_from_host = cuda_copy_from_host;
     t.copy_within = cuda_copy_within;
+    t.sync = cuda_sync;
     t.matmul = cuda_matmul;
     t.matmul_backward = cuda_matmul_backward;
     t.embedding = cuda_embedding;
