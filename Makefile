@@ -38,6 +38,9 @@ DEPS_PKGS := build-essential pkg-config libopenblas-dev libjansson-dev libcriter
 CPPFLAGS += -I. -D_GNU_SOURCE $(shell pkg-config --cflags jansson 2>/dev/null)
 CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(SAN_FLAGS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS)
+# C++ only for tests/emu/: CUDA kernel source compiled for the CPU emulator.
+CXX      ?= c++
+CXXFLAGS += -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -pthread -MMD -MP $(SAN_FLAGS) -I. -Itests/emu/include
 LDLIBS   += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzmq -lmicrohttpd -lsqlite3 -lm -lpthread
 
 ifeq ($(CUDA),1)
@@ -67,13 +70,15 @@ UNIT_SRCS ?= $(wildcard tests/unit/*.c)
 GPU_TEST_SRCS := $(wildcard tests/gpu/*.c)
 UNIT_BIN  := $(BUILD)/tests/unit_tests
 GPU_TEST_BIN := $(BUILD)/tests/gpu_tests
+EMU_SRCS := $(wildcard tests/emu/*.cpp)
+EMU_TEST_BIN := $(BUILD)/tests/emu_tests
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 # GPU benchmarks (bench/gpu/run.sh runs them on a lent GPU); built by cuda-check.
 BENCH_GPU_SRCS := $(wildcard bench/gpu/*.c)
 BENCH_GPU_BINS := $(BENCH_GPU_SRCS:bench/gpu/%.c=$(BUILD)/bench/gpu/%)
 
-.PHONY: all deps deps-test install-pkgs test test-unit test-tools test-integration test-e2e test-parity test-gpu run bench \
+.PHONY: all deps deps-test install-pkgs test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu run bench \
         clean help cuda-check
 
 all: $(LIB) $(BINS) $(BENCH_BINS)
@@ -82,6 +87,7 @@ help:
 	@echo "make            build (CPU; CUDA too when nvcc is found)"
 	@echo "make deps       install missing Debian packages (sudo when not root)"
 	@echo "make test       install what is missing, build, run every test"
+	@echo "make test-emu   run the CUDA kernels' logic on the CPU (tests/emu/)"
 	@echo "make test-gpu   compare every CUDA op with the CPU backend (skips without a GPU)"
 	@echo "make bench      run the CPU benchmarks (bench/)"
 	@echo "make test-parity  smelt-saved models and adapters against transformers/PEFT (needs torch, transformers, peft)"
@@ -111,6 +117,10 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
@@ -139,12 +149,20 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 test: deps-test
-	$(MAKE) test-unit test-tools test-integration test-e2e
+	$(MAKE) test-unit test-emu test-tools test-integration test-e2e
 
 # Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
 # OMP/OpenBLAS threads are capped so parallel test workers do not oversubscribe.
 test-unit: $(UNIT_BIN)
 	OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 $(UNIT_BIN) --jobs 2
+
+# The CUDA kernels' logic on the CPU (tests/emu/README.md): no GPU needed.
+$(EMU_TEST_BIN): $(EMU_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) -pthread $^ -o $@ -lcriterion $(LDLIBS)
+
+test-emu: $(EMU_TEST_BIN)
+	OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 $(EMU_TEST_BIN) --jobs 2
 
 $(GPU_TEST_BIN): $(GPU_TEST_SRCS:%.c=$(BUILD)/%.o) $(LIB)
 	@mkdir -p $(dir $@)

@@ -146,8 +146,8 @@ static struct backend_ops cuda_table(void) {
     t.layernorm_backward = cuda_layernorm_backward;
     t.rope = cuda_rope;
     t.rope_backward = cuda_rope_backward;
-    t.attention = nullptr;          /* the fused attention kernels are separate work */
-    t.attention_backward = nullptr;
+    t.attention = cuda_attention;
+    t.attention_backward = cuda_attention_backward;
     t.kv_append = cuda_kv_append;
     t.paged_attention = cuda_paged_attention;
     t.swiglu = cuda_swiglu;

@@ -1,8 +1,7 @@
 /* Private to kernels/cuda/: the CUDA backend's functions, gathered into
  * cuda_backend_ops by backend.cu. bf16 or f32 storage, fp32 accumulation, cuBLAS for
  * GEMM. Arguments arrive validated by kernels/ops.c; these check only what depends on
- * data (ids in range) or on the device. Attention is not here yet (its table entry is
- * NULL, so ops.c answers SMELT_EUNSUPPORTED). */
+ * data (ids in range) or on the device. */
 #ifndef SMELT_KERNELS_CUDA_CUDA_CUH
 #define SMELT_KERNELS_CUDA_CUDA_CUH
 
@@ -34,6 +33,12 @@ int cuda_rope(struct tensor *y, const struct tensor *x, const struct tensor *pos
               float theta, struct smelt_error *err);
 int cuda_rope_backward(struct tensor *dx, const struct tensor *dy,
                        const struct tensor *positions, float theta, struct smelt_error *err);
+int cuda_attention(struct tensor *out, struct tensor *lse, const struct tensor *q, const struct tensor *k,
+                   const struct tensor *v, const struct tensor *cu_seqlens, float scale, struct smelt_error *err);
+int cuda_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *dv, const struct tensor *dout,
+                            const struct tensor *q, const struct tensor *k, const struct tensor *v,
+                            const struct tensor *out, const struct tensor *lse, const struct tensor *cu_seqlens,
+                            float scale, struct smelt_error *err);
 int cuda_kv_append(struct tensor *k_cache, struct tensor *v_cache, const struct tensor *k,
                    const struct tensor *v, const struct tensor *slot_mapping,
                    struct smelt_error *err);
