@@ -777,6 +777,94 @@ Test(gpu_ops, deterministic_reductions) {
     }
 }
 
+/* ---- fused attention ----------------------------------------------------------------------- */
+
+/* Packed causal attention, forward and backward, against the CPU's: out within
+ * TOL_F32_SUM (online softmax over tiles vs the CPU's two passes), lse TOL_STAT, and the
+ * gradients (accumulated into random starting values) TOL_F32_SUM, or TOL_BF16. The
+ * sequence lengths straddle the kernels' tiles (16 x R query rows, 32 keys); an empty
+ * sequence and a single token are included. CUDA also gives the same bits twice. */
+static void check_attention(enum dtype dtype, int64_t hq, int64_t hkv, int64_t dim, int nseq, const int32_t *len) {
+    struct smelt_error err;
+    struct test_rng rng = {3000 + (uint64_t)(hq * 31 + hkv * 7 + dim + nseq)};
+    char label[160];
+    snprintf(label, sizeof label, "attention %s Hq %lld Hkv %lld D %lld, %d sequences", dtype_name(dtype),
+             (long long)hq, (long long)hkv, (long long)dim, nseq);
+    int32_t cu[17] = {0};
+    cr_assert(nseq <= 16);
+    for (int s = 0; s < nseq; s++) cu[s + 1] = cu[s] + len[s];
+    int64_t tokens = cu[nseq], sq[3] = {tokens, hq, dim}, skv[3] = {tokens, hkv, dim}, slse[2] = {tokens, hq};
+    int64_t scu[1] = {nseq + 1};
+    struct tensor tcu = tensor_i32(cu, 1, scu);
+    float scale = 1.0f / sqrtf((float)dim);
+    struct twin q = twin_new(dtype, 3, sq, &rng, -2, 2), k = twin_new(dtype, 3, skv, &rng, -2, 2);
+    struct twin v = twin_new(dtype, 3, skv, &rng, -1, 1), dout = twin_new(dtype, 3, sq, &rng, -1, 1);
+    struct twin out = twin_new(dtype, 3, sq, NULL, 0, 0), lse = twin_new(DTYPE_F32, 2, slse, NULL, 0, 0);
+    struct twin dq = twin_new(dtype, 3, sq, &rng, -1, 1), dk = twin_new(dtype, 3, skv, &rng, -1, 1);
+    struct twin dv = twin_new(dtype, 3, skv, &rng, -1, 1);
+    twin_fill(&out, NAN); /* every element must be written */
+
+    TEST_OK(ops_attention(&out.cpu, &lse.cpu, &q.cpu, &k.cpu, &v.cpu, &tcu, scale, &err), &err);
+    TEST_OK(ops_attention(&out.gpu, &lse.gpu, &q.gpu, &k.gpu, &v.gpu, &tcu, scale, &err), &err);
+    twin_expect(label, "out", &out, tol_for(dtype, TOL_F32_SUM));
+    twin_expect(label, "lse", &lse, TOL_STAT);
+    void *first = download_bytes(&out.gpu);
+    TEST_OK(ops_attention(&out.gpu, &lse.gpu, &q.gpu, &k.gpu, &v.gpu, &tcu, scale, &err), &err);
+    void *again = download_bytes(&out.gpu);
+    cr_expect(memcmp(first, again, tensor_nbytes(&out.gpu)) == 0, "%s: out differs between runs", label);
+    free(first), free(again);
+
+    /* The backward reads the forward's out and lse: give both backends the CPU's (the
+     * bf16 device copy rounded), so the gradients differ only by the backward itself. */
+    twin_upload(&out);
+    twin_upload(&lse);
+    TEST_OK(ops_attention_backward(&dq.cpu, &dk.cpu, &dv.cpu, &dout.cpu, &q.cpu, &k.cpu, &v.cpu, &out.cpu, &lse.cpu,
+                                   &tcu, scale, &err), &err);
+    TEST_OK(ops_attention_backward(&dq.gpu, &dk.gpu, &dv.gpu, &dout.gpu, &q.gpu, &k.gpu, &v.gpu, &out.gpu, &lse.gpu,
+                                   &tcu, scale, &err), &err);
+    twin_expect(label, "dq", &dq, tol_for(dtype, TOL_F32_SUM));
+    twin_expect(label, "dk", &dk, tol_for(dtype, TOL_F32_SUM));
+    twin_expect(label, "dv", &dv, tol_for(dtype, TOL_F32_SUM));
+
+    /* Only some gradients wanted: the others are NULL and the given ones still right. */
+    twin_upload(&dk);
+    twin_upload(&dv);
+    TEST_OK(ops_attention_backward(NULL, &dk.cpu, NULL, &dout.cpu, &q.cpu, &k.cpu, &v.cpu, &out.cpu, &lse.cpu, &tcu,
+                                   scale, &err), &err);
+    TEST_OK(ops_attention_backward(NULL, &dk.gpu, NULL, &dout.gpu, &q.gpu, &k.gpu, &v.gpu, &out.gpu, &lse.gpu, &tcu,
+                                   scale, &err), &err);
+    twin_expect(label, "dk alone", &dk, tol_for(dtype, TOL_F32_SUM));
+    twin_expect(label, "dv untouched", &dv, TOL_EXACT);
+
+    twin_free(&q), twin_free(&k), twin_free(&v), twin_free(&dout), twin_free(&out), twin_free(&lse);
+    twin_free(&dq), twin_free(&dk), twin_free(&dv);
+}
+
+Test(gpu_ops, attention) {
+    if (!backend_available(BACKEND_CUDA)) cr_skip_test("no CUDA device");
+    static const int32_t mixed[] = {33, 0, 1, 64, 70, 5}, long_seqs[] = {300, 257};
+    for (size_t d = 0; d < N_GPU_DTYPES; d++) {
+        check_attention(gpu_dtypes[d], 4, 2, 8, 6, mixed);    /* GQA, tiny head */
+        check_attention(gpu_dtypes[d], 3, 3, 40, 6, mixed);   /* D not a multiple of 8 */
+        check_attention(gpu_dtypes[d], 14, 2, 64, 2, long_seqs); /* Qwen2-0.5B heads */
+        check_attention(gpu_dtypes[d], 12, 2, 128, 2, long_seqs); /* Qwen2-1.5B heads */
+        check_attention(gpu_dtypes[d], 4, 1, 200, 6, mixed);  /* the 256 bound, MQA */
+    }
+}
+
+Test(gpu_ops, attention_head_dim_above_256) {
+    if (!backend_available(BACKEND_CUDA)) cr_skip_test("no CUDA device");
+    struct smelt_error err;
+    int32_t cu[2] = {0, 3};
+    int64_t s[3] = {3, 2, 300}, slse[2] = {3, 2}, scu[1] = {2};
+    struct tensor tcu = tensor_i32(cu, 1, scu);
+    struct twin q = twin_new(DTYPE_F32, 3, s, NULL, 0, 0), out = twin_new(DTYPE_F32, 3, s, NULL, 0, 0);
+    struct twin lse = twin_new(DTYPE_F32, 2, slse, NULL, 0, 0);
+    TEST_EXPECT_ERROR(ops_attention(&out.gpu, &lse.gpu, &q.gpu, &q.gpu, &q.gpu, &tcu, 0.1f, &err), SMELT_EUNSUPPORTED, &err);
+    cr_expect(strstr(err.message, "head_dim 300") != NULL, "message: %s", err.message);
+    twin_free(&q), twin_free(&out), twin_free(&lse);
+}
+
 /* ---- paged KV cache ------------------------------------------------------------------------ */
 
 /* Sequences s of context len[s] whose last n[s] tokens are new: those are appended to
