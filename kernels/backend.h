@@ -86,6 +86,7 @@ struct backend_ops {
     int (*logprobs_backward)(struct tensor *dlogits, const struct tensor *dlogprobs,
                              const struct tensor *logits, const struct tensor *targets,
                              const struct tensor *lse, struct smelt_error *err);
+    int (*argmax)(struct tensor *ids, const struct tensor *logits, struct smelt_error *err);
     int (*adamw)(struct tensor *params, struct tensor *m, struct tensor *v,
                  const struct tensor *grads, const struct adamw_config *config,
                  struct smelt_error *err);

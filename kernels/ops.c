@@ -667,6 +667,17 @@ int ops_logprobs_backward(struct tensor *dlogits, const struct tensor *dlogprobs
     return c.impl->logprobs_backward(dlogits, dlogprobs, logits, targets, lse, err);
 }
 
+int ops_argmax(struct tensor *ids, const struct tensor *logits, struct smelt_error *err) {
+    struct call c;
+    TRY(call_begin(&c, "ops_argmax", "logits", logits, err));
+    if (logits->shape[logits->ndim - 1] < 1)
+        return error_set(err, SMELT_EINVAL, "ops_argmax: logits have an empty vocabulary dimension");
+    TRY(check_i32(&c, "ids", ids));
+    TRY(check_numel(&c, "ids", ids, tensor_rows(logits), "one per row of logits"));
+    if (!c.impl->argmax) return unsupported(&c);
+    return c.impl->argmax(ids, logits, err);
+}
+
 /* ---- optimizer, reductions, casts ---- */
 
 int ops_adamw(struct tensor *params, struct tensor *m, struct tensor *v, const struct tensor *grads,

@@ -254,6 +254,13 @@ int ops_logprobs_backward(struct tensor *dlogits, const struct tensor *dlogprobs
                           const struct tensor *logits, const struct tensor *targets,
                           const struct tensor *lse, struct smelt_error *err);
 
+/* ids[t] = the index of the largest of logits[t, 0..V): greedy decoding, on the
+ * logits' backend so only the ids cross to the host. Ties go to the smallest index (as a
+ * left-to-right scan with `>` keeps the first). A NaN logit is never chosen over a
+ * number; a row of NaN only gives 0. logits [T, V] (or [..., V]), V >= 1; ids i32 with
+ * T elements. */
+int ops_argmax(struct tensor *ids, const struct tensor *logits, struct smelt_error *err);
+
 /* ---- optimizer and reductions ---------------------------------------------------- */
 
 struct adamw_config {

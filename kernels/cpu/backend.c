@@ -58,6 +58,7 @@ const struct backend_ops cpu_backend_ops = {
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .logprobs = cpu_logprobs,
+    .argmax = cpu_argmax,
     .logprobs_backward = cpu_logprobs_backward,
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,

@@ -59,6 +59,7 @@ int cpu_gelu_backward(struct tensor *dx, const struct tensor *dout, const struct
 int cpu_add(struct tensor *out, const struct tensor *a, const struct tensor *b,
             struct smelt_error *err);
 int cpu_accumulate(struct tensor *dst, const struct tensor *src, struct smelt_error *err);
+int cpu_argmax(struct tensor *ids, const struct tensor *logits, struct smelt_error *err);
 int cpu_logprobs(struct tensor *logprobs, struct tensor *lse, const struct tensor *logits,
                  const struct tensor *targets, struct smelt_error *err);
 int cpu_logprobs_backward(struct tensor *dlogits, const struct tensor *dlogprobs,

@@ -100,3 +100,24 @@ int cpu_logprobs_backward(struct tensor *dlogits, const struct tensor *dlogprobs
     }
     return SMELT_OK;
 }
+
+/* ---- argmax ---- */
+
+/* The first index of the row's maximum; `>` never prefers a NaN, and a NaN at index 0
+ * loses to the first number after it. */
+static int32_t row_argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t v = 1; v < n; v++)
+        if (x[v] > x[best] || (isnan(x[best]) && !isnan(x[v]))) best = v;
+    return (int32_t)best;
+}
+
+int cpu_argmax(struct tensor *ids, const struct tensor *logits, struct smelt_error *err) {
+    (void)err;
+    int64_t vocab = logits->shape[logits->ndim - 1], rows = tensor_rows(logits);
+    const float *x = logits->data;
+    int32_t *out = ids->data;
+#pragma omp parallel for schedule(static) if (rows * vocab >= LOGPROBS_PARALLEL_MIN)
+    for (int64_t t = 0; t < rows; t++) out[t] = row_argmax(x + t * vocab, vocab);
+    return SMELT_OK;
+}

@@ -157,6 +157,7 @@ static struct backend_ops cuda_table(void) {
     t.add = cuda_add;
     t.accumulate = cuda_accumulate;
     t.logprobs = cuda_logprobs;
+    t.argmax = cuda_argmax;
     t.logprobs_backward = cuda_logprobs_backward;
     t.adamw = cuda_adamw;
     t.sum_squares = cuda_sum_squares;

@@ -57,6 +57,7 @@ int cuda_gelu_backward(struct tensor *dx, const struct tensor *dout, const struc
 int cuda_add(struct tensor *out, const struct tensor *a, const struct tensor *b,
              struct smelt_error *err);
 int cuda_accumulate(struct tensor *dst, const struct tensor *src, struct smelt_error *err);
+int cuda_argmax(struct tensor *ids, const struct tensor *logits, struct smelt_error *err);
 int cuda_logprobs(struct tensor *logprobs, struct tensor *lse, const struct tensor *logits,
                   const struct tensor *targets, struct smelt_error *err);
 int cuda_logprobs_backward(struct tensor *dlogits, const struct tensor *dlogprobs,

@@ -112,3 +112,72 @@ int cuda_logprobs_backward(struct tensor *dlogits, const struct tensor *dlogprob
         return SMELT_OK;
     });
 }
+
+/* ---- argmax ---- */
+
+/* (value, index) with the rule of kernels/cpu/logprobs.c: larger wins, a number beats
+ * NaN, and ties (NaN with NaN too) go to the smaller index. */
+struct argmax_pair {
+    float value;
+    int64_t index;
+};
+
+__device__ __forceinline__ bool argmax_better(float a, int64_t ia, float b, int64_t ib) {
+    if (isnan(a) != isnan(b)) return isnan(b);
+    if (a != b && !isnan(a)) return a > b;
+    return ia < ib;
+}
+
+/* One block per row: each thread scans a strided slice, then the block reduces the
+ * threads' pairs through shared memory in a fixed tree. */
+template <typename T>
+__global__ void argmax_kernel(int32_t *__restrict__ ids, const T *__restrict__ logits, int64_t rows,
+                              int64_t vocab) {
+    __shared__ float best_value[LOGPROBS_THREADS];
+    __shared__ int64_t best_index[LOGPROBS_THREADS];
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T *lr = logits + row * vocab;
+        float value = NAN;
+        int64_t index = vocab; /* loses every tie with a real element */
+        for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+            float x = to_f32(lr[v]);
+            if (argmax_better(x, v, value, index)) value = x, index = v;
+        }
+        __syncthreads(); /* the previous row's reduction has finished reading */
+        best_value[threadIdx.x] = value;
+        best_index[threadIdx.x] = index;
+        __syncthreads();
+        for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+            if (threadIdx.x < half) {
+                unsigned other = threadIdx.x + half;
+                if (argmax_better(best_value[other], best_index[other], best_value[threadIdx.x],
+                                  best_index[threadIdx.x])) {
+                    best_value[threadIdx.x] = best_value[other];
+                    best_index[threadIdx.x] = best_index[other];
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) ids[row] = (int32_t)(best_index[0] < vocab ? best_index[0] : 0);
+    }
+}
+
+/* blockDim must be a power of two for the tree: 32..512. */
+static int argmax_threads(int64_t vocab) {
+    int t = 32;
+    while (t < LOGPROBS_THREADS && t < vocab) t *= 2;
+    return t;
+}
+
+int cuda_argmax(struct tensor *ids, const struct tensor *logits, struct smelt_error *err) {
+    const char *op = "ops_argmax";
+    int64_t vocab = logits->shape[logits->ndim - 1], rows = tensor_rows(logits);
+    if (rows == 0) return SMELT_OK;
+    return with_compute_type(logits->dtype, [&](auto tag) -> int {
+        using T = decltype(tag);
+        argmax_kernel<T><<<row_blocks(rows), argmax_threads(vocab)>>>((int32_t *)ids->data,
+                                                                     (const T *)logits->data, rows, vocab);
+        CUDA_CHECK_LAUNCH(err, op, "argmax_kernel");
+        return SMELT_OK;
+    });
+}

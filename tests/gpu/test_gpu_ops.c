@@ -777,6 +777,39 @@ Test(gpu_ops, deterministic_reductions) {
     }
 }
 
+/* ---- argmax ------------------------------------------------------------------------------ */
+
+/* Random rows (plus planted ties, NaN and -inf rows) give the CPU's ids exactly, in both
+ * storage dtypes: bf16 rounding makes ties common, which tests the smallest-index rule. */
+Test(gpu_ops, argmax) {
+    if (!backend_available(BACKEND_CUDA)) cr_skip_test("no CUDA device");
+    struct smelt_error err;
+    static const int64_t vocabs[] = {1, 5, 33, 1000, 151936};
+    for (size_t d = 0; d < N_GPU_DTYPES; d++)
+        for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) {
+            int64_t vocab = vocabs[i], rows = vocab > 1000 ? 3 : 9, shape[2] = {rows, vocab}, n = rows;
+            struct test_rng rng = {700 + (uint64_t)i};
+            struct twin x = twin_new(gpu_dtypes[d], 2, shape, &rng, -3, 3);
+            if (vocab >= 5) {
+                x.host[0 * vocab + vocab - 1] = x.host[0 * vocab + 2] = 9.0f; /* tie: index 2 */
+                for (int64_t v = 0; v < vocab; v++) x.host[1 * vocab + v] = v % 3 ? NAN : -1.0f;
+                for (int64_t v = 0; v < vocab; v++) x.host[2 * vocab + v] = -INFINITY;
+                twin_upload(&x);
+            }
+            int32_t *zeros = calloc((size_t)rows, sizeof *zeros);
+            cr_assert(zeros);
+            struct twin_ids ids = ids_new(zeros, 1, &n);
+            TEST_OK(ops_argmax(&ids.cpu, &x.cpu, &err), &err);
+            TEST_OK(ops_argmax(&ids.gpu, &x.gpu, &err), &err);
+            int32_t *got = download_bytes(&ids.gpu);
+            for (int64_t r = 0; r < rows; r++)
+                cr_expect_eq(got[r], ids.host[r], "argmax %s V %lld row %lld: %d on cuda, %d on cpu",
+                             dtype_name(gpu_dtypes[d]), (long long)vocab, (long long)r, got[r], ids.host[r]);
+            free(got), free(zeros);
+            twin_free(&x), ids_free(&ids);
+        }
+}
+
 /* ---- fused attention ----------------------------------------------------------------------- */
 
 /* Packed causal attention, forward and backward, against the CPU's: out within
