@@ -123,8 +123,10 @@ void model_acts_free(struct model_acts *a) {
     struct tensor *all[] = {&a->x_final, &a->hf, &a->meanf, &a->rstdf, &a->ids, &a->positions,
                             &a->targets, &a->lse, &a->logits_chunk, &a->dres, &a->dh, &a->dq_a,
                             &a->dq_b, &a->dk_a, &a->dk_b, &a->dv, &a->datt, &a->dgate, &a->dup,
-                            &a->dact, &a->dlogits_chunk, &a->cu_seqlens};
+                            &a->dact, &a->dlogits_chunk};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) tensor_free(all[i]);
+    free(a->host_positions);
+    free(a->host_cu);
     free(a);
 }
 
@@ -144,8 +146,9 @@ int model_acts_alloc(const struct model *m, int64_t max_tokens, bool recompute,
     if (a->chunk_rows > max_tokens) a->chunk_rows = max_tokens;
     a->layers = calloc((size_t)m->config.n_layers, sizeof *a->layers);
     a->n_layers_allocated = m->config.n_layers;
-    int rc = a->layers ? acts_alloc_all(m, a, err)
-                       : error_set(err, SMELT_ENOMEM, "model_acts_alloc: out of memory");
+    a->host_positions = malloc((size_t)max_tokens * sizeof *a->host_positions);
+    int rc = a->layers && a->host_positions ? acts_alloc_all(m, a, err)
+                                            : error_set(err, SMELT_ENOMEM, "model_acts_alloc: out of memory");
     if (rc) {
         model_acts_free(a);
         return error_wrap(err, "activations for %lld tokens", (long long)max_tokens);
@@ -369,21 +372,21 @@ static int check_batch(const struct model *m, const struct model_acts *a,
     return SMELT_OK;
 }
 
-/* Copies the batch's host arrays into the activations' backend tensors. */
+/* Copies the batch's host arrays into the activations' backend tensors (ids, positions,
+ * targets) and keeps cu_seqlens on the host, as ops_attention wants it. The host
+ * staging is the activations' own, so a step allocates nothing. */
 static int stage_batch(struct model_acts *a, const struct model_batch *b, struct smelt_error *err) {
-    int64_t T = b->n_tokens;
-    int32_t *pos = malloc((size_t)T * sizeof *pos);
-    int32_t *cu = malloc((size_t)(b->n_seqs + 1) * sizeof *cu);
-    if (!pos || !cu) {
-        free(pos);
-        free(cu);
-        return error_set(err, SMELT_ENOMEM, "model_forward: out of memory");
+    int64_t T = b->n_tokens, ncu = (int64_t)b->n_seqs + 1;
+    if (ncu > a->host_cu_cap) {
+        int32_t *grown = realloc(a->host_cu, (size_t)ncu * sizeof *grown);
+        if (!grown) return error_set(err, SMELT_ENOMEM, "model_forward: out of memory");
+        a->host_cu = grown;
+        a->host_cu_cap = ncu;
     }
-    memcpy(cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof *cu);
+    int32_t *cu = a->host_cu, *pos = a->host_positions;
+    memcpy(cu, b->cu_seqlens, (size_t)ncu * sizeof *cu);
     for (int s = 0; s < b->n_seqs; s++)
         for (int32_t t = cu[s]; t < cu[s + 1]; t++) pos[t] = b->positions ? b->positions[t] : t - cu[s];
-    tensor_free(&a->cu_seqlens);
-    int64_t ncu = b->n_seqs + 1;
     a->cu_seqlens = tensor_i32(cu, 1, &ncu);
     struct tensor hpos = tensor_i32(pos, 1, &T), hids = tensor_i32((int32_t *)b->ids, 1, &T);
     struct tensor dpos = rows1(&a->positions, T), dids = rows1(&a->ids, T);
@@ -393,19 +396,24 @@ static int stage_batch(struct model_acts *a, const struct model_batch *b, struct
         struct tensor ht = tensor_i32((int32_t *)b->targets, 1, &T), dt = rows1(&a->targets, T);
         rc = tensor_copy(&dt, &ht, err);
     }
-    free(pos);
     a->n_tokens = T;
     a->n_seqs = b->n_seqs;
     a->has_targets = b->targets != NULL;
     return rc;
 }
 
-static int check_out(const char *name, const struct tensor *t, int64_t rows, int64_t cols,
-                     struct smelt_error *err) {
+/* Outputs and output gradients are used by ops on the model's backend, so they must
+ * live there; hidden states are only copied, so they may also be host memory (any
+ * backend). */
+static int check_out(const char *fn, const char *name, const struct tensor *t, int64_t rows, int64_t cols,
+                     bool any_backend, enum backend backend, struct smelt_error *err) {
     if (!t) return SMELT_OK;
     if (t->dtype != DTYPE_F32 || tensor_numel(t) != rows * cols)
-        return error_set(err, SMELT_EINVAL, "model_forward: %s must be f32 with %lld x %lld elements",
-                         name, (long long)rows, (long long)cols);
+        return error_set(err, SMELT_EINVAL, "%s: %s must be f32 with %lld x %lld elements",
+                         fn, name, (long long)rows, (long long)cols);
+    if (!any_backend && t->backend != backend)
+        return error_set(err, SMELT_EINVAL, "%s: %s is on backend %s; it must be on the model's (%s)",
+                         fn, name, backend_name(t->backend), backend_name(backend));
     return SMELT_OK;
 }
 
@@ -417,9 +425,9 @@ int model_forward(struct model *m, struct model_acts *a, const struct model_batc
     a->forward_done = false;
     TRY(check_batch(m, a, b, err));
     int64_t T = b->n_tokens;
-    TRY(check_out("logprobs", logprobs, T, 1, err));
-    TRY(check_out("logits", logits, T, d.V, err));
-    TRY(check_out("hidden", hidden, T, d.C, err));
+    TRY(check_out("model_forward", "logprobs", logprobs, T, 1, false, m->backend, err));
+    TRY(check_out("model_forward", "logits", logits, T, d.V, false, m->backend, err));
+    TRY(check_out("model_forward", "hidden", hidden, T, d.C, true, m->backend, err));
     if (logprobs && !b->targets)
         return error_set(err, SMELT_EINVAL, "model_forward: logprobs need batch targets");
     TRY(stage_batch(a, b, err));
@@ -476,10 +484,8 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
     int64_t T = a->n_tokens;
     if (dlogprobs && !a->has_targets)
         return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs given but the forward had no targets");
-    if (dlogprobs && (dlogprobs->dtype != DTYPE_F32 || tensor_numel(dlogprobs) != T))
-        return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs must be f32 [%lld]", (long long)T);
-    if (dhidden && (dhidden->dtype != DTYPE_F32 || tensor_numel(dhidden) != T * d.C))
-        return error_set(err, SMELT_EINVAL, "model_backward: dhidden must be f32 [%lld, %lld]", (long long)T, (long long)d.C);
+    TRY(check_out("model_backward", "dlogprobs", dlogprobs, T, 1, false, m->backend, err));
+    TRY(check_out("model_backward", "dhidden", dhidden, T, d.C, false, m->backend, err));
     struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
     struct tensor dh = rows2(&a->dh, T, d.C), dres = rows2(&a->dres, T, d.C);
 

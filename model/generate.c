@@ -44,18 +44,23 @@ int model_generate_reference(struct model *m, const int32_t *prompt, int64_t n_p
             return error_set(err, SMELT_EINVAL, "prompt token %lld is %d, outside the vocabulary [0, %lld)",
                              (long long)i, prompt[i], (long long)V);
     int64_t max_total = n_prompt + p->max_new_tokens < ctx ? n_prompt + p->max_new_tokens : ctx;
+    /* The final hidden states and the last row's logits stay on the model's backend;
+     * only the V logits the sampler reads come back to the host, once per token. */
     int32_t *seq = malloc((size_t)max_total * sizeof *seq);
-    float *hidden = malloc((size_t)(max_total * C) * sizeof *hidden);
     float *logits = malloc((size_t)V * sizeof *logits);
     struct sample_candidate *work = malloc((size_t)V * sizeof *work);
     struct sample_params sp = sample_params_of(p);
     out->ids = malloc((size_t)p->max_new_tokens * sizeof *out->ids);
     out->logprobs = malloc((size_t)p->max_new_tokens * sizeof *out->logprobs);
     struct model_acts *acts = NULL;
-    if (!seq || !hidden || !logits || !work || !out->ids || !out->logprobs)
+    struct tensor hidden = {0}, dev_logits = {0};
+    if (!seq || !logits || !work || !out->ids || !out->logprobs)
         rc = error_set(err, SMELT_ENOMEM, "generate: out of memory");
+    int64_t hidden_shape[2] = {max_total, C}, logits_shape[2] = {1, V};
+    if (!rc) rc = tensor_alloc(&hidden, m->backend, DTYPE_F32, 2, hidden_shape, err);
+    if (!rc) rc = tensor_alloc(&dev_logits, m->backend, DTYPE_F32, 2, logits_shape, err);
     if (!rc) rc = model_acts_alloc(m, max_total, false, &acts, err);
-    memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+    if (!rc) memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
     struct rng rng;
     rng_seed(&rng, p->seed);
     int64_t n = n_prompt;
@@ -63,13 +68,15 @@ int model_generate_reference(struct model *m, const int32_t *prompt, int64_t n_p
     while (!rc && out->n < p->max_new_tokens && n < ctx) {
         int32_t cu[2] = {0, (int32_t)n};
         struct model_batch b = {.n_tokens = n, .n_seqs = 1, .ids = seq, .cu_seqlens = cu};
-        int64_t hs[2] = {n, C}, ls[2] = {1, V}, one[2] = {1, C};
-        struct tensor th = tensor_f32(hidden, 2, hs), tl = tensor_f32(logits, 2, ls);
+        int64_t hs[2] = {n, C}, one[2] = {1, C};
+        struct tensor th = tensor_make(hidden.backend, DTYPE_F32, hidden.data, 2, hs);
         rc = model_forward(m, acts, &b, NULL, NULL, &th, err);
         if (rc) break;
         /* Only the last position's logits are needed. */
-        struct tensor last = tensor_f32(hidden + (n - 1) * C, 2, one);
-        rc = ops_matmul(&tl, &last, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err);
+        struct tensor last = tensor_make(hidden.backend, DTYPE_F32, (float *)hidden.data + (n - 1) * C, 2, one);
+        struct tensor host_logits = tensor_f32(logits, 2, logits_shape);
+        rc = ops_matmul(&dev_logits, &last, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err);
+        if (!rc) rc = tensor_copy(&host_logits, &dev_logits, err);
         if (rc) break;
         int32_t tok = sample_token(logits, V, &sp, &rng, work);
         out->ids[out->n] = tok;
@@ -84,7 +91,9 @@ int model_generate_reference(struct model *m, const int32_t *prompt, int64_t n_p
         }
     }
     model_acts_free(acts);
-    free(seq), free(hidden), free(logits), free(work);
+    tensor_free(&hidden);
+    tensor_free(&dev_logits);
+    free(seq), free(logits), free(work);
     if (rc) generate_result_free(out);
     return rc;
 }

@@ -46,7 +46,12 @@ struct model_acts {
     /* the batch of the last forward */
     int64_t n_tokens;
     int n_seqs;
-    struct tensor cu_seqlens;           /* host i32 [S + 1], owned copy */
+    struct tensor cu_seqlens;           /* host i32 [S + 1]: a view of host_cu */
+    /* Host staging of the batch, reused by every forward (the ids and targets are
+     * copied straight from the caller's arrays). */
+    int32_t *host_positions;            /* [max_tokens] */
+    int32_t *host_cu;                   /* [host_cu_cap], grown when a batch has more sequences */
+    int64_t host_cu_cap;
     bool has_targets;
     bool forward_done;
 };

@@ -194,8 +194,10 @@ static int restore_weights(struct trainer_run *r, const char *ckpt, struct smelt
         return rc;
     }
     snprintf(p, sizeof p, "%s/model", ckpt);
+    /* Loaded on the host and copied over: a second full model on the device could
+     * exceed its memory. */
     struct model *saved;
-    TRY(model_load(p, r->model->backend, &saved, err));
+    TRY(model_load(p, BACKEND_CPU, &saved, err));
     int rc = saved->n_weights == r->model->n_weights
                  ? tensor_copy(&r->model->weights, &saved->weights, err)
                  : error_set(err, SMELT_EINVAL, "%s: the model's layout differs from this job's", p);
