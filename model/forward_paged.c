@@ -21,7 +21,10 @@ struct model_step_buffers {
     struct tensor logits;                /* [S, V] */
     struct tensor ids, positions, slots; /* i32 [T] on the backend */
     struct tensor block_tables;          /* i32 [S, max_blocks] on the backend */
+    struct tensor last_rows;             /* i32 [S] on the backend: each sequence's last token */
     int32_t *host_positions;             /* [T] */
+    int32_t *host_last_rows;             /* [S] */
+    int n_seqs;                          /* of the last step */
 };
 
 int64_t model_kv_bytes_per_token(const struct model *m) {
@@ -87,9 +90,10 @@ void model_step_buffers_free(struct model_step_buffers *b) {
     if (!b) return;
     model_layer_acts_free(&b->layer);
     struct tensor *all[] = {&b->x_a, &b->x_b, &b->last, &b->last_norm, &b->rstd, &b->mean, &b->logits,
-                            &b->ids, &b->positions, &b->slots, &b->block_tables};
+                            &b->ids, &b->positions, &b->slots, &b->block_tables, &b->last_rows};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) tensor_free(all[i]);
     free(b->host_positions);
+    free(b->host_last_rows);
     free(b);
 }
 
@@ -122,7 +126,9 @@ int model_step_buffers_alloc(const struct model *m, int64_t max_tokens, int max_
     if (!rc) rc = alloc2(&b->positions, be, DTYPE_I32, max_tokens, 1, err);
     if (!rc) rc = alloc2(&b->slots, be, DTYPE_I32, max_tokens, 1, err);
     if (!rc) rc = alloc2(&b->block_tables, be, DTYPE_I32, max_seqs, max_blocks, err);
-    if (!rc && !(b->host_positions = malloc((size_t)max_tokens * sizeof *b->host_positions)))
+    if (!rc) rc = alloc2(&b->last_rows, be, DTYPE_I32, max_seqs, 1, err);
+    if (!rc && (!(b->host_positions = malloc((size_t)max_tokens * sizeof *b->host_positions)) ||
+                !(b->host_last_rows = malloc((size_t)max_seqs * sizeof *b->host_last_rows))))
         rc = error_set(err, SMELT_ENOMEM, "step buffers: out of memory");
     if (rc) {
         model_step_buffers_free(b);
@@ -154,8 +160,14 @@ static int check_paged_batch(const struct model *m, const struct model_step_buff
     return SMELT_OK;
 }
 
+struct tensor model_step_logits(const struct model_step_buffers *b) {
+    int64_t shape[2] = {b->n_seqs, b->logits.shape[1]};
+    return tensor_make(b->logits.backend, DTYPE_F32, b->logits.data, 2, shape);
+}
+
 int model_forward_paged(struct model *m, struct model_step_buffers *b, struct model_kv_cache *cache,
-                        const struct model_paged_batch *pb, float *logits, struct smelt_error *err) {
+                        const struct model_paged_batch *pb, struct smelt_error *err) {
+    b->n_seqs = 0;
     TRY(check_paged_batch(m, b, cache, pb, err));
     const struct model_config *c = &m->config;
     struct dims d = model_dims(m);
@@ -195,18 +207,18 @@ int model_forward_paged(struct model *m, struct model_step_buffers *b, struct mo
         x = x_next;
         x_next = t;
     }
-    /* Each sequence's last token only: gather, final norm, lm_head. */
-    for (int64_t s = 0; s < S; s++) {
-        struct tensor src = slice_rows(&x, pb->cu_q[s + 1] - 1, 1, d.C), dst = slice_rows(&b->last, s, 1, d.C);
-        TRY(tensor_copy(&dst, &src, err));
-    }
+    /* Each sequence's last token only: one gather (not a copy per sequence: on a device
+     * each copy would be a synchronous call), final norm, lm_head. */
+    for (int64_t s = 0; s < S; s++) b->host_last_rows[s] = pb->cu_q[s + 1] - 1;
+    struct tensor last_rows = rows1(&b->last_rows, S), h_last_rows = tensor_i32(b->host_last_rows, 1, &S);
     struct tensor last = rows2(&b->last, S, d.C), hn = rows2(&b->last_norm, S, d.C);
+    TRY(tensor_copy(&last_rows, &h_last_rows, err));
+    TRY(ops_embedding(&last, &last_rows, &x, err));
     struct tensor rstd = rows1(&b->rstd, S), mean = rows1(&b->mean, S);
     TRY(model_norm_forward(m, &hn, c->norm == MODEL_NORM_LAYERNORM ? &mean : NULL, &rstd, &last, &m->w.final_norm_w,
                            m->w.final_norm_b.data ? &m->w.final_norm_b : NULL, err));
     struct tensor lg = rows2(&b->logits, S, d.V);
     TRY(ops_matmul(&lg, &hn, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
-    int64_t n = S * d.V;
-    struct tensor host = tensor_f32(logits, 1, &n), lgv = rows1(&lg, n);
-    return tensor_copy(&host, &lgv, err);
+    b->n_seqs = (int)S;
+    return SMELT_OK;
 }

@@ -213,10 +213,14 @@ int model_step_buffers_alloc(const struct model *model, int64_t max_tokens, int 
                              struct smelt_error *err);
 void model_step_buffers_free(struct model_step_buffers *b);
 
-/* Writes the batch's keys and values into the cache and returns, in logits (host f32
- * [S, V]), the next-token logits after each sequence's last new token. */
+/* Writes the batch's keys and values into the cache and computes the next-token logits
+ * after each sequence's last new token, left in buffers on the model's backend (so a
+ * greedy step can reduce them there): model_step_logits gives them. */
 int model_forward_paged(struct model *model, struct model_step_buffers *buffers,
                         struct model_kv_cache *cache, const struct model_paged_batch *batch,
-                        float *logits, struct smelt_error *err);
+                        struct smelt_error *err);
+/* A view of the last model_forward_paged's logits: f32 [S, V] on the model's backend,
+ * valid until the next step or model_step_buffers_free ([0, V] after a failed step). */
+struct tensor model_step_logits(const struct model_step_buffers *buffers);
 
 #endif

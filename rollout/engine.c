@@ -51,8 +51,13 @@ struct rollout_engine {
     int32_t *ids, *slots, *cu_q, *ctx, *tables;
     struct seq **batch;
     int64_t *batch_n;
-    float *logits;
+    float *logits;                        /* [S, V] host copy, for steps that sample */
     struct sample_candidate *work;
+    /* Greedy steps reduce the logits on the model's backend: i32 / f32 [S] there, and
+     * their host copies. */
+    struct tensor greedy_ids, greedy_logprobs;
+    int32_t *host_greedy_ids;
+    float *host_greedy_logprobs;
 };
 
 /* ---- sequences ---- */
@@ -374,13 +379,16 @@ static bool hits_stop_string(const struct rollout_engine *e, const struct seq *s
     return hit;
 }
 
-/* Appends a sampled token; finishes the sequence when it should stop. */
-static int sample_into(struct rollout_engine *e, struct seq *s, const float *logits, struct smelt_error *err) {
+/* Appends the next token: sampled from the host logits row, or, when logits is NULL (a
+ * greedy step), the token and logprob the device chose. Finishes the sequence when it
+ * should stop. */
+static int sample_into(struct rollout_engine *e, struct seq *s, const float *logits, int32_t greedy_tok,
+                       float greedy_logprob, struct smelt_error *err) {
     const struct rollout_request *r = &s->req->r;
     int64_t V = e->model->config.vocab_size;
-    int32_t tok = sample_token(logits, V, &r->sampling, &s->rng, e->work);
+    int32_t tok = logits ? sample_token(logits, V, &r->sampling, &s->rng, e->work) : greedy_tok;
     TRY(seq_reserve(s, s->n_tokens + 1, err));
-    s->logprobs[s->n_tokens - r->n_prompt] = sample_logprob(logits, V, tok);
+    s->logprobs[s->n_tokens - r->n_prompt] = logits ? sample_logprob(logits, V, tok) : greedy_logprob;
     s->tokens[s->n_tokens++] = tok;
     for (int i = 0; i < r->n_stop_ids; i++)
         if (tok == r->stop_ids[i]) return finish(e, s, ROLLOUT_FINISH_STOP, err);
@@ -418,6 +426,31 @@ static int fork_samples(struct rollout_engine *e, struct seq *parent, struct seq
     return SMELT_OK;
 }
 
+/* The step's next tokens without moving S x V logits to the host when every sequence
+ * that samples this step is greedy: argmax and its logprob on the model's backend, S ids
+ * and S logprobs back. Otherwise the logits come to the host for sample_token. */
+static int step_logits(struct rollout_engine *e, const struct plan *p, bool *greedy, struct smelt_error *err) {
+    *greedy = true;
+    for (int i = 0; i < p->n; i++) {
+        const struct seq *s = e->batch[i];
+        bool samples = s->n_cached + e->batch_n[i] >= s->n_tokens;
+        if (samples && s->req->r.sampling.temperature != 0) *greedy = false;
+    }
+    struct tensor logits = model_step_logits(e->buffers);
+    int64_t S = p->n, n = S * logits.shape[1];
+    if (!*greedy) {
+        struct tensor host = tensor_f32(e->logits, 1, &n), flat = tensor_make(logits.backend, DTYPE_F32, logits.data, 1, &n);
+        return tensor_copy(&host, &flat, err);
+    }
+    struct tensor ids = tensor_make(e->greedy_ids.backend, DTYPE_I32, e->greedy_ids.data, 1, &S);
+    struct tensor lps = tensor_make(e->greedy_logprobs.backend, DTYPE_F32, e->greedy_logprobs.data, 1, &S);
+    struct tensor h_ids = tensor_i32(e->host_greedy_ids, 1, &S), h_lps = tensor_f32(e->host_greedy_logprobs, 1, &S);
+    TRY(ops_argmax(&ids, &logits, err));
+    TRY(ops_logprobs(&lps, NULL, &logits, &ids, err));
+    TRY(tensor_copy(&h_ids, &ids, err));
+    return tensor_copy(&h_lps, &lps, err);
+}
+
 int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
     struct plan *p = calloc(1, sizeof *p);
     if (!p) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
@@ -448,7 +481,9 @@ int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
     struct model_paged_batch pb = {.n_tokens = T, .n_seqs = p->n, .ids = e->ids, .cu_q = e->cu_q,
                                    .context_lens = e->ctx, .slot_mapping = e->slots,
                                    .block_tables = e->tables, .max_blocks = e->max_blocks};
-    rc = model_forward_paged(e->model, e->buffers, &e->cache, &pb, e->logits, err);
+    bool greedy = false;
+    rc = model_forward_paged(e->model, e->buffers, &e->cache, &pb, err);
+    if (!rc) rc = step_logits(e, p, &greedy, err);
     int64_t V = e->model->config.vocab_size;
     for (int i = 0; !rc && i < p->n; i++) {
         struct seq *s = e->batch[i];
@@ -457,14 +492,16 @@ int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
         if (prefill) e->stats.prefill_tokens += e->batch_n[i];
         else e->stats.decode_tokens += e->batch_n[i];
         if (s->n_cached < s->n_tokens) continue; /* a prefill chunk; more to come */
-        const float *lg = e->logits + (size_t)i * (size_t)V;
+        const float *lg = greedy ? NULL : e->logits + (size_t)i * (size_t)V;
+        int32_t tok = greedy ? e->host_greedy_ids[i] : -1;
+        float lp = greedy ? e->host_greedy_logprobs[i] : 0.0f;
         if (s->sample_index < 0) {
             struct seq *samples[256];
             int n = s->req->r.n;
             rc = fork_samples(e, s, samples, err);
-            for (int k = 0; !rc && k < n; k++) rc = sample_into(e, samples[k], lg, err);
+            for (int k = 0; !rc && k < n; k++) rc = sample_into(e, samples[k], lg, tok, lp, err);
         } else {
-            rc = sample_into(e, s, lg, err);
+            rc = sample_into(e, s, lg, tok, lp, err);
         }
     }
     e->stats.steps++;
@@ -521,6 +558,8 @@ void rollout_engine_free(struct rollout_engine *e) {
     kv_pool_destroy(&e->pool);
     free(e->ids), free(e->slots), free(e->cu_q), free(e->ctx), free(e->tables);
     free(e->batch), free(e->batch_n), free(e->logits), free(e->work);
+    tensor_free(&e->greedy_ids), tensor_free(&e->greedy_logprobs);
+    free(e->host_greedy_ids), free(e->host_greedy_logprobs);
     free(e);
 }
 
@@ -555,9 +594,14 @@ int rollout_engine_create(struct model *model, const struct tokenizer *tok, cons
         e->batch_n = malloc((size_t)S * sizeof *e->batch_n);
         e->logits = malloc((size_t)(S * V) * sizeof *e->logits);
         e->work = malloc((size_t)V * sizeof *e->work);
-        if (!e->ids || !e->slots || !e->cu_q || !e->ctx || !e->tables || !e->batch || !e->batch_n || !e->logits || !e->work)
+        e->host_greedy_ids = malloc((size_t)S * sizeof *e->host_greedy_ids);
+        e->host_greedy_logprobs = malloc((size_t)S * sizeof *e->host_greedy_logprobs);
+        if (!e->ids || !e->slots || !e->cu_q || !e->ctx || !e->tables || !e->batch || !e->batch_n || !e->logits ||
+            !e->work || !e->host_greedy_ids || !e->host_greedy_logprobs)
             rc = error_set(err, SMELT_ENOMEM, "rollout: out of memory");
     }
+    if (!rc) rc = tensor_alloc(&e->greedy_ids, model->backend, DTYPE_I32, 1, &S, err);
+    if (!rc) rc = tensor_alloc(&e->greedy_logprobs, model->backend, DTYPE_F32, 1, &S, err);
     if (rc) {
         rollout_engine_free(e);
         return error_wrap(err, "rollout engine");
