@@ -19,8 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/gpu/rollout_wave.h" /* wave_run, bench_prompts: shared with bench/gpu/generate_gpu.c */
 #include "common/common.h"    /* args_*, json_load_path, rng */
 #include "model/model.h"      /* model_load, model_init_random */
 #include "rollout/kv_blocks.h" /* KV_BLOCK_SIZE: the engine's block, for the peak in bytes */
@@ -36,15 +36,9 @@ struct options {
     bool print_ids;
 };
 
-struct prompts {
-    int32_t **ids;   /* [n][lens[i]] */
-    int64_t *lens;   /* [n] */
-    int64_t n;
-};
-
 /* What the timed waves did. */
 struct run_totals {
-    int64_t generated_tokens, prompt_tokens, peak_blocks_used;
+    struct wave_totals waves;
     double wall_s;
     int32_t **outputs;   /* [batch * waves][max_new_tokens] when --print-ids, else NULL */
 };
@@ -66,12 +60,6 @@ static void usage(FILE *f) {
                "  --prefill-chunk T     prompt tokens of one sequence per step (default 512)\n"
                "  --seed S              random weights and prompts (default 1)\n"
                "  --print-ids           add every generated sequence to the JSON (\"outputs\")\n");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- options ---- */
@@ -127,22 +115,7 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
 
 /* ---- prompts ---- */
 
-static void prompts_free(struct prompts *p) {
-    for (int64_t i = 0; p->ids && i < p->n; i++) free(p->ids[i]);
-    free(p->ids);
-    free(p->lens);
-    memset(p, 0, sizeof *p);
-}
-
-static int prompts_alloc(struct prompts *p, int64_t n, struct smelt_error *err) {
-    p->n = n;
-    p->ids = calloc((size_t)n, sizeof *p->ids);
-    p->lens = calloc((size_t)n, sizeof *p->lens);
-    if (!p->ids || !p->lens) return error_set(err, SMELT_ENOMEM, "prompts: out of memory");
-    return SMELT_OK;
-}
-
-static int prompt_from_json(const json_t *list, const char *path, int64_t i, struct prompts *p,
+static int prompt_from_json(const json_t *list, const char *path, int64_t i, struct bench_prompts *p,
                             struct smelt_error *err) {
     if (!json_is_array(list) || json_array_size(list) == 0)
         return error_set(err, SMELT_EINVAL, "%s: prompt %lld is not a non-empty list of token ids", path, (long long)i);
@@ -159,35 +132,21 @@ static int prompt_from_json(const json_t *list, const char *path, int64_t i, str
     return SMELT_OK;
 }
 
-static int prompts_load(const char *path, struct prompts *p, struct smelt_error *err) {
+static int prompts_load(const char *path, struct bench_prompts *p, struct smelt_error *err) {
     json_t *root;
     int rc = json_load_path(path, &root, err);
     if (rc) return rc;
     if (!json_is_array(root) || json_array_size(root) == 0)
         rc = error_set(err, SMELT_EINVAL, "%s: expected a non-empty list of prompts", path);
-    if (!rc) rc = prompts_alloc(p, (int64_t)json_array_size(root), err);
+    if (!rc) rc = bench_prompts_alloc(p, (int64_t)json_array_size(root), err);
     for (int64_t i = 0; !rc && i < p->n; i++) rc = prompt_from_json(json_array_get(root, (size_t)i), path, i, p, err);
     json_decref(root);
     return rc;
 }
 
-/* n prompts of 8..24 random ids below vocab_size. */
-static int prompts_generate(int64_t n, int64_t vocab_size, uint64_t seed, struct prompts *p, struct smelt_error *err) {
-    int rc = prompts_alloc(p, n, err);
-    struct rng rng;
-    rng_seed(&rng, seed);
-    for (int64_t i = 0; !rc && i < n; i++) {
-        p->lens[i] = 8 + (int64_t)(rng_next(&rng) % 17);
-        p->ids[i] = malloc((size_t)p->lens[i] * sizeof *p->ids[i]);
-        if (!p->ids[i]) return error_set(err, SMELT_ENOMEM, "prompts: out of memory");
-        for (int64_t t = 0; t < p->lens[i]; t++) p->ids[i][t] = (int32_t)(rng_next(&rng) % (uint64_t)vocab_size);
-    }
-    return rc;
-}
-
 /* Every sequence must be able to generate all its tokens: the engine would stop it at
  * the model's context, and the tokens/s would count less work than asked for. */
-static int prompts_check_fit(const struct prompts *p, int64_t max_new, int64_t max_seq_len, struct smelt_error *err) {
+static int prompts_check_fit(const struct bench_prompts *p, int64_t max_new, int64_t max_seq_len, struct smelt_error *err) {
     for (int64_t i = 0; i < p->n; i++)
         if (p->lens[i] + max_new > max_seq_len)
             return error_set(err, SMELT_EINVAL,
@@ -198,57 +157,22 @@ static int prompts_check_fit(const struct prompts *p, int64_t max_new, int64_t m
 
 /* ---- the engine ---- */
 
-/* One wave: batch requests (prompt indices first, first + 1, ... wrapping) submitted at
- * once, stepped until idle. Adds to totals; outputs (may be NULL) get the ids by
- * position in the wave. */
-static int run_wave(struct rollout_engine *e, const struct prompts *p, int64_t first, int64_t batch, int64_t max_new,
-                    struct run_totals *totals, int32_t **outputs, struct smelt_error *err) {
-    for (int64_t r = 0; r < batch; r++) {
-        int64_t k = (first + r) % p->n;
-        struct rollout_request req = {.id = (uint64_t)r, .prompt = p->ids[k], .n_prompt = p->lens[k], .n = 1,
-                                      .sampling = {.temperature = 0, .top_p = 1}, .max_new_tokens = max_new};
-        int rc = rollout_engine_add(e, &req, err);
-        if (rc) return error_wrap(err, "prompt %lld", (long long)k);
-        totals->prompt_tokens += p->lens[k];
-    }
-    int rc = SMELT_OK;
-    while (!rc && !rollout_engine_idle(e)) {
-        rc = rollout_engine_step(e, err);
-        struct rollout_stats st = rollout_engine_stats(e);
-        if (st.n_blocks - st.free_blocks > totals->peak_blocks_used) totals->peak_blocks_used = st.n_blocks - st.free_blocks;
-        struct rollout_result *res = NULL;
-        int n = 0;
-        if (!rc) rc = rollout_engine_take(e, &res, &n, err);
-        for (int i = 0; !rc && i < n; i++) {
-            if (res[i].n != max_new)
-                rc = error_set(err, SMELT_EINVAL, "request %llu generated %lld tokens, not %lld (finish: %s)",
-                               (unsigned long long)res[i].request_id, (long long)res[i].n, (long long)max_new,
-                               res[i].finish_reason);
-            else if (outputs)
-                memcpy(outputs[res[i].request_id], res[i].ids, (size_t)max_new * sizeof *res[i].ids);
-            totals->generated_tokens += res[i].n;
-        }
-        rollout_results_free(res, n);
-    }
-    return rc;
-}
-
 /* The untimed warm-up wave (pages in the weights, grows the buffers, starts the thread
  * pools), then the timed waves; before and after bracket the timed part. */
-static int run_timed(struct rollout_engine *e, const struct options *o, const struct prompts *p,
+static int run_timed(struct rollout_engine *e, const struct options *o, const struct bench_prompts *p,
                      struct run_totals *totals, struct rollout_stats *before, struct rollout_stats *after,
                      struct smelt_error *err) {
-    struct run_totals warm = {0};
+    struct wave_totals warm = {0};
     int64_t warm_new = o->max_new_tokens < WARMUP_MAX_NEW ? o->max_new_tokens : WARMUP_MAX_NEW;
-    int rc = run_wave(e, p, 0, o->batch, warm_new, &warm, NULL, err);
+    int rc = wave_run(e, p, 0, o->batch, warm_new, &warm, NULL, NULL, err);
     if (rc) return error_wrap(err, "warm-up");
     *before = rollout_engine_stats(e);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int64_t w = 0; !rc && w < o->waves; w++) {
         int32_t **outputs = totals->outputs ? totals->outputs + w * o->batch : NULL;
-        rc = run_wave(e, p, w * o->batch, o->batch, o->max_new_tokens, totals, outputs, err);
+        rc = wave_run(e, p, w * o->batch, o->batch, o->max_new_tokens, &totals->waves, outputs, NULL, err);
     }
-    totals->wall_s = now_s() - t0;
+    totals->wall_s = bench_now_s() - t0;
     *after = rollout_engine_stats(e);
     return rc;
 }
@@ -282,16 +206,16 @@ static json_t *report_json(const struct options *o, const struct model *m, const
     json_object_set_new(r, "batch", json_integer(o->batch));
     json_object_set_new(r, "waves", json_integer(o->waves));
     json_object_set_new(r, "max_new_tokens", json_integer(o->max_new_tokens));
-    json_object_set_new(r, "prompt_tokens", json_integer(t->prompt_tokens));
-    json_object_set_new(r, "generated_tokens", json_integer(t->generated_tokens));
+    json_object_set_new(r, "prompt_tokens", json_integer(t->waves.prompt_tokens));
+    json_object_set_new(r, "generated_tokens", json_integer(t->waves.generated_tokens));
     json_object_set_new(r, "wall_s", json_real(t->wall_s));
-    json_object_set_new(r, "tokens_per_s", json_real(t->wall_s > 0 ? (double)t->generated_tokens / t->wall_s : 0));
+    json_object_set_new(r, "tokens_per_s", json_real(t->wall_s > 0 ? (double)t->waves.generated_tokens / t->wall_s : 0));
     json_object_set_new(r, "steps", json_integer(after->steps - before->steps));
     json_object_set_new(r, "kv_bytes_per_token", json_integer(kv_tok));
     json_object_set_new(r, "kv_blocks", json_integer(after->n_blocks));
     json_object_set_new(r, "kv_block_tokens", json_integer(KV_BLOCK_SIZE));
-    json_object_set_new(r, "peak_blocks_used", json_integer(t->peak_blocks_used));
-    json_object_set_new(r, "peak_kv_bytes", json_integer(t->peak_blocks_used * KV_BLOCK_SIZE * kv_tok));
+    json_object_set_new(r, "peak_blocks_used", json_integer(t->waves.peak_blocks_used));
+    json_object_set_new(r, "peak_kv_bytes", json_integer(t->waves.peak_blocks_used * KV_BLOCK_SIZE * kv_tok));
     json_object_set_new(r, "preemptions", json_integer(after->preemptions - before->preemptions));
     json_object_set_new(r, "omp_threads", json_integer(omp_get_max_threads()));
     json_object_set_new(r, "openblas_threads", json_integer(openblas_get_num_threads()));
@@ -330,13 +254,13 @@ static int load_model(const struct options *o, struct model **m, struct smelt_er
 
 static int run(const struct options *o, struct smelt_error *err) {
     struct model *m = NULL;
-    struct prompts p = {0};
+    struct bench_prompts p = {0};
     struct rollout_engine *e = NULL;
     struct run_totals totals = {0};
     int64_t n_out = o->batch * o->waves;
     int rc = load_model(o, &m, err);
     if (!rc && o->prompts_path) rc = prompts_load(o->prompts_path, &p, err);
-    else if (!rc) rc = prompts_generate(n_out, m->config.vocab_size, (uint64_t)o->seed, &p, err);
+    else if (!rc) rc = bench_prompts_random(n_out, 8, 24, m->config.vocab_size, (uint64_t)o->seed, &p, err);
     if (!rc) rc = prompts_check_fit(&p, o->max_new_tokens, m->config.max_seq_len, err);
     if (!rc) {
         struct rollout_config c = {.kv_memory_bytes = o->kv_memory_mb << 20, .max_batch_tokens = o->max_batch_tokens,
@@ -349,7 +273,7 @@ static int run(const struct options *o, struct smelt_error *err) {
     if (!rc) rc = print_report(o, m, &totals, &before, &after, err);
     outputs_free(&totals, n_out);
     rollout_engine_free(e);
-    prompts_free(&p);
+    bench_prompts_free(&p);
     model_free(m);
     return rc;
 }
