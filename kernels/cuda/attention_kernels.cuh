@@ -111,6 +111,28 @@ template <typename F> int attn_with_head_bound(int dim, const char *op, struct s
                      op, dim);
 }
 
+/* acc[i][c] += sum over j < n of w[(ty R + i) (ATTN_BK + 1) + j] * m[j ld + tx + 8c]: this thread's
+ * rows of a [rows, ATTN_BK] weight tile (probabilities, or their gradients) times a
+ * [ATTN_BK, dim] tile of shared rows (v, k, q or dout). */
+template <int R, int COLS>
+__device__ __forceinline__ void attn_add_product(float (&acc)[R][COLS], const float *w, const float *m, int n,
+                                                 int ty, int tx, int dim, int ld) {
+    for (int j = 0; j < n; j++) {
+        float wj[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) wj[i] = w[(ty * R + i) * (ATTN_BK + 1) + j];
+#pragma unroll
+        for (int c = 0; c < COLS; c++) {
+            const int col = tx + ATTN_TX * c;
+            if (col < dim) {
+                const float mv = m[j * ld + col];
+#pragma unroll
+                for (int i = 0; i < R; i++) acc[i][c] = fmaf(wj[i], mv, acc[i][c]);
+            }
+        }
+    }
+}
+
 /* ---- forward ---------------------------------------------------------------------- */
 
 /* Block (tile, q head): R * 16 query rows against every key up to the tile's last query.
@@ -190,20 +212,7 @@ attention_forward_kernel(T *out, float *lse, const T *__restrict__ q, const T *_
         }
         __syncthreads();
 
-        for (int j = 0; j < keys; j++) {
-            float p[R];
-#pragma unroll
-            for (int i = 0; i < R; i++) p[i] = sp[(ty * R + i) * PLD + j];
-#pragma unroll
-            for (int c = 0; c < COLS; c++) {
-                const int col = tx + ATTN_TX * c;
-                if (col < dim) {
-                    const float vv = sv[j * ld + col];
-#pragma unroll
-                    for (int i = 0; i < R; i++) acc[i][c] = fmaf(p[i], vv, acc[i][c]);
-                }
-            }
-        }
+        attn_add_product(acc, sp, sv, keys, ty, tx, dim, ld);
     }
 
 #pragma unroll
@@ -313,20 +322,7 @@ attention_dq_kernel(T *dq, const T *__restrict__ dout, const T *__restrict__ q, 
         }
         __syncthreads();
 
-        for (int j = 0; j < keys; j++) {
-            float ds[R];
-#pragma unroll
-            for (int i = 0; i < R; i++) ds[i] = sds[(ty * R + i) * PLD + j];
-#pragma unroll
-            for (int c = 0; c < COLS; c++) {
-                const int col = tx + ATTN_TX * c;
-                if (col < dim) {
-                    const float kk = sk[j * ld + col];
-#pragma unroll
-                    for (int i = 0; i < R; i++) acc[i][c] = fmaf(ds[i], kk, acc[i][c]);
-                }
-            }
-        }
+        attn_add_product(acc, sds, sk, keys, ty, tx, dim, ld);
     }
 
 #pragma unroll
@@ -415,23 +411,8 @@ attention_dkv_kernel(T *dk, T *dv, const T *__restrict__ dout, const T *__restri
             }
             __syncthreads();
 
-            for (int j = 0; j < queries; j++) {
-                float p[R], ds[R];
-#pragma unroll
-                for (int i = 0; i < R; i++) p[i] = sp[(ty * R + i) * PLD + j], ds[i] = sds[(ty * R + i) * PLD + j];
-#pragma unroll
-                for (int c = 0; c < COLS; c++) {
-                    const int col = tx + ATTN_TX * c;
-                    if (col < dim) {
-                        const float qq = sq[j * ld + col], dd = sdo[j * ld + col];
-#pragma unroll
-                        for (int i = 0; i < R; i++) {
-                            acc_k[i][c] = fmaf(ds[i], qq, acc_k[i][c]);
-                            acc_v[i][c] = fmaf(p[i], dd, acc_v[i][c]);
-                        }
-                    }
-                }
-            }
+            attn_add_product(acc_k, sds, sq, queries, ty, tx, dim, ld);
+            attn_add_product(acc_v, sp, sdo, queries, ty, tx, dim, ld);
         }
     }
 
