@@ -128,7 +128,7 @@ static void expect_msg(const char *type, int timeout_ms, struct msg *out) {
 static void start_registered(void) {
     start_agent();
     struct msg m;
-    expect_msg(MSG_AGENT_REGISTER, 2000, &m);
+    expect_msg(MSG_AGENT_REGISTER, 10000, &m);
     msg_free(&m);
     send_order(MSG_AGENT_REGISTERED, json_pack("{s:i}", "heartbeat_ms", h.heartbeat_ms));
 }
@@ -185,7 +185,7 @@ static json_t *launch_order(const char *job_id, const char *script, json_t *extr
 
 static pid_t expect_started(const char *job_id) {
     struct msg m;
-    expect_msg(MSG_WORKER_STARTED, 2000, &m);
+    expect_msg(MSG_WORKER_STARTED, 10000, &m);
     cr_expect_str_eq(field_str(&m, "agent_id"), AGENT_ID);
     cr_expect_str_eq(field_str(&m, "job_id"), job_id);
     cr_expect_eq(field_int(&m, "attempt"), 1);
@@ -198,7 +198,7 @@ static pid_t expect_started(const char *job_id) {
 /* Expects a worker.event at offset carrying key == value; returns nothing else. */
 static void expect_event(const char *job_id, int64_t offset, const char *key, int64_t value) {
     struct msg m;
-    expect_msg(MSG_WORKER_EVENT, 2000, &m);
+    expect_msg(MSG_WORKER_EVENT, 10000, &m);
     cr_expect_str_eq(field_str(&m, "agent_id"), AGENT_ID);
     cr_expect_str_eq(field_str(&m, "job_id"), job_id);
     cr_expect_eq(field_int(&m, "attempt"), 1);
@@ -239,7 +239,7 @@ static bool process_gone(pid_t pid) {
 Test(agent, registers_with_devices_then_heartbeats, .init = setup, .fini = teardown, .timeout = 10) {
     start_agent();
     struct msg m;
-    expect_msg(MSG_AGENT_REGISTER, 2000, &m);
+    expect_msg(MSG_AGENT_REGISTER, 10000, &m);
     cr_expect_eq(field_int(&m, "v"), MSG_VERSION);
     cr_expect_str_eq(field_str(&m, "agent_id"), AGENT_ID);
     cr_expect_gt(strlen(field_str(&m, "hostname")), 0);
@@ -274,7 +274,7 @@ Test(agent, registers_with_devices_then_heartbeats, .init = setup, .fini = teard
 Test(agent, registers_again_after_a_silence, .init = setup, .fini = teardown, .timeout = 10) {
     start_agent();
     struct msg m;
-    expect_msg(MSG_AGENT_REGISTER, 2000, &m);
+    expect_msg(MSG_AGENT_REGISTER, 10000, &m);
     msg_free(&m);
     send_order(MSG_AGENT_REGISTERED, json_pack("{s:i}", "heartbeat_ms", 50));
     /* smeltd "restarts": it says nothing more. After ~5 heartbeats the agent registers again. */
@@ -657,7 +657,7 @@ Test(agent, worker_gets_sigterm_when_the_agent_dies, .init = setup, .fini = tear
         _exit(agent_run(&c, &err) ? 1 : 0);
     }
     struct msg m;
-    expect_msg(MSG_AGENT_REGISTER, 2000, &m);
+    expect_msg(MSG_AGENT_REGISTER, 10000, &m);
     msg_free(&m);
     send_order(MSG_AGENT_REGISTERED, json_pack("{s:i}", "heartbeat_ms", 1000));
     send_order(MSG_WORKER_LAUNCH, launch_order("job-8", script, NULL));
