@@ -111,6 +111,28 @@ template <typename F> int attn_with_head_bound(int dim, const char *op, struct s
                      op, dim);
 }
 
+/* out[i][j] = rows[ty R + i] . cols[tx + 8 j] over dim: this thread's R rows of one
+ * shared tile against its ATTN_PER_THREAD rows of another (scores q.k, or dout.v). */
+template <int R>
+__device__ __forceinline__ void attn_dots(float (&out)[R][ATTN_PER_THREAD], const float *rows, const float *cols,
+                                          int ty, int tx, int dim, int ld) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < ATTN_PER_THREAD; j++) out[i][j] = 0.0f;
+    for (int c = 0; c < dim; c++) {
+        float rv[R], cv[ATTN_PER_THREAD];
+#pragma unroll
+        for (int i = 0; i < R; i++) rv[i] = rows[(ty * R + i) * ld + c];
+#pragma unroll
+        for (int j = 0; j < ATTN_PER_THREAD; j++) cv[j] = cols[(tx + ATTN_TX * j) * ld + c];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+#pragma unroll
+            for (int j = 0; j < ATTN_PER_THREAD; j++) out[i][j] = fmaf(rv[i], cv[j], out[i][j]);
+    }
+}
+
 /* acc[i][c] += sum over j < n of w[(ty R + i) (ATTN_BK + 1) + j] * m[j ld + tx + 8c]: this thread's
  * rows of a [rows, ATTN_BK] weight tile (probabilities, or their gradients) times a
  * [ATTN_BK, dim] tile of shared rows (v, k, q or dout). */
@@ -169,21 +191,7 @@ attention_forward_kernel(T *out, float *lse, const T *__restrict__ q, const T *_
         __syncthreads();
 
         float s[R][ATTN_PER_THREAD];
-#pragma unroll
-        for (int i = 0; i < R; i++)
-#pragma unroll
-            for (int j = 0; j < ATTN_PER_THREAD; j++) s[i][j] = 0.0f;
-        for (int c = 0; c < dim; c++) {
-            float qv[R], kv[ATTN_PER_THREAD];
-#pragma unroll
-            for (int i = 0; i < R; i++) qv[i] = sq[(ty * R + i) * ld + c];
-#pragma unroll
-            for (int j = 0; j < ATTN_PER_THREAD; j++) kv[j] = sk[(tx + ATTN_TX * j) * ld + c];
-#pragma unroll
-            for (int i = 0; i < R; i++)
-#pragma unroll
-                for (int j = 0; j < ATTN_PER_THREAD; j++) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
-        }
+        attn_dots(s, sq, sk, ty, tx, dim, ld);
 
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -291,24 +299,8 @@ attention_dq_kernel(T *dq, const T *__restrict__ dout, const T *__restrict__ q, 
         __syncthreads();
 
         float s[R][ATTN_PER_THREAD], dp[R][ATTN_PER_THREAD];
-#pragma unroll
-        for (int i = 0; i < R; i++)
-#pragma unroll
-            for (int j = 0; j < ATTN_PER_THREAD; j++) s[i][j] = dp[i][j] = 0.0f;
-        for (int c = 0; c < dim; c++) {
-            float qv[R], dov[R], kv[ATTN_PER_THREAD], vv[ATTN_PER_THREAD];
-#pragma unroll
-            for (int i = 0; i < R; i++) qv[i] = sq[(ty * R + i) * ld + c], dov[i] = sdo[(ty * R + i) * ld + c];
-#pragma unroll
-            for (int j = 0; j < ATTN_PER_THREAD; j++) kv[j] = sk[(tx + ATTN_TX * j) * ld + c], vv[j] = sv[(tx + ATTN_TX * j) * ld + c];
-#pragma unroll
-            for (int i = 0; i < R; i++)
-#pragma unroll
-                for (int j = 0; j < ATTN_PER_THREAD; j++) {
-                    s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
-                    dp[i][j] = fmaf(dov[i], vv[j], dp[i][j]);
-                }
-        }
+        attn_dots(s, sq, sk, ty, tx, dim, ld);
+        attn_dots(dp, sdo, sv, ty, tx, dim, ld);
 #pragma unroll
         for (int i = 0; i < R; i++) {
             const int r = ty * R + i, query = tile.start + r;
@@ -378,25 +370,8 @@ attention_dkv_kernel(T *dk, T *dv, const T *__restrict__ dout, const T *__restri
             __syncthreads();
 
             float s[R][ATTN_PER_THREAD], dp[R][ATTN_PER_THREAD];
-#pragma unroll
-            for (int i = 0; i < R; i++)
-#pragma unroll
-                for (int j = 0; j < ATTN_PER_THREAD; j++) s[i][j] = dp[i][j] = 0.0f;
-            for (int c = 0; c < dim; c++) {
-                float kv[R], vv[R], qv[ATTN_PER_THREAD], dov[ATTN_PER_THREAD];
-#pragma unroll
-                for (int i = 0; i < R; i++) kv[i] = sk[(ty * R + i) * ld + c], vv[i] = sv[(ty * R + i) * ld + c];
-#pragma unroll
-                for (int j = 0; j < ATTN_PER_THREAD; j++)
-                    qv[j] = sq[(tx + ATTN_TX * j) * ld + c], dov[j] = sdo[(tx + ATTN_TX * j) * ld + c];
-#pragma unroll
-                for (int i = 0; i < R; i++)
-#pragma unroll
-                    for (int j = 0; j < ATTN_PER_THREAD; j++) {
-                        s[i][j] = fmaf(kv[i], qv[j], s[i][j]);
-                        dp[i][j] = fmaf(vv[i], dov[j], dp[i][j]);
-                    }
-            }
+            attn_dots(s, sk, sq, ty, tx, dim, ld);
+            attn_dots(dp, sv, sdo, ty, tx, dim, ld);
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const int r = ty * R + i, key = tile.start + r;
