@@ -23,6 +23,7 @@
  *  - Rollout: token ids identical; logprobs within 1e-4 (the CPU engine's own
  *    tolerance against the reference generator, a different order of sums too). */
 #include "tests/unit/lora_testutil.h"
+#include "tests/unit/trainer_testutil.h"
 #include "tests/unit/rollout_testutil.h"
 
 #include <jansson.h>
@@ -455,28 +456,6 @@ static void write_lines(const char *dst, const char *src, int n) {
 }
 
 /* The train losses of metrics.jsonl, by step (1-based; [0] unused); returns the last step. */
-static int read_losses(const char *out_dir, double *loss, int cap) {
-    char path[700], line[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no %s", path);
-    int last = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        cr_assert(j, "bad metrics line %s", line);
-        const char *type = json_string_value(json_object_get(j, "type"));
-        if (type && strcmp(type, "train") == 0) {
-            int step = (int)json_integer_value(json_object_get(j, "step"));
-            cr_assert(step == last + 1 && step < cap, "step %d after %d", step, last);
-            loss[step] = json_real_value(json_object_get(j, "loss"));
-            last = step;
-        }
-        json_decref(j);
-    }
-    fclose(f);
-    return last;
-}
-
 struct sft_paths {
     char train[600], val[600], spec[600];
 };
@@ -511,7 +490,7 @@ static struct trainer_result sft_run(const struct sft_paths *p, const char *mode
     struct trainer_result res;
     struct trainer_options quiet = {.quiet = true};
     TEST_OK(trainer_run(&spec, options ? options : &quiet, &res, &err), &err);
-    if (losses && !res.stopped) cr_assert_eq(read_losses(out, losses, SFT_STEPS + 2), SFT_STEPS);
+    if (losses && !res.stopped) cr_assert_eq(test_read_losses(out, losses, SFT_STEPS + 2), SFT_STEPS);
     return res;
 }
 

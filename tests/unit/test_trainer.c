@@ -12,6 +12,7 @@
 #include "common/common.h"
 #include "model/model.h"
 #include "testutil.h"
+#include "trainer_testutil.h"
 #include "trainer/trainer.h"
 
 /* ---- schedules ---- */
@@ -218,30 +219,6 @@ static void load_spec(const struct run_paths *p, const char *model, const char *
 }
 
 /* The train losses of metrics.jsonl, by step (1-based; [0] unused). */
-static int read_losses(const char *out, double *loss, int cap) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no %s", path);
-    char line[4096];
-    int last = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        cr_assert(j, "bad metrics line %s", line);
-        const char *type = json_string_value(json_object_get(j, "type"));
-        if (type && strcmp(type, "train") == 0) {
-            int step = (int)json_integer_value(json_object_get(j, "step"));
-            cr_assert(step > 0 && step < cap);
-            cr_expect(step == last + 1, "steps out of order: %d after %d", step, last);
-            loss[step] = json_real_value(json_object_get(j, "loss"));
-            last = step;
-        }
-        json_decref(j);
-    }
-    fclose(f);
-    return last;
-}
-
 /* Runs the spec uninterrupted into p->out, then stopped after stop_at and resumed into
  * out2; expects the same n losses to the bit. */
 static void expect_resume_identical(const struct run_paths *p, const char *hp, int n, int stop_at,
@@ -254,7 +231,7 @@ static void expect_resume_identical(const struct run_paths *p, const char *hp, i
     TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
     cr_expect_eq(res.steps, n);
     cr_expect(!spec.has_lora || res.base_unchanged);
-    cr_assert_eq(read_losses(p->out, straight, 16), n);
+    cr_assert_eq(test_read_losses(p->out, straight, 16), n);
     snprintf(out2, out2_cap, "%s2", p->out);
     load_spec(p, p->model, out2, hp, &spec);
     struct trainer_options stop = {.quiet = true, .stop_after_step = stop_at};
@@ -267,7 +244,7 @@ static void expect_resume_identical(const struct run_paths *p, const char *hp, i
     TEST_OK(trainer_run(&spec, &resume, &res, &err), &err);
     cr_expect_eq(res.steps, n);
     double resumed[16];
-    cr_assert_eq(read_losses(out2, resumed, 16), n);
+    cr_assert_eq(test_read_losses(out2, resumed, 16), n);
     for (int s = 1; s <= n; s++)
         cr_expect_eq(straight[s], resumed[s], "step %d: %.17g uninterrupted vs %.17g resumed", s, straight[s], resumed[s]);
 }
@@ -294,7 +271,7 @@ Test(trainer, full_run_resumes_bit_identically) {
     struct trainer_options from3 = {.quiet = true, .resume = ck};
     load_spec(&p, p.model, out2, full_hp, &spec);
     TEST_OK(trainer_run(&spec, &from3, &res, &err), &err);
-    cr_assert_eq(read_losses(out2, resumed, 16), 8);
+    cr_assert_eq(test_read_losses(out2, resumed, 16), 8);
     for (int s = 1; s <= 8; s++) cr_expect_eq(straight[s], resumed[s], "step %d after resuming from 3", s);
 
     /* A changed hyperparameter is refused on resume, naming it. */
