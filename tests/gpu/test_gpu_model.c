@@ -104,7 +104,7 @@ static void expect_params_close(const char *label, const struct model *m, const 
 
 static void check_parity_on_device(const char *type) {
     struct smelt_error err = {0};
-    char dir[256], name[256];
+    char dir[256];
     snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
     struct model *m;
     TEST_OK(model_load(dir, GPU_TEST_BACKEND, &m, &err), &err);
@@ -122,12 +122,7 @@ static void check_parity_on_device(const char *type) {
     struct safetensors *st;
     snprintf(dir, sizeof dir, PARITY_DIR "/%s/expected.safetensors", type);
     TEST_OK(safetensors_open(dir, &st, &err), &err);
-    for (int s = 0; s < p.n_seqs; s++) {
-        snprintf(name, sizeof name, "logits.%d", s);
-        parity_expect_matches(st, name, logits + (int64_t)p.cu[s] * V, p.len[s] * V, 1e-4, 1e-5);
-        snprintf(name, sizeof name, "logprobs.%d", s);
-        parity_expect_matches(st, name, lp + p.cu[s], p.len[s] - 1, 1e-4, 1e-5);
-    }
+    parity_expect_outputs(st, &p, logits, lp, V);
 
     TEST_OK(model_grads_alloc(m, &err), &err);
     struct tensor dw = device_f32(p.weights, 1, &T);
@@ -136,10 +131,7 @@ static void check_parity_on_device(const char *type) {
     struct model_hf_tensor *g;
     int n;
     TEST_OK(model_hf_tensors(m, grads, &g, &n, &err), &err);
-    for (int i = 0; i < n; i++) {
-        snprintf(name, sizeof name, "grad.%s", g[i].name);
-        parity_expect_matches(st, name, g[i].data, g[i].shape[0] * g[i].shape[1], 1e-3, 1e-4);
-    }
+    parity_expect_grads(st, g, n);
     model_hf_tensors_free(g, n);
     safetensors_close(st);
     free(logits), free(lp), free(grads);
@@ -181,12 +173,7 @@ static void check_peft_on_device(const char *type) {
     struct safetensors *st;
     snprintf(path, sizeof path, "%s/expected.safetensors", adapter);
     TEST_OK(safetensors_open(path, &st, &err), &err);
-    for (int s = 0; s < p.n_seqs; s++) {
-        snprintf(name, sizeof name, "logits.%d", s);
-        parity_expect_matches(st, name, logits + (int64_t)p.cu[s] * V, p.len[s] * V, 1e-4, 1e-5);
-        snprintf(name, sizeof name, "logprobs.%d", s);
-        parity_expect_matches(st, name, lp + p.cu[s], p.len[s] - 1, 1e-4, 1e-5);
-    }
+    parity_expect_outputs(st, &p, logits, lp, V);
     for (int i = 0; i < l->n_params; i++) {
         snprintf(name, sizeof name, "grad.%s", l->params[i].name);
         parity_expect_matches(st, name, g + l->params[i].offset, l->params[i].numel, 1e-3, 1e-4);

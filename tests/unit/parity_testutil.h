@@ -73,4 +73,26 @@ static inline void parity_expect_matches(const struct safetensors *st, const cha
     free(want64);
 }
 
+/* The model's logits [T, V] and logprobs [T] (host) against the expected file's
+ * logits.<s> and logprobs.<s>, sequence by sequence. */
+static inline void parity_expect_outputs(const struct safetensors *st, const struct parity_packed *p,
+                                         const float *logits, const float *logprobs, int64_t V) {
+    char name[64];
+    for (int s = 0; s < p->n_seqs; s++) {
+        snprintf(name, sizeof name, "logits.%d", s);
+        parity_expect_matches(st, name, logits + (int64_t)p->cu[s] * V, p->len[s] * V, 1e-4, 1e-5);
+        snprintf(name, sizeof name, "logprobs.%d", s);
+        parity_expect_matches(st, name, logprobs + p->cu[s], p->len[s] - 1, 1e-4, 1e-5);
+    }
+}
+
+/* Gradients in checkpoint layout against the expected file's grad.<name>. */
+static inline void parity_expect_grads(const struct safetensors *st, const struct model_hf_tensor *g, int n) {
+    char name[128];
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "grad.%s", g[i].name);
+        parity_expect_matches(st, name, g[i].data, g[i].shape[0] * g[i].shape[1], 1e-3, 1e-4);
+    }
+}
+
 #endif

@@ -31,13 +31,7 @@ static void check_parity(const char *type) {
     struct safetensors *st;
     snprintf(dir, sizeof dir, PARITY_DIR "/%s/expected.safetensors", type);
     TEST_OK(safetensors_open(dir, &st, &err), &err);
-    char name[128];
-    for (int s = 0; s < p.n_seqs; s++) {
-        snprintf(name, sizeof name, "logits.%d", s);
-        parity_expect_matches(st, name, logits + (int64_t)p.cu[s] * V, p.len[s] * V, 1e-4, 1e-5);
-        snprintf(name, sizeof name, "logprobs.%d", s);
-        parity_expect_matches(st, name, lp + p.cu[s], p.len[s] - 1, 1e-4, 1e-5);
-    }
+    parity_expect_outputs(st, &p, logits, lp, V);
 
     TEST_OK(model_grads_alloc(m, &err), &err);
     struct tensor dlp = tensor_f32(p.weights, 1, &T);
@@ -45,10 +39,7 @@ static void check_parity(const char *type) {
     struct model_hf_tensor *g;
     int n;
     TEST_OK(model_hf_tensors(m, m->grads.data, &g, &n, &err), &err);
-    for (int i = 0; i < n; i++) {
-        snprintf(name, sizeof name, "grad.%s", g[i].name);
-        parity_expect_matches(st, name, g[i].data, g[i].shape[0] * g[i].shape[1], 1e-3, 1e-4);
-    }
+    parity_expect_grads(st, g, n);
     model_hf_tensors_free(g, n);
     safetensors_close(st);
     free(logits), free(lp);
