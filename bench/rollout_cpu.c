@@ -23,8 +23,7 @@
 #include "bench/gpu/rollout_wave.h" /* wave_run, bench_prompts: shared with bench/gpu/generate_gpu.c */
 #include "common/common.h"    /* args_*, json_load_path, rng */
 #include "model/model.h"      /* model_load, model_init_random */
-#include "rollout/kv_blocks.h" /* KV_BLOCK_SIZE: the engine's block, for the peak in bytes */
-#include "rollout/rollout.h"  /* rollout_engine_* */
+#include "rollout/rollout.h"  /* rollout_engine_*, ROLLOUT_KV_BLOCK_TOKENS */
 
 #define WARMUP_MAX_NEW 8
 
@@ -165,7 +164,7 @@ static int run_timed(struct rollout_engine *e, const struct options *o, const st
     struct wave_totals warm = {0};
     int64_t warm_new = o->max_new_tokens < WARMUP_MAX_NEW ? o->max_new_tokens : WARMUP_MAX_NEW;
     int rc = wave_run(e, p, 0, o->batch, warm_new, &warm, NULL, NULL, err);
-    if (rc) return error_wrap(err, "warm-up");
+    if (rc) return error_wrap(err, rc, "warm-up");
     *before = rollout_engine_stats(e);
     double t0 = bench_now_s();
     for (int64_t w = 0; !rc && w < o->waves; w++) {
@@ -213,9 +212,9 @@ static json_t *report_json(const struct options *o, const struct model *m, const
     json_object_set_new(r, "steps", json_integer(after->steps - before->steps));
     json_object_set_new(r, "kv_bytes_per_token", json_integer(kv_tok));
     json_object_set_new(r, "kv_blocks", json_integer(after->n_blocks));
-    json_object_set_new(r, "kv_block_tokens", json_integer(KV_BLOCK_SIZE));
+    json_object_set_new(r, "kv_block_tokens", json_integer(ROLLOUT_KV_BLOCK_TOKENS));
     json_object_set_new(r, "peak_blocks_used", json_integer(t->waves.peak_blocks_used));
-    json_object_set_new(r, "peak_kv_bytes", json_integer(t->waves.peak_blocks_used * KV_BLOCK_SIZE * kv_tok));
+    json_object_set_new(r, "peak_kv_bytes", json_integer(t->waves.peak_blocks_used * ROLLOUT_KV_BLOCK_TOKENS * kv_tok));
     json_object_set_new(r, "preemptions", json_integer(after->preemptions - before->preemptions));
     json_object_set_new(r, "omp_threads", json_integer(omp_get_max_threads()));
     json_object_set_new(r, "openblas_threads", json_integer(openblas_get_num_threads()));

@@ -11,6 +11,18 @@ int args_value(int argc, char **argv, int *i, const char **out, struct smelt_err
     return SMELT_OK;
 }
 
+int args_parse(int argc, char **argv, int first, const struct args_option *options,
+               struct smelt_error *err) {
+    for (int i = first; i < argc; i++) {
+        const struct args_option *o = options;
+        while (o->flag && strcmp(o->flag, argv[i]) != 0) o++;
+        if (!o->flag) return error_set(err, SMELT_EINVAL, "unknown option %s", argv[i]);
+        if (o->value) TRY(args_value(argc, argv, &i, o->value, err));
+        else *o->on = true;
+    }
+    return SMELT_OK;
+}
+
 int args_int(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out,
              struct smelt_error *err) {
     char *end;

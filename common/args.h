@@ -3,9 +3,23 @@
 #ifndef SMELT_COMMON_ARGS_H
 #define SMELT_COMMON_ARGS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/error.h"
+
+/* One option of a program: a switch (`on` set, `value` NULL) or a flag that takes a value
+ * (`value` set: it points into argv). A table of them ends with a NULL flag. */
+struct args_option {
+    const char *flag;
+    const char **value;
+    bool *on;
+};
+
+/* Reads argv[first..argc) against options: values stored, switches set to true.
+ * SMELT_EINVAL naming an unknown option or a flag without its value. */
+int args_parse(int argc, char **argv, int first, const struct args_option *options,
+               struct smelt_error *err);
 
 /* The value after flag argv[*i] (advancing *i), or SMELT_EINVAL "FLAG needs a value". */
 int args_value(int argc, char **argv, int *i, const char **out, struct smelt_error *err);

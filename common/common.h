@@ -4,7 +4,8 @@
  *   json.h   jansson loading and typed field readers that name the field in errors
  *   file.h   whole-file read, atomic write, mkdir -p, paths, read-only mmap
  *   rng.h    seeded xoshiro256** generator: uniform, normal
- *   args.h   command-line values parsed whole, errors naming the flag */
+ *   args.h   command-line values parsed whole, errors naming the flag
+ *   msg.h    the ZeroMQ message frames and every message type (framing only; no zmq.h) */
 #ifndef SMELT_COMMON_H
 #define SMELT_COMMON_H
 
@@ -13,6 +14,7 @@
 #include "common/file.h"
 #include "common/json.h"
 #include "common/log.h"
+#include "common/msg.h"
 #include "common/rng.h"
 
 #endif

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 int json_load_path(const char *path, json_t **out, struct smelt_error *err) {
     json_error_t jerr;
@@ -38,7 +39,7 @@ static int field_lookup(const json_t *obj, const char *key, bool required, const
     json_t *v = json_object_get(obj, key);
     if (v && json_is_null(v)) v = NULL;
     if (!v && required)
-        return error_set(err, SMELT_EINVAL, "%s: missing required field '%s'", where, key);
+        return error_set_field(err, SMELT_EINVAL, key, "%s: missing required field '%s'", where, key);
     *value = v;
     return SMELT_OK;
 }
@@ -60,12 +61,12 @@ int json_field_int(const json_t *obj, const char *key, bool required, int64_t de
                fabs(json_real_value(v)) < 9.0e15) {
         x = (int64_t)json_real_value(v); /* 4.0 written by some tools means 4 */
     } else {
-        return error_set(err, SMELT_EINVAL, "%s: field '%s' must be an integer", where, key);
+        return error_set_field(err, SMELT_EINVAL, key, "%s: field '%s' must be an integer", where, key);
     }
     if (x < min || x > max)
-        return error_set(err, SMELT_EINVAL,
-                         "%s: field '%s' is %lld, outside the allowed range [%lld, %lld]",
-                         where, key, (long long)x, (long long)min, (long long)max);
+        return error_set_field(err, SMELT_EINVAL, key,
+                               "%s: field '%s' is %lld, outside the allowed range [%lld, %lld]",
+                               where, key, (long long)x, (long long)min, (long long)max);
     *out = x;
     return SMELT_OK;
 }
@@ -81,11 +82,12 @@ int json_field_double(const json_t *obj, const char *key, bool required, double 
         return SMELT_OK;
     }
     if (!json_is_number(v))
-        return error_set(err, SMELT_EINVAL, "%s: field '%s' must be a number", where, key);
+        return error_set_field(err, SMELT_EINVAL, key, "%s: field '%s' must be a number", where, key);
     double x = json_number_value(v);
     if (!(x >= min && x <= max))
-        return error_set(err, SMELT_EINVAL, "%s: field '%s' is %g, outside the allowed range [%g, %g]",
-                         where, key, x, min, max);
+        return error_set_field(err, SMELT_EINVAL, key,
+                               "%s: field '%s' is %g, outside the allowed range [%g, %g]", where, key,
+                               x, min, max);
     *out = x;
     return SMELT_OK;
 }
@@ -100,7 +102,7 @@ int json_field_bool(const json_t *obj, const char *key, bool required, bool def,
         return SMELT_OK;
     }
     if (!json_is_boolean(v))
-        return error_set(err, SMELT_EINVAL, "%s: field '%s' must be true or false", where, key);
+        return error_set_field(err, SMELT_EINVAL, key, "%s: field '%s' must be true or false", where, key);
     *out = json_is_true(v);
     return SMELT_OK;
 }
@@ -115,24 +117,51 @@ int json_field_string(const json_t *obj, const char *key, bool required, const c
         return SMELT_OK;
     }
     if (!json_is_string(v))
-        return error_set(err, SMELT_EINVAL, "%s: field '%s' must be a string", where, key);
+        return error_set_field(err, SMELT_EINVAL, key, "%s: field '%s' must be a string", where, key);
     *out = json_string_value(v);
     return SMELT_OK;
+}
+
+json_t *json_string_lossy(const char *s, size_t len) {
+    char *buf = malloc(3 * len + 1);
+    if (!buf) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
+        if (k < 1) {
+            memcpy(buf + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        } else {
+            memcpy(buf + o, s + i, (size_t)k);
+            o += (size_t)k;
+            i += (size_t)k;
+        }
+    }
+    json_t *j = json_stringn(buf, o);
+    free(buf);
+    return j;
+}
+
+const char *json_unknown_key(const json_t *obj, const char *const *allowed) {
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)obj, key, value) {
+        (void)value;
+        bool known = false;
+        for (const char *const *a = allowed; *a && !known; a++) known = strcmp(*a, key) == 0;
+        if (!known) return key;
+    }
+    return NULL;
 }
 
 int json_check_keys(const json_t *obj, const char *const *allowed, const char *where,
                     struct smelt_error *err) {
     if (!json_is_object(obj))
         return error_set(err, SMELT_EINVAL, "%s: expected a JSON object", where);
-    const char *key;
-    json_t *value;
-    json_object_foreach((json_t *)obj, key, value) {
-        (void)value;
-        bool known = false;
-        for (const char *const *a = allowed; *a; a++)
-            if (strcmp(*a, key) == 0) known = true;
-        if (!known) return error_set(err, SMELT_EINVAL, "%s: unknown field '%s'", where, key);
-    }
+    const char *key = json_unknown_key(obj, allowed);
+    if (key) return error_set_field(err, SMELT_EINVAL, key, "%s: unknown field '%s'", where, key);
     return SMELT_OK;
 }
 

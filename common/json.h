@@ -1,6 +1,8 @@
 /* JSON helpers over jansson: load with positioned errors, read typed fields with the
  * field named in every error, refuse unknown keys. Every reader takes `where`, a
- * prefix for messages such as "config.json" or "job spec: hyperparameters". */
+ * prefix for messages such as "config.json" or "job spec: hyperparameters". Errors about
+ * one key also set err->field to that key (the caller adds its enclosing path with
+ * error_in_field), so an API can report it without parsing the message. */
 #ifndef SMELT_COMMON_JSON_H
 #define SMELT_COMMON_JSON_H
 
@@ -34,6 +36,16 @@ int json_field_string(const json_t *obj, const char *key, bool required, const c
 
 /* Writes json_dumps(value, flags) plus a newline to path atomically (file_write_atomic). */
 int json_save_atomic(const json_t *value, size_t flags, const char *path, struct smelt_error *err);
+
+/* A JSON string of len bytes, each byte that does not start valid UTF-8 replaced by
+ * U+FFFD (jansson refuses invalid UTF-8): for model output, which may end inside a
+ * character. NULL when out of memory. */
+json_t *json_string_lossy(const char *s, size_t len);
+
+/* The first key of object obj that is not in allowed (NULL-terminated), or NULL when
+ * every key is allowed: for callers that report unknown fields in their own protocol's
+ * error (HTTP replies, dataset issues, worker refusals). */
+const char *json_unknown_key(const json_t *obj, const char *const *allowed);
 
 /* SMELT_EINVAL naming the first key of obj that is not in allowed (NULL-terminated). */
 int json_check_keys(const json_t *obj, const char *const *allowed, const char *where,

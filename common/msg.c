@@ -33,7 +33,7 @@ int msg_send(void *socket, const void *route, size_t route_len, const char *type
     for (int i = 0; rc == 0 && i < n_arrays; i++)
         rc = send_frame(socket, arrays[i].data, arrays[i].bytes, i + 1 < n_arrays, err);
     free(text);
-    if (rc) error_wrap(err, "sending %s", type);
+    if (rc) error_wrap(err, rc, "sending %s", type);
     return rc;
 }
 

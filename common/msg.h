@@ -1,4 +1,4 @@
-/* ZeroMQ messages (DESIGN.md §8): every message is a multipart message
+/* ZeroMQ messages (docs/architecture.md §8): every message is a multipart message
  *
  *   [routing id]            only on ROUTER sockets (added / removed by msg_send/msg_recv)
  *   frame 0  type           e.g. "gen.request" (ASCII, no terminator)

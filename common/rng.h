@@ -10,6 +10,18 @@ struct rng {
     uint64_t s[4];
 };
 
+/* The golden-ratio increment of splitmix64: added before mixing so that 0 and nearby
+ * inputs land far apart. */
+#define RNG_GOLDEN 0x9e3779b97f4a7c15ull
+
+/* splitmix64's finaliser: a bijective 64-bit mixer. Seeds derived from (seed, index)
+ * pairs go through it so that neighbouring inputs give unrelated streams. */
+static inline uint64_t rng_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 void rng_seed(struct rng *rng, uint64_t seed);
 uint64_t rng_next(struct rng *rng);
 /* Uniform in [0, 1) with 53 random bits. */

@@ -32,8 +32,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 enum dataset_kind {
     DATASET_AUTO,       /* decided by the first valid row's keys */

@@ -7,6 +7,8 @@
  * from dataset_loader_cursor and given to dataset_loader_seek continues exactly. */
 #include "datasets/datasets_internal.h"
 
+#include "common/rng.h"
+
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,12 +28,7 @@ struct dataset_loader {
     int64_t cap_tokens, cap_seqs;
 };
 
-static uint64_t mix64(uint64_t z) { /* splitmix64's finalizer */
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t mix64(uint64_t z) { return rng_mix64(z + RNG_GOLDEN); }
 
 static void fill_order(const struct dataset_loader *l, int64_t epoch, int64_t *order) {
     if (l->config.shuffle) {

@@ -3,6 +3,8 @@
  * upload can be checked before a model is chosen. */
 #include "datasets/datasets_internal.h"
 
+#include "common/json.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,14 +34,8 @@ enum dataset_kind row_guess_kind(const json_t *obj, enum dataset_kind file_kind)
 
 static int check_keys(const json_t *obj, const char *const *allowed, const char *field,
                       struct dataset_issue *issue) {
-    const char *key;
-    const json_t *value;
-    json_object_foreach((json_t *)obj, key, value) {
-        bool known = false;
-        for (size_t i = 0; allowed[i] && !known; i++) known = !strcmp(key, allowed[i]);
-        if (!known) return issue_set(issue, field, "unknown field \"%s\"", key);
-    }
-    return SMELT_OK;
+    const char *key = json_unknown_key(obj, allowed);
+    return key ? issue_set(issue, field, "unknown field \"%s\"", key) : SMELT_OK;
 }
 
 static int required(const json_t *obj, const char *key, const json_t **out,

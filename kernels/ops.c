@@ -98,12 +98,6 @@ static int unsupported(struct call *c) {
                      backend_name(c->backend));
 }
 
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
-
 /* ---- matmul ---- */
 
 struct matmul_dims {

@@ -92,7 +92,7 @@ int lora_build(struct model *model, const struct lora_config *config,
     if (!rc) rc = tensor_alloc(&lora->grads, model->backend, DTYPE_F32, 1, &lora->n_weights, err);
     if (rc) {
         lora_free(lora);
-        return error_wrap(err, "lora");
+        return error_wrap(err, rc, "lora");
     }
     *out = lora;
     return SMELT_OK;
@@ -190,7 +190,7 @@ int lora_scratch_reserve(struct lora *lora, int64_t rows, bool wide, struct smel
         }
         if (!rc) s->cap_wide_rows = rows;
     }
-    if (rc) return error_wrap(err, "lora scratch for %lld rows", (long long)rows);
+    if (rc) return error_wrap(err, rc, "lora scratch for %lld rows", (long long)rows);
     return SMELT_OK;
 }
 

@@ -8,15 +8,9 @@
  * the host between two copies: correct, not fast (a kernels op would remove it). */
 #include "lora/lora_internal.h"
 
-static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t module_key(uint64_t seed, const struct lora_module *mod) {
     uint64_t site = ((uint64_t)mod->layer << 8) | (uint64_t)mod->kind;
-    return mix64(mix64(seed + 0x9e3779b97f4a7c15ull) ^ mix64(site + 0x632be59bd9b4e019ull));
+    return rng_mix64(rng_mix64(seed + RNG_GOLDEN) ^ rng_mix64(site + 0x632be59bd9b4e019ull));
 }
 
 bool lora_dropout_active(const struct lora *lora) {
@@ -30,7 +24,7 @@ static void apply_mask(uint64_t key, float p, const float *src, float *dst, int6
     double threshold = (double)p;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
     for (int64_t e = 0; e < n; e++) {
-        uint64_t h = mix64(key + (uint64_t)(e + 1) * 0x9e3779b97f4a7c15ull);
+        uint64_t h = rng_mix64(key + (uint64_t)(e + 1) * RNG_GOLDEN);
         bool keep = (double)(h >> 11) * 0x1p-53 >= threshold;
         float v = keep ? src[e] * scale : 0.0f;
         dst[e] = accumulate ? dst[e] + v : v;

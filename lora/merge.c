@@ -38,7 +38,7 @@ int lora_merge(const struct lora *lora, struct smelt_error *err) {
             int64_t shape[2] = {rows, r};
             struct tensor block = tensor_make(b.backend, DTYPE_F32, (float *)b.data + j * rows * r, 2, shape);
             int rc = ops_matmul(w, &block, &a, NULL, false, false, lora->scaling, 1.0f, err);
-            if (rc) return error_wrap(err, "lora_merge: %s", lora->params[mod->param_a].name);
+            if (rc) return error_wrap(err, rc, "lora_merge: %s", lora->params[mod->param_a].name);
         }
     }
     return SMELT_OK;

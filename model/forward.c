@@ -9,12 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
-
 static const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
 static struct tensor *opt_mut(struct tensor *t) { return t->data ? t : NULL; }
 
@@ -151,7 +145,7 @@ int model_acts_alloc(const struct model *m, int64_t max_tokens, bool recompute,
                                             : error_set(err, SMELT_ENOMEM, "model_acts_alloc: out of memory");
     if (rc) {
         model_acts_free(a);
-        return error_wrap(err, "activations for %lld tokens", (long long)max_tokens);
+        return error_wrap(err, rc, "activations for %lld tokens", (long long)max_tokens);
     }
     *out = a;
     return SMELT_OK;
@@ -449,7 +443,7 @@ int model_forward(struct model *m, struct model_acts *a, const struct model_batc
         struct layer_views v = model_layer_views(m, la, layer_output(a, l, c->n_layers), T);
         int rc = model_layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, NULL, err);
         if (a->recompute) a->scratch.x_in = (struct tensor){0};
-        if (rc) return error_wrap(err, "layer %lld", (long long)l);
+        if (rc) return error_wrap(err, rc, "layer %lld", (long long)l);
     }
     struct tensor xf = rows2(&a->x_final, T, d.C), hf = rows2(&a->hf, T, d.C);
     struct tensor meanf = rows1(&a->meanf, T), rstdf = rows1(&a->rstdf, T);
@@ -531,7 +525,7 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
         if (a->recompute) rc = model_layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, NULL, err);
         if (!rc) rc = layer_backward(m, l, &m->w.layers[l], &m->g.layers[l], &v, a, &positions, &a->cu_seqlens, err);
         if (a->recompute) a->scratch.x_in = (struct tensor){0};
-        if (rc) return error_wrap(err, "layer %lld backward", (long long)l);
+        if (rc) return error_wrap(err, rc, "layer %lld backward", (long long)l);
     }
     if (m->grads.data) {
         TRY(ops_embedding_backward(&m->g.wte, &dres, &ids, err));

@@ -5,12 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
-
 struct model_step_buffers {
     int64_t max_tokens;
     int max_seqs, max_blocks;
@@ -61,7 +55,7 @@ int model_kv_cache_alloc(const struct model *m, int64_t n_blocks, int64_t block_
     }
     if (rc) {
         model_kv_cache_free(out);
-        return error_wrap(err, "kv cache of %lld blocks", (long long)n_blocks);
+        return error_wrap(err, rc, "kv cache of %lld blocks", (long long)n_blocks);
     }
     return SMELT_OK;
 }
@@ -132,7 +126,7 @@ int model_step_buffers_alloc(const struct model *m, int64_t max_tokens, int max_
         rc = error_set(err, SMELT_ENOMEM, "step buffers: out of memory");
     if (rc) {
         model_step_buffers_free(b);
-        return error_wrap(err, "step buffers for %lld tokens", (long long)max_tokens);
+        return error_wrap(err, rc, "step buffers for %lld tokens", (long long)max_tokens);
     }
     *out = b;
     return SMELT_OK;
@@ -202,7 +196,7 @@ int model_forward_paged(struct model *m, struct model_step_buffers *b, struct mo
                                 .block_tables = &bt, .cu_q = &cu_q, .context_lens = &ctx};
         int rc = model_layer_forward(m, l, &m->w.layers[l], &v, &pos, NULL, &pa, err);
         b->layer.x_in = (struct tensor){0};
-        if (rc) return error_wrap(err, "layer %lld", (long long)l);
+        if (rc) return error_wrap(err, rc, "layer %lld", (long long)l);
         struct tensor t = x;
         x = x_next;
         x_next = t;

@@ -166,7 +166,7 @@ int model_create(const struct model_config *config, enum backend backend, struct
     if (rc) {
         long long n_weights = (long long)m->n_weights;
         model_free(m);
-        return error_wrap(err, "model: %lld parameters", n_weights);
+        return error_wrap(err, rc, "model: %lld parameters", n_weights);
     }
     model_bind_views(m);
     *out = m;
@@ -177,7 +177,7 @@ int model_grads_alloc(struct model *m, struct smelt_error *err) {
     if (m->grads.data) return SMELT_OK;
     int64_t shape[1] = {m->n_weights};
     int rc = tensor_alloc(&m->grads, m->backend, DTYPE_F32, 1, shape, err);
-    if (rc) return error_wrap(err, "model gradients");
+    if (rc) return error_wrap(err, rc, "model gradients");
     model_bind_views(m);
     return SMELT_OK;
 }

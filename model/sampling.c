@@ -78,8 +78,5 @@ void sample_stream_seed(struct rng *rng, uint64_t seed, uint64_t index) {
         rng_seed(rng, seed);
         return;
     }
-    uint64_t z = seed + index * 0x9e3779b97f4a7c15u;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    rng_seed(rng, z ^ (z >> 31));
+    rng_seed(rng, rng_mix64(seed + index * RNG_GOLDEN));
 }

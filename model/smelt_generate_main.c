@@ -10,6 +10,7 @@
 
 #include "common/common.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)\n"
@@ -83,7 +84,7 @@ static void print_json(const int32_t *prompt, int64_t n_prompt, const struct gen
     json_object_set_new(o, "ids", ids);
     json_object_set_new(o, "logprobs", lps);
     json_object_set_new(o, "finish_reason", json_string(r->finish_reason));
-    if (text) json_object_set_new(o, "text", json_stringn_nocheck(text, strlen(text)));
+    if (text) json_object_set_new(o, "text", json_string_lossy(text, strlen(text)));
     char *s = json_dumps(o, JSON_COMPACT);
     if (s) puts(s);
     free(s);

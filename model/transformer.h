@@ -19,6 +19,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kernels/ops.h"
 #include "model/config.h"
@@ -171,6 +172,12 @@ int model_forward(struct model *model, struct model_acts *acts, const struct mod
 int model_backward(struct model *model, struct model_acts *acts,
                    const struct tensor *dlogprobs, const struct tensor *dhidden,
                    struct smelt_error *err);
+
+/* Writes {"logits": [[...], ...]} (9 significant digits) for one sequence of ids to out:
+ * what the parity tools (smelt-model logits, smelt-lora logits) print. The model runs as
+ * it is, adapters attached included. */
+int model_write_logits_json(struct model *model, const int32_t *ids, int64_t n, FILE *out,
+                            struct smelt_error *err);
 
 /* ---- generation with a paged KV cache (the rollout engine) ---- */
 

@@ -1,17 +1,15 @@
-/* The engine: sequences, the step loop (schedule → model → sample), forking the samples
- * of a prompt after its prefill, finishing, preemption and weight updates. */
+/* The engine: requests and sequences, the step loop (plan → model → sample), forking the
+ * samples of a prompt after its prefill, finishing and weight updates. Who runs in a step
+ * is the scheduler's decision (scheduler.c); which blocks hold what is the block
+ * manager's (kv_blocks.c). */
 #include "rollout/rollout.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "rollout/kv_blocks.h"
-
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
+#include "rollout/scheduler.h"
 
 /* What the samples of one request share. */
 struct request {
@@ -22,16 +20,17 @@ struct request {
 };
 
 struct seq {
+    /* The scheduler's view; sched.n_tokens counts tokens below, and sched.sample_index
+     * is -1 for the parent that prefills for all n samples. */
+    struct sched_seq sched;
     struct request *req;
-    int sample_index;           /* -1: the parent that prefills for all n samples */
-    int64_t arrival;            /* scheduling order: lower is older */
     int32_t *tokens;            /* prompt then generated */
     float *logprobs;            /* [generated] */
-    int64_t n_tokens, cap, n_cached;
-    struct kv_block_table table;
+    int64_t cap;
     struct rng rng;
-    bool running;
 };
+
+static struct seq *seq_of(struct sched_seq *q) { return (struct seq *)((char *)q - offsetof(struct seq, sched)); }
 
 struct rollout_engine {
     struct model *model;
@@ -39,18 +38,15 @@ struct rollout_engine {
     struct rollout_config config;
     struct model_kv_cache cache;
     struct kv_pool pool;
+    struct scheduler sched;               /* tracks every live sequence */
     struct model_step_buffers *buffers;
     int max_blocks;                       /* per sequence: the model's context */
-    struct seq **seqs;                    /* live sequences, any order */
-    int n_seqs, cap_seqs;
     int64_t next_arrival;
     struct rollout_result *done;          /* finished, not yet taken */
     int n_done, cap_done;
     struct rollout_stats stats;
     /* per-step scratch */
     int32_t *ids, *slots, *cu_q, *ctx, *tables;
-    struct seq **batch;
-    int64_t *batch_n;
     float *logits;                        /* [S, V] host copy, for steps that sample */
     struct sample_candidate *work;
     /* Greedy steps reduce the logits on the model's backend: i32 / f32 [S] there, and
@@ -84,7 +80,7 @@ static void request_release(struct request *q) {
 }
 
 static void seq_free(struct rollout_engine *e, struct seq *s) {
-    kv_table_release(&e->pool, &s->table);
+    kv_table_release(&e->pool, &s->sched.table);
     request_release(s->req);
     free(s->tokens);
     free(s->logprobs);
@@ -92,36 +88,10 @@ static void seq_free(struct rollout_engine *e, struct seq *s) {
 }
 
 static int add_seq(struct rollout_engine *e, struct seq *s, struct smelt_error *err) {
-    if (e->n_seqs == e->cap_seqs) {
-        int cap = e->cap_seqs ? 2 * e->cap_seqs : 64;
-        struct seq **grown = realloc(e->seqs, (size_t)cap * sizeof *grown);
-        if (!grown) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
-        e->seqs = grown;
-        e->cap_seqs = cap;
-    }
-    e->seqs[e->n_seqs++] = s;
-    return SMELT_OK;
+    return scheduler_add(&e->sched, &s->sched, err);
 }
 
-static void remove_seq(struct rollout_engine *e, struct seq *s) {
-    for (int i = 0; i < e->n_seqs; i++)
-        if (e->seqs[i] == s) {
-            e->seqs[i] = e->seqs[--e->n_seqs];
-            return;
-        }
-}
-
-/* Back to waiting with nothing cached: its known tokens are recomputed when admitted. */
-static void drop_cache(struct rollout_engine *e, struct seq *s) {
-    kv_table_release(&e->pool, &s->table);
-    s->n_cached = 0;
-    s->running = false;
-}
-
-static void preempt(struct rollout_engine *e, struct seq *s) {
-    drop_cache(e, s);
-    e->stats.preemptions++;
-}
+static void remove_seq(struct rollout_engine *e, struct seq *s) { scheduler_remove(&e->sched, &s->sched); }
 
 /* ---- results ---- */
 
@@ -153,8 +123,8 @@ static int result_append(struct rollout_engine *e, uint64_t id, int index, const
 }
 
 static int finish(struct rollout_engine *e, struct seq *s, const char *reason, struct smelt_error *err) {
-    int64_t n = s->n_tokens - s->req->r.n_prompt;
-    int rc = result_append(e, s->req->r.id, s->sample_index < 0 ? 0 : s->sample_index,
+    int64_t n = s->sched.n_tokens - s->req->r.n_prompt;
+    int rc = result_append(e, s->req->r.id, s->sched.sample_index < 0 ? 0 : s->sched.sample_index,
                            s->tokens + s->req->r.n_prompt, s->logprobs, n, reason, err);
     if (rc) return rc;
     remove_seq(e, s);
@@ -194,7 +164,7 @@ int rollout_engine_add(struct rollout_engine *e, const struct rollout_request *r
                              (long long)i, r->prompt[i], (long long)c->vocab_size);
     if (r->n < 1 || r->n > 256) return error_set(err, SMELT_EINVAL, "n: must be in [1, 256], got %d", r->n);
     if (r->max_new_tokens < 1) return error_set(err, SMELT_EINVAL, "max_new_tokens: must be >= 1, got %lld", (long long)r->max_new_tokens);
-    if (sample_params_check(&r->sampling, err)) return error_wrap(err, "sampling");
+    TRY(error_wrap(err, sample_params_check(&r->sampling, err), "sampling"));
     if (r->n_stop_ids < 0 || r->n_stop_ids > ROLLOUT_MAX_STOP)
         return error_set(err, SMELT_EINVAL, "stop_ids: at most %d", ROLLOUT_MAX_STOP);
     for (int i = 0; i < r->n_stop_ids; i++)
@@ -222,14 +192,14 @@ int rollout_engine_add(struct rollout_engine *e, const struct rollout_request *r
         }
         q->live = 1;
         s->req = q;
-        s->sample_index = r->n > 1 ? -1 : 0;
-        s->arrival = e->next_arrival++;
+        s->sched.sample_index = r->n > 1 ? -1 : 0;
+        s->sched.arrival = e->next_arrival++;
         sample_stream_seed(&s->rng, r->seed, 0);
     }
     if (!rc) rc = seq_reserve(s, r->n_prompt + 1, err);
     if (!rc) {
         memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof *s->tokens);
-        s->n_tokens = r->n_prompt;
+        s->sched.n_tokens = r->n_prompt;
         rc = add_seq(e, s, err);
     }
     if (rc) {
@@ -249,14 +219,14 @@ int rollout_engine_add(struct rollout_engine *e, const struct rollout_request *r
 int rollout_engine_abort(struct rollout_engine *e, uint64_t id) {
     int aborted = 0;
     struct smelt_error ignore = {0};
-    for (int i = 0; i < e->n_seqs;) {
-        struct seq *s = e->seqs[i];
+    for (int i = 0; i < e->sched.n_seqs;) {
+        struct seq *s = seq_of(e->sched.seqs[i]);
         if (s->req->r.id != id) {
             i++;
             continue;
         }
         /* a parent that never forked stands for all n samples: samples 1..n-1 end empty */
-        int count = s->sample_index < 0 ? s->req->r.n : 1;
+        int count = s->sched.sample_index < 0 ? s->req->r.n : 1;
         for (int k = 1; k < count; k++)
             result_append(e, id, k, NULL, NULL, 0, ROLLOUT_FINISH_ABORT, &ignore);
         if (finish(e, s, ROLLOUT_FINISH_ABORT, &ignore)) {
@@ -270,109 +240,18 @@ int rollout_engine_abort(struct rollout_engine *e, uint64_t id) {
 
 /* ---- one step ---- */
 
-static int by_arrival(const void *a, const void *b) {
-    const struct seq *x = *(struct seq *const *)a, *y = *(struct seq *const *)b;
-    if (x->arrival != y->arrival) return x->arrival < y->arrival ? -1 : 1;
-    return x->sample_index - y->sample_index;
-}
-
-/* The newest running sequence other than keep (NULL if none). */
-static struct seq *newest_running(struct rollout_engine *e, const struct seq *keep) {
-    struct seq *best = NULL;
-    for (int i = 0; i < e->n_seqs; i++) {
-        struct seq *s = e->seqs[i];
-        if (!s->running || s == keep) continue;
-        if (!best || by_arrival(&s, &best) > 0) best = s;
-    }
-    return best;
-}
-
-struct plan {
-    int n;
-    int64_t tokens;
-    struct kv_copy copies[1024];
-    int n_copies;
-};
-
-/* Reserves blocks for n new tokens of s, preempting newer running sequences when the
- * pool is short. Returns false when s itself had to wait (or was preempted). */
-static int reserve(struct rollout_engine *e, struct plan *p, struct seq *s, int64_t n, bool may_preempt,
-                   bool *ok, struct smelt_error *err) {
-    *ok = false;
-    for (;;) {
-        if (p->n_copies == (int)(sizeof p->copies / sizeof *p->copies)) return SMELT_OK;
-        bool has_copy = false;
-        int rc = kv_table_extend(&e->pool, &s->table, s->n_cached, n, &p->copies[p->n_copies], &has_copy, err);
-        if (rc < 0) return rc;
-        if (rc == SMELT_OK) {
-            p->n_copies += has_copy;
-            *ok = true;
-            return SMELT_OK;
-        }
-        if (!may_preempt) return SMELT_OK;
-        struct seq *victim = newest_running(e, s);
-        /* Never preempt a sequence already in this step's batch (its blocks are in use). */
-        for (int i = 0; victim && i < p->n; i++)
-            if (e->batch[i] == victim) victim = NULL;
-        if (!victim || by_arrival(&victim, &s) < 0) {
-            if (s->running) preempt(e, s);
-            return SMELT_OK;
-        }
-        preempt(e, victim);
-    }
-}
-
-static int schedule(struct rollout_engine *e, struct plan *p, struct smelt_error *err) {
-    qsort(e->seqs, (size_t)e->n_seqs, sizeof *e->seqs, by_arrival);
-    int64_t budget = e->config.max_batch_tokens;
-    /* Running sequences first, oldest first: decode tokens and unfinished prefills. */
-    for (int i = 0; i < e->n_seqs && budget > 0 && p->n < e->config.max_seqs; i++) {
-        struct seq *s = e->seqs[i];
-        if (!s->running) continue;
-        int64_t n = s->n_tokens - s->n_cached;
-        if (n > e->config.prefill_chunk) n = e->config.prefill_chunk;
-        if (n > budget) n = budget;
-        bool ok;
-        TRY(reserve(e, p, s, n, true, &ok, err));
-        if (!ok) continue;
-        e->batch[p->n] = s;
-        e->batch_n[p->n++] = n;
-        budget -= n;
-    }
-    /* Then admit waiting ones, oldest first, while blocks last (no preemption for them). */
-    int running = 0;
-    for (int i = 0; i < e->n_seqs; i++) running += e->seqs[i]->running;
-    for (int i = 0; i < e->n_seqs && budget > 0 && p->n < e->config.max_seqs && running < e->config.max_seqs; i++) {
-        struct seq *s = e->seqs[i];
-        if (s->running) continue;
-        int64_t n = s->n_tokens - s->n_cached;
-        if (n > e->config.prefill_chunk) n = e->config.prefill_chunk;
-        if (n > budget) n = budget;
-        bool ok;
-        TRY(reserve(e, p, s, n, false, &ok, err));
-        if (!ok) break; /* keep arrival order: nothing newer jumps the queue */
-        s->running = true;
-        running++;
-        e->batch[p->n] = s;
-        e->batch_n[p->n++] = n;
-        budget -= n;
-    }
-    p->tokens = e->config.max_batch_tokens - budget;
-    return SMELT_OK;
-}
-
 static bool hits_stop_string(const struct rollout_engine *e, const struct seq *s) {
     const struct rollout_request *r = &s->req->r;
     if (!r->n_stop_strings) return false;
     /* Decode a tail long enough to hold any stop string that ends at the new token. */
     size_t longest = 0;
     for (int i = 0; i < r->n_stop_strings; i++) longest = strlen(r->stop_strings[i]) > longest ? strlen(r->stop_strings[i]) : longest;
-    int64_t gen = s->n_tokens - r->n_prompt;
+    int64_t gen = s->sched.n_tokens - r->n_prompt;
     int64_t tail = (int64_t)longest + 4 < gen ? (int64_t)longest + 4 : gen;
     char *text = NULL;
     size_t len = 0;
     struct smelt_error ignore = {0};
-    if (tokenizer_decode(e->tok, s->tokens + s->n_tokens - tail, (size_t)tail, true, &text, &len, &ignore)) return false;
+    if (tokenizer_decode(e->tok, s->tokens + s->sched.n_tokens - tail, (size_t)tail, true, &text, &len, &ignore)) return false;
     bool hit = false;
     for (int i = 0; i < r->n_stop_strings && !hit; i++) hit = strstr(text, r->stop_strings[i]) != NULL;
     free(text);
@@ -387,13 +266,13 @@ static int sample_into(struct rollout_engine *e, struct seq *s, const float *log
     const struct rollout_request *r = &s->req->r;
     int64_t V = e->model->config.vocab_size;
     int32_t tok = logits ? sample_token(logits, V, &r->sampling, &s->rng, e->work) : greedy_tok;
-    TRY(seq_reserve(s, s->n_tokens + 1, err));
-    s->logprobs[s->n_tokens - r->n_prompt] = logits ? sample_logprob(logits, V, tok) : greedy_logprob;
-    s->tokens[s->n_tokens++] = tok;
+    TRY(seq_reserve(s, s->sched.n_tokens + 1, err));
+    s->logprobs[s->sched.n_tokens - r->n_prompt] = logits ? sample_logprob(logits, V, tok) : greedy_logprob;
+    s->tokens[s->sched.n_tokens++] = tok;
     for (int i = 0; i < r->n_stop_ids; i++)
         if (tok == r->stop_ids[i]) return finish(e, s, ROLLOUT_FINISH_STOP, err);
     if (hits_stop_string(e, s)) return finish(e, s, ROLLOUT_FINISH_STOP, err);
-    if (s->n_tokens - r->n_prompt >= r->max_new_tokens || s->n_tokens >= e->model->config.max_seq_len)
+    if (s->sched.n_tokens - r->n_prompt >= r->max_new_tokens || s->sched.n_tokens >= e->model->config.max_seq_len)
         return finish(e, s, ROLLOUT_FINISH_LENGTH, err);
     return SMELT_OK;
 }
@@ -401,20 +280,21 @@ static int sample_into(struct rollout_engine *e, struct seq *s, const float *log
 /* The parent's prefill is done: it becomes sample 0 and n - 1 samples share its blocks. */
 static int fork_samples(struct rollout_engine *e, struct seq *parent, struct seq **out, struct smelt_error *err) {
     const struct rollout_request *r = &parent->req->r;
-    parent->sample_index = 0;
+    parent->sched.sample_index = 0;
     out[0] = parent;
     for (int i = 1; i < r->n; i++) {
         struct seq *c = calloc(1, sizeof *c);
         if (!c) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
-        *c = (struct seq){.req = parent->req, .sample_index = i, .arrival = parent->arrival,
-                          .n_cached = parent->n_cached, .running = true};
+        *c = (struct seq){.sched = {.arrival = parent->sched.arrival, .sample_index = i,
+                                    .n_cached = parent->sched.n_cached, .running = true},
+                          .req = parent->req};
         parent->req->live++;
         sample_stream_seed(&c->rng, r->seed, (uint64_t)i);
-        int rc = seq_reserve(c, parent->n_tokens + 1, err);
-        if (!rc) rc = kv_table_fork(&e->pool, &parent->table, &c->table, err);
+        int rc = seq_reserve(c, parent->sched.n_tokens + 1, err);
+        if (!rc) rc = kv_table_fork(&e->pool, &parent->sched.table, &c->sched.table, err);
         if (!rc) {
-            memcpy(c->tokens, parent->tokens, (size_t)parent->n_tokens * sizeof *c->tokens);
-            c->n_tokens = parent->n_tokens;
+            memcpy(c->tokens, parent->tokens, (size_t)parent->sched.n_tokens * sizeof *c->tokens);
+            c->sched.n_tokens = parent->sched.n_tokens;
             rc = add_seq(e, c, err);
         }
         if (rc) {
@@ -429,11 +309,11 @@ static int fork_samples(struct rollout_engine *e, struct seq *parent, struct seq
 /* The step's next tokens without moving S x V logits to the host when every sequence
  * that samples this step is greedy: argmax and its logprob on the model's backend, S ids
  * and S logprobs back. Otherwise the logits come to the host for sample_token. */
-static int step_logits(struct rollout_engine *e, const struct plan *p, bool *greedy, struct smelt_error *err) {
+static int step_logits(struct rollout_engine *e, const struct sched_plan *p, bool *greedy, struct smelt_error *err) {
     *greedy = true;
     for (int i = 0; i < p->n; i++) {
-        const struct seq *s = e->batch[i];
-        bool samples = s->n_cached + e->batch_n[i] >= s->n_tokens;
+        const struct seq *s = seq_of(p->seqs[i]);
+        bool samples = s->sched.n_cached + p->n_new[i] >= s->sched.n_tokens;
         if (samples && s->req->r.sampling.temperature != 0) *greedy = false;
     }
     struct tensor logits = model_step_logits(e->buffers);
@@ -451,65 +331,74 @@ static int step_logits(struct rollout_engine *e, const struct plan *p, bool *gre
     return tensor_copy(&h_lps, &lps, err);
 }
 
-int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
-    struct plan *p = calloc(1, sizeof *p);
-    if (!p) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
-    int rc = schedule(e, p, err);
-    if (!rc && p->n == 0 && e->n_seqs > 0)
-        rc = error_set(err, SMELT_EINVAL, "rollout: the KV pool (%lld blocks) cannot hold one sequence's next step",
-                       (long long)e->pool.n_blocks);
-    for (int i = 0; !rc && i < p->n_copies; i++)
-        rc = model_kv_cache_copy_block(&e->cache, p->copies[i].src, p->copies[i].dst, err);
-    if (rc || p->n == 0) {
-        free(p);
-        return rc;
-    }
-    /* The packed batch. */
+/* The plan as the model's packed batch: ids, cache slots, query offsets, context lengths
+ * and block tables of every planned sequence. */
+static struct model_paged_batch pack_batch(struct rollout_engine *e, const struct sched_plan *p) {
     int64_t T = 0;
     e->cu_q[0] = 0;
     for (int i = 0; i < p->n; i++) {
-        struct seq *s = e->batch[i];
-        for (int64_t t = 0; t < e->batch_n[i]; t++) {
-            int64_t pos = s->n_cached + t;
+        const struct seq *s = seq_of(p->seqs[i]);
+        for (int64_t t = 0; t < p->n_new[i]; t++) {
+            int64_t pos = s->sched.n_cached + t;
             e->ids[T] = s->tokens[pos];
-            e->slots[T++] = kv_table_slot(&s->table, pos);
+            e->slots[T++] = kv_table_slot(&s->sched.table, pos);
         }
         e->cu_q[i + 1] = (int32_t)T;
-        e->ctx[i] = (int32_t)(s->n_cached + e->batch_n[i]);
-        for (int b = 0; b < e->max_blocks; b++) e->tables[i * e->max_blocks + b] = b < s->table.n ? s->table.blocks[b] : 0;
+        e->ctx[i] = (int32_t)(s->sched.n_cached + p->n_new[i]);
+        for (int b = 0; b < e->max_blocks; b++) e->tables[i * e->max_blocks + b] = b < s->sched.table.n ? s->sched.table.blocks[b] : 0;
     }
-    struct model_paged_batch pb = {.n_tokens = T, .n_seqs = p->n, .ids = e->ids, .cu_q = e->cu_q,
-                                   .context_lens = e->ctx, .slot_mapping = e->slots,
-                                   .block_tables = e->tables, .max_blocks = e->max_blocks};
-    bool greedy = false;
-    rc = model_forward_paged(e->model, e->buffers, &e->cache, &pb, err);
-    if (!rc) rc = step_logits(e, p, &greedy, err);
+    return (struct model_paged_batch){.n_tokens = T, .n_seqs = p->n, .ids = e->ids, .cu_q = e->cu_q,
+                                      .context_lens = e->ctx, .slot_mapping = e->slots,
+                                      .block_tables = e->tables, .max_blocks = e->max_blocks};
+}
+
+/* After the forward pass: the planned tokens are cached; a sequence whose known tokens
+ * are all cached samples its next one (a parent forks its n samples first). */
+static int advance(struct rollout_engine *e, const struct sched_plan *p, bool greedy, struct smelt_error *err) {
     int64_t V = e->model->config.vocab_size;
-    for (int i = 0; !rc && i < p->n; i++) {
-        struct seq *s = e->batch[i];
-        bool prefill = s->n_cached < s->req->r.n_prompt;
-        s->n_cached += e->batch_n[i];
-        if (prefill) e->stats.prefill_tokens += e->batch_n[i];
-        else e->stats.decode_tokens += e->batch_n[i];
-        if (s->n_cached < s->n_tokens) continue; /* a prefill chunk; more to come */
+    for (int i = 0; i < p->n; i++) {
+        struct seq *s = seq_of(p->seqs[i]);
+        bool prefill = s->sched.n_cached < s->req->r.n_prompt;
+        s->sched.n_cached += p->n_new[i];
+        if (prefill) e->stats.prefill_tokens += p->n_new[i];
+        else e->stats.decode_tokens += p->n_new[i];
+        if (s->sched.n_cached < s->sched.n_tokens) continue; /* a prefill chunk; more to come */
         const float *lg = greedy ? NULL : e->logits + (size_t)i * (size_t)V;
         int32_t tok = greedy ? e->host_greedy_ids[i] : -1;
         float lp = greedy ? e->host_greedy_logprobs[i] : 0.0f;
-        if (s->sample_index < 0) {
+        if (s->sched.sample_index < 0) {
             struct seq *samples[256];
-            int n = s->req->r.n;
-            rc = fork_samples(e, s, samples, err);
-            for (int k = 0; !rc && k < n; k++) rc = sample_into(e, samples[k], lg, tok, lp, err);
+            int n = s->req->r.n; /* read first: sample 0 is s, which finishing frees */
+            TRY(fork_samples(e, s, samples, err));
+            for (int k = 0; k < n; k++) TRY(sample_into(e, samples[k], lg, tok, lp, err));
         } else {
-            rc = sample_into(e, s, lg, tok, lp, err);
+            TRY(sample_into(e, s, lg, tok, lp, err));
         }
     }
+    return SMELT_OK;
+}
+
+int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
+    const struct sched_plan *p = &e->sched.plan;
+    int rc = scheduler_plan(&e->sched, err);
+    e->stats.preemptions += p->n_preempted;
+    TRY(rc);
+    if (p->n == 0 && e->sched.n_seqs > 0)
+        return error_set(err, SMELT_EINVAL, "rollout: the KV pool (%lld blocks) cannot hold one sequence's next step",
+                         (long long)e->pool.n_blocks);
+    for (int i = 0; i < p->n_copies; i++)
+        TRY(model_kv_cache_copy_block(&e->cache, p->copies[i].src, p->copies[i].dst, err));
+    if (p->n == 0) return SMELT_OK;
+    struct model_paged_batch pb = pack_batch(e, p);
+    bool greedy = false;
+    rc = model_forward_paged(e->model, e->buffers, &e->cache, &pb, err);
+    if (!rc) rc = step_logits(e, p, &greedy, err);
+    if (!rc) rc = advance(e, p, greedy, err);
     e->stats.steps++;
-    free(p);
     return rc;
 }
 
-bool rollout_engine_idle(const struct rollout_engine *e) { return e->n_seqs == 0; }
+bool rollout_engine_idle(const struct rollout_engine *e) { return e->sched.n_seqs == 0; }
 
 /* ---- weights ---- */
 
@@ -521,11 +410,11 @@ int rollout_engine_set_weights(struct rollout_engine *e, const float *weights, i
     TRY(tensor_copy(&e->model->weights, &host, err));
     e->stats.policy_version++;
     /* Re-run every unfinished sample from its prompt on the new weights. */
-    for (int i = 0; i < e->n_seqs; i++) {
-        struct seq *s = e->seqs[i];
-        drop_cache(e, s); /* a re-run, not a preemption */
-        s->n_tokens = s->req->r.n_prompt;
-        sample_stream_seed(&s->rng, s->req->r.seed, (uint64_t)(s->sample_index < 0 ? 0 : s->sample_index));
+    for (int i = 0; i < e->sched.n_seqs; i++) {
+        struct seq *s = seq_of(e->sched.seqs[i]);
+        scheduler_drop_cache(&e->sched, &s->sched); /* a re-run, not a preemption */
+        s->sched.n_tokens = s->req->r.n_prompt;
+        sample_stream_seed(&s->rng, s->req->r.seed, (uint64_t)(s->sched.sample_index < 0 ? 0 : s->sched.sample_index));
     }
     return SMELT_OK;
 }
@@ -537,8 +426,8 @@ struct rollout_stats rollout_engine_stats(const struct rollout_engine *e) {
     st.n_blocks = e->pool.n_blocks;
     st.free_blocks = e->pool.n_free;
     st.running = st.waiting = 0;
-    for (int i = 0; i < e->n_seqs; i++) {
-        if (e->seqs[i]->running) st.running++;
+    for (int i = 0; i < e->sched.n_seqs; i++) {
+        if (e->sched.seqs[i]->running) st.running++;
         else st.waiting++;
     }
     st.kv_bytes_per_token = model_kv_bytes_per_token(e->model);
@@ -547,17 +436,18 @@ struct rollout_stats rollout_engine_stats(const struct rollout_engine *e) {
 
 void rollout_engine_free(struct rollout_engine *e) {
     if (!e) return;
-    while (e->n_seqs) {
-        struct seq *s = e->seqs[--e->n_seqs];
+    while (e->sched.n_seqs) {
+        struct seq *s = seq_of(e->sched.seqs[0]);
+        remove_seq(e, s);
         seq_free(e, s);
     }
-    free(e->seqs);
+    scheduler_destroy(&e->sched);
     rollout_results_free(e->done, e->n_done);
     model_step_buffers_free(e->buffers);
     model_kv_cache_free(&e->cache);
     kv_pool_destroy(&e->pool);
     free(e->ids), free(e->slots), free(e->cu_q), free(e->ctx), free(e->tables);
-    free(e->batch), free(e->batch_n), free(e->logits), free(e->work);
+    free(e->logits), free(e->work);
     tensor_free(&e->greedy_ids), tensor_free(&e->greedy_logprobs);
     free(e->host_greedy_ids), free(e->host_greedy_logprobs);
     free(e);
@@ -581,7 +471,10 @@ int rollout_engine_create(struct model *model, const struct tokenizer *tok, cons
     e->config = *c;
     e->max_blocks = (int)((model->config.max_seq_len + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE);
     int64_t T = c->max_batch_tokens, S = c->max_seqs, V = model->config.vocab_size;
+    struct sched_config sc = {.max_batch_tokens = c->max_batch_tokens, .max_seqs = c->max_seqs,
+                              .prefill_chunk = c->prefill_chunk};
     int rc = kv_pool_init(&e->pool, n_blocks, err);
+    if (!rc) rc = scheduler_init(&e->sched, &sc, &e->pool, err);
     if (!rc) rc = model_kv_cache_alloc(model, n_blocks, KV_BLOCK_SIZE, &e->cache, err);
     if (!rc) rc = model_step_buffers_alloc(model, T, (int)S, e->max_blocks, &e->buffers, err);
     if (!rc) {
@@ -590,13 +483,11 @@ int rollout_engine_create(struct model *model, const struct tokenizer *tok, cons
         e->cu_q = malloc((size_t)(S + 1) * sizeof *e->cu_q);
         e->ctx = malloc((size_t)S * sizeof *e->ctx);
         e->tables = malloc((size_t)S * (size_t)e->max_blocks * sizeof *e->tables);
-        e->batch = malloc((size_t)S * sizeof *e->batch);
-        e->batch_n = malloc((size_t)S * sizeof *e->batch_n);
         e->logits = malloc((size_t)(S * V) * sizeof *e->logits);
         e->work = malloc((size_t)V * sizeof *e->work);
         e->host_greedy_ids = malloc((size_t)S * sizeof *e->host_greedy_ids);
         e->host_greedy_logprobs = malloc((size_t)S * sizeof *e->host_greedy_logprobs);
-        if (!e->ids || !e->slots || !e->cu_q || !e->ctx || !e->tables || !e->batch || !e->batch_n || !e->logits ||
+        if (!e->ids || !e->slots || !e->cu_q || !e->ctx || !e->tables || !e->logits ||
             !e->work || !e->host_greedy_ids || !e->host_greedy_logprobs)
             rc = error_set(err, SMELT_ENOMEM, "rollout: out of memory");
     }
@@ -604,7 +495,7 @@ int rollout_engine_create(struct model *model, const struct tokenizer *tok, cons
     if (!rc) rc = tensor_alloc(&e->greedy_logprobs, model->backend, DTYPE_F32, 1, &S, err);
     if (rc) {
         rollout_engine_free(e);
-        return error_wrap(err, "rollout engine");
+        return error_wrap(err, rc, "rollout engine");
     }
     *out = e;
     return SMELT_OK;

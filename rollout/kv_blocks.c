@@ -138,7 +138,7 @@ int kv_table_fork(struct kv_pool *pool, const struct kv_block_table *src,
     SMELT_ASSERT(src != dst && dst->n == 0);
     if (src->n == 0) return SMELT_OK;
     int rc = table_reserve(dst, src->n, err);
-    if (rc != SMELT_OK) return error_wrap(err, "forking a block table");
+    if (rc != SMELT_OK) return error_wrap(err, rc, "forking a block table");
     memcpy(dst->blocks, src->blocks, (size_t)src->n * sizeof *dst->blocks);
     dst->n = src->n;
     for (int32_t i = 0; i < dst->n; i++) kv_pool_ref(pool, dst->blocks[i]);

@@ -14,8 +14,9 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "rollout/rollout.h" /* ROLLOUT_KV_BLOCK_TOKENS */
 
-#define KV_BLOCK_SIZE 16
+#define KV_BLOCK_SIZE ROLLOUT_KV_BLOCK_TOKENS
 /* Returned (positive, not an error) when the pool has too few free blocks. */
 #define KV_NO_BLOCKS 1
 

@@ -1,4 +1,4 @@
-/* rollout/: the generation engine (vLLM's design, DESIGN.md §6): keys and values in a
+/* rollout/: the generation engine (vLLM's design, docs/architecture.md §6): keys and values in a
  * pool of 16-token blocks, a block table per sequence, the n samples of a prompt sharing
  * its blocks (copy-on-write), continuous batching with chunked prefill, preemption by
  * recompute when the pool runs out, per-sample random streams, and weights replaced in
@@ -18,15 +18,20 @@
 #ifndef SMELT_ROLLOUT_H
 #define SMELT_ROLLOUT_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "common/error.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+/* Tokens per KV block: the unit the cache is allocated, shared and copied in. Pool sizes
+ * are whole blocks, so callers sizing a cache round to it. */
+#define ROLLOUT_KV_BLOCK_TOKENS 16
 
 struct rollout_config {
-    int64_t kv_memory_bytes;   /* the cache's budget; blocks = bytes / (16 * bytes per token) */
+    int64_t kv_memory_bytes;   /* the cache's budget; blocks = bytes / (ROLLOUT_KV_BLOCK_TOKENS * bytes per token) */
     int64_t max_batch_tokens;  /* tokens per step, prefill and decode together (>= 1) */
     int max_seqs;              /* sequences running at once (>= 1) */
     int64_t prefill_chunk;     /* most prompt tokens of one sequence per step (>= 1) */
@@ -110,7 +115,8 @@ struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
 /* ---- smelt-rollout: the engine behind a ZeroMQ ROUTER (rollout/worker.c) ----
  *
  * rollout_worker_serve answers common/msg.h's gen.request, gen.abort, health.request
- * and stats.request on router until *stop becomes non-zero. Between engine steps it
+ * and stats.request on router until *stop becomes non-zero (atomic: set by another
+ * thread, or by a signal handler, which may run on any thread). Between engine steps it
  * takes every message already waiting (at most ROLLOUT_WORKER_MAX_DRAIN), blocking up to
  * ROLLOUT_WORKER_IDLE_POLL_MS only when the engine is idle; each finished sample goes
  * back at once to the client that asked for it.
@@ -134,7 +140,7 @@ struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
 #define ROLLOUT_WORKER_MAX_DRAIN 256
 
 int rollout_worker_serve(struct rollout_engine *engine, const struct model *model,
-                         const struct tokenizer *tok, void *router, const volatile sig_atomic_t *stop,
+                         const struct tokenizer *tok, void *router, const atomic_int *stop,
                          struct smelt_error *err);
 
 #endif

@@ -13,6 +13,7 @@
  * 2 bad usage. */
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,15 +84,19 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
     }
     if (!o->model_dir) return error_set(err, SMELT_EINVAL, "--model is required");
     if (!o->bind[0]) return error_set(err, SMELT_EINVAL, "--bind: empty endpoint");
-    if (backend_from_name(backend, &o->backend, err)) return error_wrap(err, "--backend");
+    TRY(error_wrap(err, backend_from_name(backend, &o->backend, err), "--backend"));
     return SMELT_OK;
 }
 
-static volatile sig_atomic_t stop_requested;
+/* An atomic, not a volatile sig_atomic_t: the handler may run on another thread than
+ * the serving one (OpenMP's); a lock-free atomic may be written by a signal handler
+ * (C11 7.14.1.1). */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "signal handlers need a lock-free atomic_int");
+static atomic_int stop_requested;
 
 static void on_signal(int sig) {
     (void)sig;
-    stop_requested = 1;
+    atomic_store(&stop_requested, 1);
 }
 
 /* --tokenizer, else the model directory's tokenizer.json, else none. */
@@ -109,7 +114,7 @@ static int load_tokenizer(const struct options *o, const struct model *m, struct
         }
         path = o->model_dir;
     }
-    if (tokenizer_load(path, out, err)) return error_wrap(err, "tokenizer");
+    TRY(error_wrap(err, tokenizer_load(path, out, err), "tokenizer"));
     if (tokenizer_vocab_size(*out) > m->config.vocab_size)
         return error_set(err, SMELT_EINVAL, "tokenizer %s: %d ids do not fit the model's vocab_size %lld", path,
                          tokenizer_vocab_size(*out), (long long)m->config.vocab_size);
@@ -146,11 +151,11 @@ static int serve(const struct options *o, struct smelt_error *err) {
     void *ctx = NULL, *router = NULL;
     char bound[512] = "";
     int rc = model_load(o->model_dir, o->backend, &m, err);
-    if (rc) error_wrap(err, "--model %s", o->model_dir);
+    if (rc) error_wrap(err, rc, "--model %s", o->model_dir);
     if (!rc && o->adapter_dir) {
         rc = lora_load(m, o->adapter_dir, &adapter, err);
         if (!rc) rc = lora_attach(adapter, err);
-        if (rc) error_wrap(err, "--adapter %s", o->adapter_dir);
+        if (rc) error_wrap(err, rc, "--adapter %s", o->adapter_dir);
     }
     if (!rc) rc = load_tokenizer(o, m, &tok, err);
     if (!rc) rc = rollout_engine_create(m, tok, &o->engine, &engine, err);
@@ -158,9 +163,10 @@ static int serve(const struct options *o, struct smelt_error *err) {
     if (!rc) rc = open_router(ctx, o->bind, &router, bound, sizeof bound, err);
     if (!rc) {
         struct rollout_stats st = rollout_engine_stats(engine);
-        log_info("%s on %s%s%s: %lld KV blocks of 16 tokens, %lld tokens and %d sequences per step", o->model_dir,
+        log_info("%s on %s%s%s: %lld KV blocks of %d tokens, %lld tokens and %d sequences per step", o->model_dir,
                  backend_name(o->backend), adapter ? ", adapter " : "", adapter ? o->adapter_dir : "",
-                 (long long)st.n_blocks, (long long)o->engine.max_batch_tokens, o->engine.max_seqs);
+                 (long long)st.n_blocks, ROLLOUT_KV_BLOCK_TOKENS, (long long)o->engine.max_batch_tokens,
+                 o->engine.max_seqs);
         fprintf(stderr, "smelt-rollout: serving on %s\n", bound);
         rc = rollout_worker_serve(engine, m, tok, router, &stop_requested, err);
     }

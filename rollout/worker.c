@@ -6,11 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 #include <zmq.h>
 
 #include "common/log.h"
-#include "rollout/kv_blocks.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gen.result's arrays are little-endian and go out as the host holds them"
@@ -94,31 +92,6 @@ static void drop_client(struct worker *w, const char *route, size_t route_len) {
 
 /* ---- sending ---- */
 
-/* A JSON string of s[0..len) with every byte that does not start valid UTF-8 replaced by
- * U+FFFD: decoded tokens and truncated messages may split a character, and JSON strings
- * must be UTF-8. NULL when out of memory. */
-static json_t *json_text(const char *s, size_t len) {
-    char *buf = malloc(3 * len + 1);
-    if (!buf) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < len;) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (k < 1) {
-            memcpy(buf + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        } else {
-            memcpy(buf + o, s + i, (size_t)k);
-            o += (size_t)k;
-            i += (size_t)k;
-        }
-    }
-    json_t *j = json_stringn(buf, o);
-    free(buf);
-    return j;
-}
-
 /* Sends and releases header (NULL: it could not be built). When the client cannot take
  * the message its requests are dropped (drop_client): callers must not keep pointers
  * into w->reqs across a failed send. */
@@ -139,8 +112,8 @@ static int send_to(struct worker *w, const char *route, size_t route_len, const 
 static void send_error(struct worker *w, const char *route, size_t route_len, const char *id, const char *field,
                        const char *message) {
     log_debug("rollout worker: gen.error to request '%s' (%s): %s", id ? id : "?", field ? field : "-", message);
-    json_t *h = json_pack("{s:{s:o, s:o}}", "error", "message", json_text(message, strlen(message)), "field",
-                          field && field[0] ? json_text(field, strlen(field)) : json_null());
+    json_t *h = json_pack("{s:{s:o, s:o}}", "error", "message", json_string_lossy(message, strlen(message)), "field",
+                          field && field[0] ? json_string_lossy(field, strlen(field)) : json_null());
     if (h && id && json_object_set_new(h, "id", json_string(id))) {
         json_decref(h);
         h = NULL;
@@ -157,7 +130,7 @@ static void add_text(const struct worker *w, json_t *h, const struct rollout_res
         log_debug("rollout worker: a result goes without text: %s", err.message);
         return;
     }
-    json_t *t = json_text(text, len);
+    json_t *t = json_string_lossy(text, len);
     if (t) json_object_set_new(h, "text", t);
     free(text);
 }
@@ -220,19 +193,11 @@ static void fail_all(struct worker *w, const char *message) {
 static int check_header(const struct msg *m, const char *const *allowed, const char **field,
                         struct smelt_error *err) {
     *field = "v";
-    if (msg_check_version(m, err)) return error_wrap(err, "%s", m->type);
-    const char *key;
-    json_t *value;
-    json_object_foreach(m->header, key, value) {
-        (void)value;
-        bool known = false;
-        for (const char *const *a = allowed; *a && !known; a++) known = strcmp(*a, key) == 0;
-        if (!known) {
-            *field = key;
-            return error_set(err, SMELT_EINVAL, "%s: unknown field '%.64s'", m->type, key);
-        }
-    }
-    return SMELT_OK;
+    TRY(error_wrap(err, msg_check_version(m, err), "%s", m->type));
+    const char *key = json_unknown_key(m->header, allowed);
+    if (!key) return SMELT_OK;
+    *field = key;
+    return error_set(err, SMELT_EINVAL, "%s: unknown field '%.64s'", m->type, key);
 }
 
 static void on_request(struct worker *w, const struct msg *m) {
@@ -255,7 +220,7 @@ static void on_request(struct worker *w, const struct msg *m) {
     if (!rc && (rc = rollout_engine_add(w->engine, &req.r, &err)) != 0) {
         /* Checked above; what is left is the engine's own trouble (memory). */
         drop_request(w, w->n_reqs - 1);
-        error_wrap(&err, "gen.request");
+        error_wrap(&err, rc, "gen.request");
     }
     if (rc) send_error(w, m->route, m->route_len, req.id, at_fault, err.message);
     worker_request_free(&req);
@@ -290,7 +255,7 @@ static void on_health(struct worker *w, const struct msg *m) {
     }
     json_t *h = json_pack("{s:s, s:I}", "status", w->last_error[0] ? "failing" : "ok", "policy_version",
                           (json_int_t)rollout_engine_stats(w->engine).policy_version);
-    if (h && w->last_error[0]) json_object_set_new(h, "error", json_text(w->last_error, strlen(w->last_error)));
+    if (h && w->last_error[0]) json_object_set_new(h, "error", json_string_lossy(w->last_error, strlen(w->last_error)));
     send_to(w, m->route, m->route_len, MSG_HEALTH_REPLY, h, NULL, 0);
 }
 
@@ -343,15 +308,15 @@ static void on_malformed(struct worker *w, const struct msg *m, int rc, const st
 
 /* Handles what is waiting: blocks up to the idle poll for the first message when the
  * engine has nothing to do, never otherwise. Fails only when the socket does. */
-static int drain(struct worker *w, const volatile sig_atomic_t *stop, struct smelt_error *err) {
+static int drain(struct worker *w, const atomic_int *stop, struct smelt_error *err) {
     int timeout_ms = rollout_engine_idle(w->engine) ? ROLLOUT_WORKER_IDLE_POLL_MS : 0;
-    for (int k = 0; k < ROLLOUT_WORKER_MAX_DRAIN && !*stop; k++) {
+    for (int k = 0; k < ROLLOUT_WORKER_MAX_DRAIN && !atomic_load(stop); k++) {
         struct msg m;
         struct smelt_error why = {0};
         int rc = msg_recv(w->socket, true, k == 0 ? timeout_ms : 0, &m, &why);
         if (rc == SMELT_ENOTFOUND) return SMELT_OK;
         if (rc == SMELT_EIO) {
-            if (*stop) return SMELT_OK; /* a signal interrupted the receive */
+            if (atomic_load(stop)) return SMELT_OK; /* a signal interrupted the receive */
             return error_set(err, SMELT_EIO, "rollout worker: receiving: %s", why.message);
         }
         if (rc) on_malformed(w, &m, rc, &why);
@@ -391,7 +356,7 @@ static void eos_ids(const struct model *model, const struct tokenizer *tok, stru
 }
 
 int rollout_worker_serve(struct rollout_engine *engine, const struct model *model, const struct tokenizer *tok,
-                         void *router, const volatile sig_atomic_t *stop, struct smelt_error *err) {
+                         void *router, const atomic_int *stop, struct smelt_error *err) {
     if (!engine || !model || !router || !stop)
         return error_set(err, SMELT_EINVAL, "rollout_worker_serve: engine, model, router and stop are required");
     int mandatory = 1;
@@ -399,12 +364,12 @@ int rollout_worker_serve(struct rollout_engine *engine, const struct model *mode
         return error_set(err, SMELT_EIO, "rollout worker: ZMQ_ROUTER_MANDATORY: %s", zmq_strerror(zmq_errno()));
     struct worker w = {.engine = engine, .socket = router,
                        .limits = {.model = model, .tok = tok,
-                                  .pool_tokens = rollout_engine_stats(engine).n_blocks * KV_BLOCK_SIZE}};
+                                  .pool_tokens = rollout_engine_stats(engine).n_blocks * ROLLOUT_KV_BLOCK_TOKENS}};
     eos_ids(model, tok, &w.limits);
     int rc = SMELT_OK;
-    while (!*stop && !rc) {
+    while (!atomic_load(stop) && !rc) {
         rc = drain(&w, stop, err);
-        if (!rc && !*stop && !rollout_engine_idle(engine)) step(&w);
+        if (!rc && !atomic_load(stop) && !rollout_engine_idle(engine)) step(&w);
         deliver_finished(&w);
     }
     fail_all(&w, rc ? "the worker's socket failed; the request did not finish"

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "common/json.h"
-#include "rollout/kv_blocks.h"
 
 #define WHERE "gen.request"
 
@@ -33,15 +32,8 @@ const char *worker_header_id(const struct msg *m) {
 }
 
 static int check_fields(const json_t *h, char *field, struct smelt_error *err) {
-    const char *key;
-    json_t *value;
-    json_object_foreach((json_t *)h, key, value) {
-        (void)value;
-        bool known = false;
-        for (const char *const *k = known_fields; *k && !known; k++) known = strcmp(*k, key) == 0;
-        if (!known) return refuse(field, key, error_set(err, SMELT_EINVAL, WHERE ": unknown field '%.64s'", key));
-    }
-    return SMELT_OK;
+    const char *key = json_unknown_key(h, known_fields);
+    return key ? refuse(field, key, error_set(err, SMELT_EINVAL, WHERE ": unknown field '%.64s'", key)) : SMELT_OK;
 }
 
 static int read_id(const json_t *h, char *out, char *field, struct smelt_error *err) {
@@ -167,10 +159,11 @@ static int read_prompt(const struct msg *m, const struct worker_limits *lim, str
                                                      "has no tokenizer; send int32 ids in frame 2"));
         size_t n = 0;
         /* No special tokens from text: a prompt cannot smuggle in control tokens. */
-        if (json_string_length(text) > 0 &&
-            tokenizer_encode(lim->tok, json_string_value(text), json_string_length(text), false, &out->prompt_owned,
-                             &n, err))
-            return refuse(field, "prompt", error_wrap(err, WHERE ": field 'prompt'"));
+        int rc = json_string_length(text) > 0
+                     ? tokenizer_encode(lim->tok, json_string_value(text), json_string_length(text), false,
+                                        &out->prompt_owned, &n, err)
+                     : SMELT_OK;
+        if (rc) return refuse(field, "prompt", error_wrap(err, rc, WHERE ": field 'prompt'"));
         out->r.prompt = out->prompt_owned;
         out->r.n_prompt = (int64_t)n;
     } else {
@@ -201,13 +194,13 @@ static int check_fits(const struct worker_limits *lim, const struct rollout_requ
     int64_t ctx = lim->model->config.max_seq_len;
     int64_t need = r->max_new_tokens < ctx - r->n_prompt ? r->n_prompt + r->max_new_tokens : ctx;
     int64_t pool = lim->pool_tokens; /* whole blocks */
-    int64_t need_blocks = (need + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
-    int64_t prompt_blocks = (r->n_prompt + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
-    if (prompt_blocks * KV_BLOCK_SIZE > pool)
+    int64_t need_blocks = (need + ROLLOUT_KV_BLOCK_TOKENS - 1) / ROLLOUT_KV_BLOCK_TOKENS;
+    int64_t prompt_blocks = (r->n_prompt + ROLLOUT_KV_BLOCK_TOKENS - 1) / ROLLOUT_KV_BLOCK_TOKENS;
+    if (prompt_blocks * ROLLOUT_KV_BLOCK_TOKENS > pool)
         return refuse(field, "prompt", error_set(err, SMELT_EINVAL, WHERE ": the prompt's %lld tokens do not fit the "
                                                  "worker's KV cache of %lld tokens", (long long)r->n_prompt,
                                                  (long long)pool));
-    if (need_blocks * KV_BLOCK_SIZE > pool)
+    if (need_blocks * ROLLOUT_KV_BLOCK_TOKENS > pool)
         return refuse(field, "max_new_tokens", error_set(err, SMELT_EINVAL, WHERE ": prompt plus max_new_tokens "
                                                          "(%lld tokens) do not fit the worker's KV cache of %lld "
                                                          "tokens", (long long)need, (long long)pool));
@@ -221,7 +214,7 @@ int worker_request_parse(const struct msg *m, const struct worker_limits *lim, s
     int rc = msg_check_version(m, err);
     if (rc) {
         refuse(field, "v", rc);
-        error_wrap(err, WHERE);
+        error_wrap(err, rc, WHERE);
     }
     if (!rc) rc = check_fields(m->header, field, err);
     if (!rc) rc = read_id(m->header, out->id, field, err);

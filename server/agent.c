@@ -307,14 +307,8 @@ static const char *plain_string(const json_t *v) {
 }
 
 static int check_keys(const json_t *header, const char *const *allowed, struct refusal *r) {
-    const char *key;
-    json_t *value;
-    json_object_foreach((json_t *)header, key, value) {
-        bool known = false;
-        for (int i = 0; allowed[i] && !known; i++) known = strcmp(key, allowed[i]) == 0;
-        if (!known) return refuse(r, key, "unknown field");
-    }
-    return SMELT_OK;
+    const char *key = json_unknown_key(header, allowed);
+    return key ? refuse(r, key, "unknown field") : SMELT_OK;
 }
 
 /* job_id and attempt: what every order about a worker names it by. */
@@ -1008,7 +1002,7 @@ int agent_run(const struct agent_config *config, struct smelt_error *err) {
         int64_t now = now_ms();
         a->last_heard_ms = now;
         send_register(a, now);
-        while (!rc && !*config->stop) {
+        while (!rc && !atomic_load(config->stop)) {
             rc = receive_orders(a, LOOP_POLL_MS, err);
             now = now_ms();
             tend_workers(a, now);

@@ -20,6 +20,7 @@
 #ifndef SMELT_SERVER_AGENT_H
 #define SMELT_SERVER_AGENT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -44,7 +45,9 @@ struct agent_config {
     int cpu_slots;
     bool force_cpu;
     int heartbeat_ms;             /* 0: 1000 */
-    volatile int *stop;           /* agent_run returns soon after *stop becomes non-zero */
+    /* agent_run returns soon after *stop becomes non-zero. Atomic: smeltd sets it from
+     * another thread, smelt-agent from a signal handler. */
+    const atomic_int *stop;
 };
 
 /* Fills devices as agent_run would report them. */

@@ -121,8 +121,9 @@ void api_metrics(void *app, struct http_request *req, struct http_response *res)
     text_add(&t, "# HELP smelt_schedule_fires_total Jobs created by schedules.\n"
                  "# TYPE smelt_schedule_fires_total counter\nsmelt_schedule_fires_total %lld\n",
              (long long)atomic_load(&s->schedule_fires_total));
-    struct http_stats hs;
-    http_server_stats(s->http, &hs);
+    struct http_stats hs = {0};
+    struct http_server *http = atomic_load(&s->http);
+    if (http) http_server_stats(http, &hs); /* NULL: a request in before server_run published it */
     text_add(&t, "# HELP smelt_http_requests_total HTTP responses by status class.\n"
                  "# TYPE smelt_http_requests_total counter\n");
     for (int c = 1; c <= 5; c++)

@@ -698,7 +698,7 @@ int control_start(struct server *s, struct smelt_error *err) {
 
 void control_stop(struct server *s) {
     if (s->agent_started) {
-        s->agent_stop = 1;
+        atomic_store(&s->agent_stop, 1);
         pthread_join(s->agent_thread, NULL);
         s->agent_started = false;
     }

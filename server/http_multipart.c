@@ -92,7 +92,7 @@ static int boundary_from_content_type(const char *ctype, char boundary[BOUNDARY_
                              BOUNDARY_MAX);
         memcpy(boundary, value, len + 1);
     }
-    if (rc < 0) return error_wrap(err, "Content-Type");
+    if (rc < 0) return error_wrap(err, rc, "Content-Type");
     if (!boundary[0])
         return error_set(err, SMELT_EFORMAT, "Content-Type has no boundary parameter");
     return SMELT_OK;
@@ -208,7 +208,7 @@ static int parse_disposition(const char *p, const char *end, struct http_part *p
             has_ext_filename = true;
         }
     }
-    if (rc < 0) return error_wrap(err, "part %d: Content-Disposition", index);
+    if (rc < 0) return error_wrap(err, rc, "part %d: Content-Disposition", index);
     if (!has_name || !part->name[0])
         return error_set(err, SMELT_EFORMAT, "part %d: Content-Disposition has no name", index);
     return SMELT_OK;

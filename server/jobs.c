@@ -10,11 +10,20 @@
 #include "server/server_internal.h"
 #include "trainer/trainer.h"
 
-/* learning_rate_multiplier scales this (smelt's default peak learning rate). */
-#define JOBS_BASE_LEARNING_RATE 1e-4
-#define JOBS_AUTO_EPOCHS 3
-#define JOBS_AUTO_BATCH_SIZE 8
+/* The request's own limits (the trainer's fields have theirs in trainer/job_spec.c). */
 #define JOBS_MAX_SUFFIX 40
+#define JOBS_MAX_SEED INT64_C(2147483647)
+#define JOBS_RANDOM_SEED_HEX_DIGITS 7 /* 28 random bits: always within JOBS_MAX_SEED */
+#define JOBS_MAX_METADATA_KEYS 16
+#define JOBS_MAX_METADATA_KEY_BYTES 64
+#define JOBS_MAX_METADATA_VALUE_BYTES 512
+#define JOBS_MIN_PRIORITY (-100)
+#define JOBS_MAX_PRIORITY 100
+#define JOBS_DEFAULT_RETRIES 1
+#define JOBS_MAX_RETRIES 100
+#define JOBS_MAX_RUNTIME_SECONDS INT64_C(31536000) /* one year */
+#define JOBS_MAX_DEVICES 64
+#define JOBS_SUPERVISED_DEVICES 1
 
 bool jobs_status_final(const char *status) {
     return strcmp(status, "succeeded") == 0 || strcmp(status, "failed") == 0 ||
@@ -32,154 +41,156 @@ int jobs_event(struct server *s, struct store_conn *conn, const char *job_id, co
                         "INSERT INTO events (job_id, created_at, level, type, message, data) "
                         "VALUES (?, ?, ?, ?, ?, ?)",
                         "sisssj", job_id, server_now(), level, type, message, data);
-    if (rc >= 0 && s->http) http_streams_wake(s->http);
+    struct http_server *http = atomic_load(&s->http);
+    if (rc >= 0 && http) http_streams_wake(http);
     return rc < 0 ? rc : 0;
 }
 
-/* ---- the create request ---- */
-
-struct create_error {
-    int status;
-    char param[128];
-    char message[600];
-};
-
-static int refuse(struct create_error *e, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int refuse(struct create_error *e, const char *param, const char *fmt, ...) {
-    e->status = 400;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+/* ---- the create request ----
+ *
+ * plan_job turns a request into the trainer's job spec in named steps. A refusal is
+ * SMELT_EINVAL with err->field naming the request's field (the reply's `param`); any
+ * other code is the server's own failure (500). */
 
 static bool is_auto(const json_t *v) {
     return !v || json_is_null(v) || (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0);
 }
 
-/* OpenAI's hyperparameters plus smelt's own, into spec.hyperparameters. The resolved
- * OpenAI view goes to *shown (what the job object reports). */
-static int map_hyperparameters(const json_t *hp, const char *where, json_t *spec_hp, json_t *shown,
-                               struct create_error *e) {
-    static const char *const trainer_keys[] = {
-        "learning_rate", "batch_tokens", "grad_accum", "max_steps", "lr_schedule", "warmup_steps",
-        "min_lr_ratio", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm", "recompute", NULL};
-    char param[128];
+/* obj[key] = value, taking the reference (also on failure, as jansson does). */
+static int set_member(json_t *obj, const char *key, json_t *value, struct smelt_error *err) {
+    if (!value || json_object_set_new(obj, key, value) != 0)
+        return error_set(err, SMELT_ENOMEM, "%s: out of memory", key);
+    return SMELT_OK;
+}
+
+/* OpenAI's hyperparameter names and the trainer's field each one sets. "auto" (or null)
+ * leaves the field out, so the trainer's default applies; a multiplier scales the
+ * trainer's default. Every other name is the trainer's own and goes through as is. */
+struct openai_hp {
+    const char *name, *field;
+    bool multiplies_default;
+};
+
+static const struct openai_hp OPENAI_HPS[] = {
+    {"n_epochs", "epochs", false},
+    {"batch_size", "batch_size", false},
+    {"learning_rate_multiplier", "learning_rate", true},
+};
+#define N_OPENAI_HPS ((int)(sizeof OPENAI_HPS / sizeof OPENAI_HPS[0]))
+
+static const struct openai_hp *openai_hp_named(const char *name) {
+    for (int i = 0; i < N_OPENAI_HPS; i++)
+        if (strcmp(OPENAI_HPS[i].name, name) == 0) return &OPENAI_HPS[i];
+    return NULL;
+}
+
+/* The OpenAI name through which the request set a trainer field, or NULL. */
+static const struct openai_hp *openai_hp_for(const json_t *hp, const char *field) {
+    for (int i = 0; i < N_OPENAI_HPS; i++)
+        if (strcmp(OPENAI_HPS[i].field, field) == 0 && !is_auto(json_object_get(hp, OPENAI_HPS[i].name)))
+            return &OPENAI_HPS[i];
+    return NULL;
+}
+
+/* Where the request's hyperparameters are: the object (NULL when none) and its path. */
+struct hp_source {
+    const json_t *hp;
+    const char *where; /* "hyperparameters" or "method.supervised.hyperparameters" */
+};
+
+/* Errors name fields relative to src->where (error_in_field adds it). */
+static int map_openai_hp(const struct hp_source *src, const struct openai_hp *o, json_t *spec_hp,
+                         struct smelt_error *err) {
+    json_t *v = json_object_get(src->hp, o->name);
+    if (is_auto(v)) return SMELT_OK;
+    if (strcmp(o->name, o->field) != 0 && json_object_get(src->hp, o->field))
+        return error_set_field(err, SMELT_EINVAL, o->name, "%s.%s: give %s or %s, not both", src->where,
+                               o->name, o->field, o->name);
+    if (!o->multiplies_default) return set_member(spec_hp, o->field, json_incref(v), err);
+    if (!json_is_number(v))
+        return error_set_field(err, SMELT_EINVAL, o->name, "%s.%s: \"auto\" or a number is expected",
+                               src->where, o->name);
+    const struct job_hp_field *f = job_hp_field_find(o->field);
+    SMELT_ASSERT(f && f->kind == JOB_FIELD_NUMBER);
+    return set_member(spec_hp, o->field, json_real(f->def * json_number_value(v)), err);
+}
+
+/* The request's hyperparameters into spec_hp: OpenAI's names mapped, the rest copied for
+ * the trainer to judge (its parser is the one definition of names, ranges and defaults). */
+static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, struct smelt_error *err) {
     const char *key;
     json_t *value;
-    json_object_foreach((json_t *)hp, key, value) {
-        bool known = strcmp(key, "n_epochs") == 0 || strcmp(key, "batch_size") == 0 ||
-                     strcmp(key, "learning_rate_multiplier") == 0;
-        for (int i = 0; !known && trainer_keys[i]; i++) known = strcmp(key, trainer_keys[i]) == 0;
-        if (!known) {
-            snprintf(param, sizeof param, "%s.%s", where, key);
-            return refuse(e, param, "%s: unknown hyperparameter", param);
-        }
-        if (strcmp(key, "n_epochs") != 0 && strcmp(key, "batch_size") != 0 &&
-            strcmp(key, "learning_rate_multiplier") != 0)
-            json_object_set(spec_hp, key, value);
+    json_object_foreach((json_t *)src->hp, key, value) {
+        const struct openai_hp *o = openai_hp_named(key);
+        int rc = o ? map_openai_hp(src, o, spec_hp, err) : set_member(spec_hp, key, json_incref(value), err);
+        TRY(error_in_field(err, rc, src->where));
     }
-    json_t *v = json_object_get(hp, "n_epochs");
-    int64_t epochs = JOBS_AUTO_EPOCHS;
-    if (!is_auto(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000) {
-            snprintf(param, sizeof param, "%s.n_epochs", where);
-            return refuse(e, param, "%s: \"auto\" or an integer in [1, 1000] is expected", param);
-        }
-        epochs = json_integer_value(v);
+    return SMELT_OK;
+}
+
+/* A trainer field's path ("hyperparameters.epochs") as the request's ("method.supervised.
+ * hyperparameters.n_epochs"): the one place the API knows the two namings differ. The
+ * other sections (data, lora, eval, ...) have the same paths in both. */
+static void request_param(const char *spec_field, const struct hp_source *src, char *param, size_t cap) {
+    const char *hp = "hyperparameters";
+    size_t n = strlen(hp);
+    if (strncmp(spec_field, hp, n) != 0 || (spec_field[n] != '.' && spec_field[n] != '\0')) {
+        snprintf(param, cap, "%s", spec_field);
+        return;
     }
-    v = json_object_get(hp, "batch_size");
-    int64_t batch = JOBS_AUTO_BATCH_SIZE;
-    if (!is_auto(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65536) {
-            snprintf(param, sizeof param, "%s.batch_size", where);
-            return refuse(e, param, "%s: \"auto\" or an integer in [1, 65536] is expected", param);
-        }
-        batch = json_integer_value(v);
-    }
-    v = json_object_get(hp, "learning_rate_multiplier");
-    double mult = 1.0;
-    if (!is_auto(v)) {
-        if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > 1e4) {
-            snprintf(param, sizeof param, "%s.learning_rate_multiplier", where);
-            return refuse(e, param, "%s: \"auto\" or a number in (0, 10000] is expected", param);
-        }
-        mult = json_number_value(v);
-        if (json_object_get(hp, "learning_rate")) {
-            snprintf(param, sizeof param, "%s.learning_rate", where);
-            return refuse(e, param, "%s: give learning_rate or learning_rate_multiplier, not both", param);
-        }
-    }
-    json_object_set_new(spec_hp, "epochs", json_integer(epochs));
-    json_object_set_new(spec_hp, "batch_size", json_integer(batch));
-    if (!json_object_get(spec_hp, "learning_rate"))
-        json_object_set_new(spec_hp, "learning_rate", json_real(JOBS_BASE_LEARNING_RATE * mult));
-    json_object_set_new(shown, "n_epochs", json_integer(epochs));
-    json_object_set_new(shown, "batch_size", json_integer(batch));
-    json_t *lr = json_object_get(spec_hp, "learning_rate");
-    json_object_set_new(shown, "learning_rate_multiplier",
-                        json_is_number(lr) ? json_real(json_number_value(lr) / JOBS_BASE_LEARNING_RATE)
-                                           : json_real(mult));
-    return 0;
+    const char *name = spec_field[n] ? spec_field + n + 1 : "";
+    const struct openai_hp *o = openai_hp_for(src->hp, name);
+    snprintf(param, cap, "%s%s%s", src->where, *name ? "." : "", o ? o->name : name);
 }
 
 static int file_path(struct store_conn *conn, const char *project, const char *param,
-                     const char *id, char *path, size_t cap, struct create_error *e) {
+                     const char *id, char *path, size_t cap, struct smelt_error *err) {
     json_t *row = NULL;
-    struct smelt_error err = {0};
-    int rc = store_query_one(conn, &row, &err,
+    int rc = store_query_one(conn, &row, err,
                              "SELECT path, status, kind, report AS report__json FROM files "
                              "WHERE id = ? AND project_id = ? AND deleted = 0", "ss", id, project);
-    if (rc == SMELT_ENOTFOUND) return refuse(e, param, "%s: no such file: %s", param, id);
-    if (rc) {
-        e->status = 500;
-        snprintf(e->message, sizeof e->message, "%s", err.message);
-        return -1;
-    }
-    int out = 0;
+    if (rc == SMELT_ENOTFOUND) return error_set_field(err, SMELT_EINVAL, param, "%s: no such file: %s", param, id);
+    if (rc) return rc;
     if (strcmp(json_string_value(json_object_get(row, "status")), "processed") != 0) {
         json_t *first = json_array_get(json_object_get(json_object_get(row, "report"), "errors"), 0);
-        out = refuse(e, param, "%s: %s failed validation: line %lld: %s%s%s", param, id,
-                     (long long)json_integer_value(json_object_get(first, "line")),
-                     json_string_value(json_object_get(first, "field")) ?: "",
-                     *(json_string_value(json_object_get(first, "field")) ?: "") ? ": " : "",
-                     json_string_value(json_object_get(first, "message")) ?: "invalid");
+        const char *field = json_string_value(json_object_get(first, "field")) ?: "";
+        rc = error_set_field(err, SMELT_EINVAL, param, "%s: %s failed validation: line %lld: %s%s%s", param, id,
+                             (long long)json_integer_value(json_object_get(first, "line")), field,
+                             *field ? ": " : "",
+                             json_string_value(json_object_get(first, "message")) ?: "invalid");
     } else if (strcmp(json_string_value(json_object_get(row, "kind")), "sft") != 0) {
-        out = refuse(e, param, "%s: %s holds %s rows; a supervised job needs SFT rows (messages or "
-                     "prompt/completion)", param, id, json_string_value(json_object_get(row, "kind")));
+        rc = error_set_field(err, SMELT_EINVAL, param, "%s: %s holds %s rows; a supervised job needs SFT rows "
+                             "(messages or prompt/completion)", param, id,
+                             json_string_value(json_object_get(row, "kind")));
     } else {
         snprintf(path, cap, "%s", json_string_value(json_object_get(row, "path")));
     }
     json_decref(row);
-    return out;
+    return rc;
 }
 
 /* Copies the smelt sections that map one to one onto the spec (data, eval, checkpoint). */
-static int copy_section(const json_t *request, const char *key, json_t *spec, struct create_error *e) {
+static int copy_section(const json_t *request, const char *key, json_t *spec, struct smelt_error *err) {
     json_t *v = json_object_get(request, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_object(v)) return refuse(e, key, "%s: an object is expected", key);
+    if (!v || json_is_null(v)) return SMELT_OK;
+    if (!json_is_object(v)) return error_set_field(err, SMELT_EINVAL, key, "%s: an object is expected", key);
     json_t *target = json_object_get(spec, key);
-    if (target) json_object_update(target, v);
-    else json_object_set(spec, key, v);
-    return 0;
+    if (target) return json_object_update(target, v) ? error_set(err, SMELT_ENOMEM, "%s: out of memory", key) : 0;
+    return set_member(spec, key, json_incref(v), err);
 }
 
 static int int_field(const json_t *request, const char *key, int64_t def, int64_t min, int64_t max,
-                     int64_t *out, struct create_error *e) {
+                     int64_t *out, struct smelt_error *err) {
     json_t *v = json_object_get(request, key);
     if (!v || json_is_null(v)) {
         *out = def;
-        return 0;
+        return SMELT_OK;
     }
     if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
-        return refuse(e, key, "%s: an integer in [%lld, %lld] is expected", key, (long long)min,
-                      (long long)max);
+        return error_set_field(err, SMELT_EINVAL, key, "%s: an integer in [%lld, %lld] is expected", key,
+                               (long long)min, (long long)max);
     *out = json_integer_value(v);
-    return 0;
+    return SMELT_OK;
 }
 
 struct job_plan {
@@ -191,179 +202,288 @@ struct job_plan {
     int64_t seed, priority, devices, max_retries, max_runtime;
 };
 
-static int plan_job(struct server *s, struct store_conn *conn, const char *project, json_t *request,
-                    const char *job_dir, struct job_plan *p, struct create_error *e) {
+static int check_request_keys(const json_t *request, struct smelt_error *err) {
     static const char *const keys[] = {
         "model", "training_file", "validation_file", "hyperparameters", "method", "suffix", "seed",
         "metadata", "integrations", "lora", "resources", "priority", "max_retries",
         "max_runtime_seconds", "model_init", "data", "eval", "checkpoint", "save_merged",
         "save_dtype", "backend", NULL};
-    const char *key;
-    json_t *value;
-    json_object_foreach(request, key, value) {
-        bool known = false;
-        for (int i = 0; keys[i] && !known; i++) known = strcmp(key, keys[i]) == 0;
-        if (!known) return refuse(e, key, "%s: unknown parameter", key);
-    }
+    const char *key = json_unknown_key(request, keys);
+    if (key) return error_set_field(err, SMELT_EINVAL, key, "%s: unknown parameter", key);
+    return SMELT_OK;
+}
+
+/* model, training_file, validation_file: the ids (resolve_inputs finds them). */
+static int read_ids(const json_t *request, struct job_plan *p, struct smelt_error *err) {
     json_t *v = json_object_get(request, "model");
     if (!json_is_string(v) || !json_string_length(v))
-        return refuse(e, "model", "model: a model id is required (GET /v1/models lists them)");
+        return error_set_field(err, SMELT_EINVAL, "model", "model: a model id is required (GET /v1/models lists them)");
     p->model = json_string_value(v);
     v = json_object_get(request, "training_file");
     if (!json_is_string(v) || !json_string_length(v))
-        return refuse(e, "training_file", "training_file: a file id is required");
+        return error_set_field(err, SMELT_EINVAL, "training_file", "training_file: a file id is required");
     p->training_file = json_string_value(v);
     v = json_object_get(request, "validation_file");
     if (v && !json_is_null(v) && (!json_is_string(v) || !json_string_length(v)))
-        return refuse(e, "validation_file", "validation_file: a file id or null is expected");
+        return error_set_field(err, SMELT_EINVAL, "validation_file", "validation_file: a file id or null is expected");
     p->validation_file = json_is_string(v) ? json_string_value(v) : NULL;
-    v = json_object_get(request, "suffix");
-    if (v && !json_is_null(v)) {
-        if (!json_is_string(v) || json_string_length(v) < 1 || json_string_length(v) > JOBS_MAX_SUFFIX)
-            return refuse(e, "suffix", "suffix: a string of 1 to %d characters is expected", JOBS_MAX_SUFFIX);
-        for (const char *c = json_string_value(v); *c; c++)
-            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                  *c == '-' || *c == '_' || *c == '.'))
-                return refuse(e, "suffix", "suffix: only letters, digits, '-', '_' and '.' are allowed");
-        p->suffix = json_string_value(v);
+    return SMELT_OK;
+}
+
+static bool suffix_char_ok(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
+}
+
+static int read_suffix(const json_t *request, struct job_plan *p, struct smelt_error *err) {
+    json_t *v = json_object_get(request, "suffix");
+    if (!v || json_is_null(v)) return SMELT_OK;
+    if (!json_is_string(v) || json_string_length(v) < 1 || json_string_length(v) > JOBS_MAX_SUFFIX)
+        return error_set_field(err, SMELT_EINVAL, "suffix", "suffix: a string of 1 to %d characters is expected",
+                               JOBS_MAX_SUFFIX);
+    for (const char *c = json_string_value(v); *c; c++)
+        if (!suffix_char_ok(*c))
+            return error_set_field(err, SMELT_EINVAL, "suffix",
+                                   "suffix: only letters, digits, '-', '_' and '.' are allowed");
+    p->suffix = json_string_value(v);
+    return SMELT_OK;
+}
+
+static int read_seed(const json_t *request, struct job_plan *p, struct smelt_error *err) {
+    TRY(int_field(request, "seed", -1, 0, JOBS_MAX_SEED, &p->seed, err));
+    if (p->seed >= 0) return SMELT_OK;
+    char id[HTTP_ID_BYTES];
+    server_new_id("", id, sizeof id); /* random hex */
+    id[JOBS_RANDOM_SEED_HEX_DIGITS] = 0;
+    p->seed = strtoll(id, NULL, 16);
+    return SMELT_OK;
+}
+
+static int read_metadata(const json_t *request, struct job_plan *p, struct smelt_error *err) {
+    json_t *v = json_object_get(request, "metadata");
+    if (!v || json_is_null(v)) return SMELT_OK;
+    if (!json_is_object(v) || json_object_size(v) > JOBS_MAX_METADATA_KEYS)
+        return error_set_field(err, SMELT_EINVAL, "metadata",
+                               "metadata: an object of at most %d string values is expected", JOBS_MAX_METADATA_KEYS);
+    const char *key;
+    json_t *mv;
+    json_object_foreach(v, key, mv) {
+        if (strlen(key) > JOBS_MAX_METADATA_KEY_BYTES || !json_is_string(mv) ||
+            json_string_length(mv) > JOBS_MAX_METADATA_VALUE_BYTES)
+            return error_set_field(err, SMELT_EINVAL, "metadata", "metadata.%.64s: keys up to %d and string values "
+                                   "up to %d characters", key, JOBS_MAX_METADATA_KEY_BYTES,
+                                   JOBS_MAX_METADATA_VALUE_BYTES);
     }
-    if (int_field(request, "seed", -1, 0, INT64_C(2147483647), &p->seed, e)) return -1;
-    if (p->seed < 0) {
-        char id[HTTP_ID_BYTES];
-        server_new_id("", id, sizeof id); /* random hex: the first 7 digits make the seed */
-        id[7] = 0;
-        p->seed = strtoll(id, NULL, 16);
-    }
-    v = json_object_get(request, "metadata");
-    if (v && !json_is_null(v)) {
-        if (!json_is_object(v) || json_object_size(v) > 16)
-            return refuse(e, "metadata", "metadata: an object of at most 16 string values is expected");
-        json_t *mv;
-        json_object_foreach(v, key, mv) {
-            if (strlen(key) > 64 || !json_is_string(mv) || json_string_length(mv) > 512)
-                return refuse(e, "metadata", "metadata.%.64s: keys up to 64 and string values up to "
-                              "512 characters", key);
-        }
-        p->metadata = v;
-    }
-    v = json_object_get(request, "integrations");
+    p->metadata = v;
+    return SMELT_OK;
+}
+
+static int check_integrations(const json_t *request, struct smelt_error *err) {
+    json_t *v = json_object_get(request, "integrations");
     if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
-        return refuse(e, "integrations", "integrations: not supported by smelt (use [] or leave it out)");
-    if (int_field(request, "priority", 0, -100, 100, &p->priority, e)) return -1;
-    if (int_field(request, "max_retries", 1, 0, 100, &p->max_retries, e)) return -1;
-    if (int_field(request, "max_runtime_seconds", 0, 0, INT64_C(31536000), &p->max_runtime, e)) return -1;
-    p->devices = 1;
-    v = json_object_get(request, "resources");
-    if (v && !json_is_null(v)) {
-        if (!json_is_object(v)) return refuse(e, "resources", "resources: an object is expected");
-        json_object_foreach(v, key, value) {
-            if (strcmp(key, "devices") != 0)
-                return refuse(e, "resources", "resources.%.64s: unknown field (devices)", key);
-        }
-        if (int_field(v, "devices", 1, 1, 64, &p->devices, e)) {
-            snprintf(e->param, sizeof e->param, "resources.devices");
-            return -1;
-        }
-        if (p->devices != 1)
-            return refuse(e, "resources.devices", "resources.devices: supervised jobs run on one "
-                          "device in this version of smelt");
-    }
+        return error_set_field(err, SMELT_EINVAL, "integrations",
+                               "integrations: not supported by smelt (use [] or leave it out)");
+    return SMELT_OK;
+}
 
-    /* method, or the legacy top-level hyperparameters */
-    json_t *hp = json_object_get(request, "hyperparameters");
-    const char *type = "supervised";
-    json_t *method = json_object_get(request, "method");
-    if (method && !json_is_null(method)) {
-        if (!json_is_object(method)) return refuse(e, "method", "method: an object is expected");
-        v = json_object_get(method, "type");
-        if (!json_is_string(v))
-            return refuse(e, "method.type", "method.type: one of supervised, dpo, reinforcement, ppo, "
-                          "grpo, reward_model");
-        type = json_string_value(v);
-        if (strcmp(type, "dpo") == 0 || strcmp(type, "reinforcement") == 0 || strcmp(type, "ppo") == 0 ||
-            strcmp(type, "grpo") == 0 || strcmp(type, "reward_model") == 0)
-            return refuse(e, "method.type", "method.type: '%s' jobs are not available in this version "
-                          "of smelt yet (supervised is)", type);
-        if (strcmp(type, "supervised") != 0)
-            return refuse(e, "method.type", "method.type: '%.40s' is not a method (supervised, dpo, "
-                          "reinforcement, ppo, grpo, reward_model)", type);
-        json_object_foreach(method, key, value) {
-            if (strcmp(key, "type") != 0 && strcmp(key, "supervised") != 0)
-                return refuse(e, "method", "method.%.64s: unknown field", key);
-        }
-        json_t *sup = json_object_get(method, "supervised");
-        if (sup && !json_is_null(sup)) {
-            if (!json_is_object(sup)) return refuse(e, "method.supervised", "method.supervised: an object is expected");
-            json_object_foreach(sup, key, value) {
-                if (strcmp(key, "hyperparameters") != 0)
-                    return refuse(e, "method.supervised", "method.supervised.%.64s: unknown field", key);
-            }
-            json_t *mhp = json_object_get(sup, "hyperparameters");
-            if (mhp && !json_is_null(mhp)) {
-                if (hp && !json_is_null(hp))
-                    return refuse(e, "hyperparameters", "hyperparameters: give them in "
-                                  "method.supervised.hyperparameters or at the top level, not both");
-                hp = mhp;
-            }
-        }
-    }
-    const char *hp_where = hp == json_object_get(request, "hyperparameters")
-                               ? "hyperparameters" : "method.supervised.hyperparameters";
-    if (hp && !json_is_null(hp) && !json_is_object(hp))
-        return refuse(e, hp_where, "%s: an object is expected", hp_where);
+static int read_resources(const json_t *request, struct job_plan *p, struct smelt_error *err) {
+    p->devices = JOBS_SUPERVISED_DEVICES;
+    json_t *v = json_object_get(request, "resources");
+    if (!v || json_is_null(v)) return SMELT_OK;
+    if (!json_is_object(v)) return error_set_field(err, SMELT_EINVAL, "resources", "resources: an object is expected");
+    static const char *const keys[] = {"devices", NULL};
+    const char *key = json_unknown_key(v, keys);
+    if (key) return error_set_field(err, SMELT_EINVAL, "resources", "resources.%.64s: unknown field (devices)", key);
+    TRY(error_in_field(err, int_field(v, "devices", 1, 1, JOBS_MAX_DEVICES, &p->devices, err), "resources"));
+    if (p->devices != JOBS_SUPERVISED_DEVICES)
+        return error_set_field(err, SMELT_EINVAL, "resources.devices",
+                               "resources.devices: supervised jobs run on one device in this version of smelt");
+    return SMELT_OK;
+}
 
-    /* the spec */
-    char model_path[SERVER_PATH_BYTES], kind[16];
-    struct smelt_error err = {0};
-    int rc = models_resolve(s, conn, project, p->model, model_path, sizeof model_path, kind, sizeof kind, &err);
-    if (rc == SMELT_ENOTFOUND) return refuse(e, "model", "model: no such model: %s (GET /v1/models lists them)", p->model);
-    if (rc) {
-        e->status = 500;
-        snprintf(e->message, sizeof e->message, "%s", err.message);
-        return -1;
-    }
-    char train_path[SERVER_PATH_BYTES], val_path[SERVER_PATH_BYTES] = "";
-    if (file_path(conn, project, "training_file", p->training_file, train_path, sizeof train_path, e)) return -1;
-    if (p->validation_file &&
-        file_path(conn, project, "validation_file", p->validation_file, val_path, sizeof val_path, e))
-        return -1;
+/* priority, max_retries, max_runtime_seconds, resources. */
+static int read_scheduling(const json_t *request, struct job_plan *p, struct smelt_error *err) {
+    TRY(int_field(request, "priority", 0, JOBS_MIN_PRIORITY, JOBS_MAX_PRIORITY, &p->priority, err));
+    TRY(int_field(request, "max_retries", JOBS_DEFAULT_RETRIES, 0, JOBS_MAX_RETRIES, &p->max_retries, err));
+    TRY(int_field(request, "max_runtime_seconds", 0, 0, JOBS_MAX_RUNTIME_SECONDS, &p->max_runtime, err));
+    return read_resources(request, p, err);
+}
 
-    p->spec = json_pack("{s:s, s:s, s:{s:s}, s:{}, s:s, s:I, s:i}", "type", "sft", "model", model_path,
-                        "data", "train", train_path, "hyperparameters", "output_dir", job_dir,
+static int check_method_type(const json_t *method, struct smelt_error *err) {
+    json_t *v = json_object_get(method, "type");
+    if (!json_is_string(v))
+        return error_set_field(err, SMELT_EINVAL, "method.type",
+                               "method.type: one of supervised, dpo, reinforcement, ppo, grpo, reward_model");
+    const char *type = json_string_value(v);
+    static const char *const later[] = {"dpo", "reinforcement", "ppo", "grpo", "reward_model"};
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
+        if (strcmp(type, later[i]) == 0)
+            return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%s' jobs are not available "
+                                   "in this version of smelt yet (supervised is)", type);
+    if (strcmp(type, "supervised") != 0)
+        return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%.40s' is not a method "
+                               "(supervised, dpo, reinforcement, ppo, grpo, reward_model)", type);
+    return SMELT_OK;
+}
+
+/* method.supervised.hyperparameters (NULL when not given). */
+static int method_hyperparameters(const json_t *method, const json_t **hp, struct smelt_error *err) {
+    *hp = NULL;
+    if (!json_is_object(method)) return error_set_field(err, SMELT_EINVAL, "method", "method: an object is expected");
+    TRY(check_method_type(method, err));
+    static const char *const method_keys[] = {"type", "supervised", NULL}, *const supervised_keys[] = {
+        "hyperparameters", NULL};
+    const char *key = json_unknown_key(method, method_keys);
+    if (key) return error_set_field(err, SMELT_EINVAL, "method", "method.%.64s: unknown field", key);
+    json_t *sup = json_object_get(method, "supervised");
+    if (!sup || json_is_null(sup)) return SMELT_OK;
+    if (!json_is_object(sup))
+        return error_set_field(err, SMELT_EINVAL, "method.supervised", "method.supervised: an object is expected");
+    if ((key = json_unknown_key(sup, supervised_keys)))
+        return error_set_field(err, SMELT_EINVAL, "method.supervised", "method.supervised.%.64s: unknown field", key);
+    json_t *v = json_object_get(sup, "hyperparameters");
+    *hp = v && !json_is_null(v) ? v : NULL;
+    return SMELT_OK;
+}
+
+/* method.supervised.hyperparameters, or the legacy top-level hyperparameters. */
+static int find_hyperparameters(const json_t *request, struct hp_source *src, struct smelt_error *err) {
+    const json_t *top = json_object_get(request, "hyperparameters"), *in_method = NULL;
+    if (top && json_is_null(top)) top = NULL;
+    const json_t *method = json_object_get(request, "method");
+    if (method && !json_is_null(method)) TRY(method_hyperparameters(method, &in_method, err));
+    if (top && in_method)
+        return error_set_field(err, SMELT_EINVAL, "hyperparameters", "hyperparameters: give them in "
+                               "method.supervised.hyperparameters or at the top level, not both");
+    src->hp = in_method ? in_method : top;
+    src->where = in_method ? "method.supervised.hyperparameters" : "hyperparameters";
+    if (src->hp && !json_is_object(src->hp))
+        return error_set_field(err, SMELT_EINVAL, src->where, "%s: an object is expected", src->where);
+    return SMELT_OK;
+}
+
+/* The model's and the files' paths on disk. */
+struct job_inputs {
+    char model[SERVER_PATH_BYTES], train[SERVER_PATH_BYTES], validation[SERVER_PATH_BYTES];
+};
+
+static int resolve_inputs(struct server *s, struct store_conn *conn, const char *project,
+                          const struct job_plan *p, struct job_inputs *in, struct smelt_error *err) {
+    char kind[16];
+    int rc = models_resolve(s, conn, project, p->model, in->model, sizeof in->model, kind, sizeof kind, err);
+    if (rc == SMELT_ENOTFOUND)
+        return error_set_field(err, SMELT_EINVAL, "model", "model: no such model: %s (GET /v1/models lists them)",
+                               p->model);
+    TRY(rc);
+    TRY(file_path(conn, project, "training_file", p->training_file, in->train, sizeof in->train, err));
+    in->validation[0] = 0;
+    if (!p->validation_file) return SMELT_OK;
+    return file_path(conn, project, "validation_file", p->validation_file, in->validation,
+                     sizeof in->validation, err);
+}
+
+/* Files reach a job only as uploaded file ids (training_file, validation_file): a path in
+ * the request would let a caller train on, and so read back through the model, any file
+ * the server can read. */
+static int refuse_data_paths(const json_t *request, struct smelt_error *err) {
+    static const char *const paths[] = {"train", "validation"};
+    json_t *data = json_object_get(request, "data");
+    for (size_t i = 0; json_is_object(data) && i < sizeof paths / sizeof *paths; i++)
+        if (json_object_get(data, paths[i])) {
+            char field[32];
+            snprintf(field, sizeof field, "data.%s", paths[i]);
+            return error_set_field(err, SMELT_EINVAL, field, "%s: not accepted; upload the file and pass its id "
+                                   "as %s_file", field, i == 0 ? "training" : "validation");
+        }
+    return SMELT_OK;
+}
+
+/* The smelt fields that are the trainer's own, copied into the spec as they are. */
+static int copy_trainer_fields(const json_t *request, json_t *spec, struct smelt_error *err) {
+    TRY(refuse_data_paths(request, err));
+    TRY(copy_section(request, "data", spec, err));
+    TRY(copy_section(request, "eval", spec, err));
+    TRY(copy_section(request, "checkpoint", spec, err));
+    static const char *const as_is[] = {"lora", "model_init", "save_merged", "save_dtype", "backend", NULL};
+    for (int i = 0; as_is[i]; i++) {
+        json_t *v = json_object_get(request, as_is[i]);
+        if (v && !json_is_null(v)) TRY(set_member(spec, as_is[i], json_incref(v), err));
+    }
+    return SMELT_OK;
+}
+
+static int build_spec(const json_t *request, const struct job_inputs *in, const char *job_dir,
+                      const struct hp_source *src, struct job_plan *p, struct smelt_error *err) {
+    p->spec = json_pack("{s:s, s:s, s:{s:s}, s:{}, s:s, s:I, s:i}", "type", "sft", "model", in->model,
+                        "data", "train", in->train, "hyperparameters", "output_dir", job_dir,
                         "seed", (json_int_t)p->seed, "log_every_steps", 1);
+    if (!p->spec) return error_set(err, SMELT_ENOMEM, "out of memory");
+    if (in->validation[0])
+        TRY(set_member(json_object_get(p->spec, "data"), "validation", json_string(in->validation), err));
+    if (src->hp) TRY(map_hyperparameters(src, json_object_get(p->spec, "hyperparameters"), err));
+    return copy_trainer_fields(request, p->spec, err);
+}
+
+/* The job object's hyperparameters under OpenAI's names, resolved from the parsed spec. */
+static int show_hyperparameters(const struct job_spec *js, struct job_plan *p, struct smelt_error *err) {
     p->shown_hp = json_object();
-    if (!p->spec || !p->shown_hp) return refuse(e, NULL, "out of memory");
-    if (val_path[0]) json_object_set_new(json_object_get(p->spec, "data"), "validation", json_string(val_path));
-    if (map_hyperparameters(hp && json_is_object(hp) ? hp : json_object_get(p->spec, "hyperparameters"),
-                            hp_where, json_object_get(p->spec, "hyperparameters"), p->shown_hp, e))
-        return -1;
-    if (copy_section(request, "data", p->spec, e) || copy_section(request, "eval", p->spec, e) ||
-        copy_section(request, "checkpoint", p->spec, e))
-        return -1;
-    static const char *const passthrough[] = {"lora", "model_init", "save_merged", "save_dtype", "backend", NULL};
-    for (int i = 0; passthrough[i]; i++) {
-        v = json_object_get(request, passthrough[i]);
-        if (v && !json_is_null(v)) json_object_set(p->spec, passthrough[i], v);
-    }
-    /* The trainer's own validation decides every remaining field; its messages carry the
-     * field path, which is the request's path too. */
-    struct job_spec js;
-    if (job_spec_from_json(p->spec, "job", &js, &err) != 0) {
-        const char *msg = strncmp(err.message, "job: ", 5) == 0 ? err.message + 5 : err.message;
-        const char *colon = strstr(msg, ": ");
-        char param[128] = "";
-        if (colon && colon - msg < (int)sizeof param) snprintf(param, sizeof param, "%.*s", (int)(colon - msg), msg);
-        /* the typed readers say "section: field 'name' ..." */
-        const char *field = colon ? strstr(colon, ": field '") : NULL;
-        if (field == colon && strchr(field + 9, '\'') && strlen(param) + 1 + 64 < sizeof param) {
-            const char *name = field + 9, *end = strchr(name, '\'');
-            snprintf(param + strlen(param), sizeof param - strlen(param), ".%.*s", (int)(end - name), name);
-        }
-        return refuse(e, param[0] ? param : NULL, "%s", msg);
+    if (!p->shown_hp) return error_set(err, SMELT_ENOMEM, "out of memory");
+    for (int i = 0; i < N_OPENAI_HPS; i++) {
+        const struct openai_hp *o = &OPENAI_HPS[i];
+        const struct job_hp_field *f = job_hp_field_find(o->field);
+        SMELT_ASSERT(f && (f->kind == JOB_FIELD_INT || f->kind == JOB_FIELD_NUMBER));
+        const void *value = (const char *)js + f->offset;
+        json_t *shown = f->kind == JOB_FIELD_INT ? json_integer(*(const int64_t *)value)
+                        : o->multiplies_default ? json_real(*(const double *)value / f->def)
+                                                : json_real(*(const double *)value);
+        TRY(set_member(p->shown_hp, o->name, shown, err));
     }
     p->method = json_pack("{s:s, s:{s:O}}", "type", "supervised", "supervised", "hyperparameters", p->shown_hp);
-    if (!p->method) return refuse(e, NULL, "out of memory");
-    return 0;
+    return p->method ? SMELT_OK : error_set(err, SMELT_ENOMEM, "out of memory");
+}
+
+/* The trainer's parser decides every field it owns; its errors name the field, which
+ * becomes the request's path. */
+static int check_spec(const struct hp_source *src, struct job_plan *p, struct smelt_error *err) {
+    static const char where[] = "job";
+    struct job_spec js;
+    struct smelt_error spec_err = {0};
+    int rc = job_spec_from_json(p->spec, where, &js, &spec_err);
+    if (rc == SMELT_ENOMEM) return error_set(err, rc, "%s", spec_err.message);
+    if (rc == SMELT_OK) return show_hyperparameters(&js, p, err);
+    const char *message = spec_err.message;
+    if (strncmp(message, where, strlen(where)) == 0 && strncmp(message + strlen(where), ": ", 2) == 0)
+        message += strlen(where) + 2;
+    char param[SMELT_ERROR_FIELD_BYTES];
+    request_param(spec_err.field, src, param, sizeof param);
+    if (strcmp(param, spec_err.field) == 0 || !param[0])
+        return error_set_field(err, SMELT_EINVAL, param, "%s", message);
+    return error_set_field(err, SMELT_EINVAL, param, "%s: %s", param, message);
+}
+
+static int plan_job(struct server *s, struct store_conn *conn, const char *project, const json_t *request,
+                    const char *job_dir, struct job_plan *p, struct smelt_error *err) {
+    TRY(check_request_keys(request, err));
+    TRY(read_ids(request, p, err));
+    TRY(read_suffix(request, p, err));
+    TRY(read_seed(request, p, err));
+    TRY(read_metadata(request, p, err));
+    TRY(check_integrations(request, err));
+    TRY(read_scheduling(request, p, err));
+    struct hp_source src = {0};
+    TRY(find_hyperparameters(request, &src, err));
+    struct job_inputs in;
+    TRY(resolve_inputs(s, conn, project, p, &in, err));
+    TRY(build_spec(request, &in, job_dir, &src, p, err));
+    return check_spec(&src, p, err);
+}
+
+/* A refusal (400, `param` from err->field) or the server's own failure (500). */
+static void reply_plan_error(struct http_response *res, const struct smelt_error *err) {
+    bool refused = err->code == SMELT_EINVAL;
+    if (!refused) log_error("job create failed: %s", err->message);
+    http_reply_error(res, refused ? 400 : 500, refused && err->field[0] ? err->field : NULL,
+                     refused ? "invalid_value" : "server_error", "%s", err->message);
 }
 
 static void plan_free(struct job_plan *p) {
@@ -407,12 +527,10 @@ int jobs_create(struct server *s, const char *project, json_t *request, const ch
         return -1;
     }
     struct job_plan plan = {0};
-    struct create_error ce = {0};
-    if (plan_job(s, conn, project, request, job_dir, &plan, &ce) != 0) {
+    if (plan_job(s, conn, project, request, job_dir, &plan, &err) != 0) {
         store_release(s->store, conn);
         plan_free(&plan);
-        http_reply_error(res, ce.status ? ce.status : 400, ce.param[0] ? ce.param : NULL,
-                         ce.status == 500 ? "server_error" : "invalid_value", "%s", ce.message);
+        reply_plan_error(res, &err);
         return -1;
     }
     int64_t now = server_now();
@@ -463,13 +581,11 @@ int jobs_validate(struct server *s, const char *project, json_t *request, struct
     char dir[SERVER_PATH_BYTES + 32];
     snprintf(dir, sizeof dir, "%s/validate", s->jobs_dir);
     struct job_plan plan = {0};
-    struct create_error ce = {0};
-    int rc = plan_job(s, conn, project, request, dir, &plan, &ce);
+    struct smelt_error err = {0};
+    int rc = plan_job(s, conn, project, request, dir, &plan, &err);
     store_release(s->store, conn);
     plan_free(&plan);
-    if (rc != 0)
-        http_reply_error(res, ce.status ? ce.status : 400, ce.param[0] ? ce.param : NULL,
-                         ce.status == 500 ? "server_error" : "invalid_value", "%s", ce.message);
+    if (rc != 0) reply_plan_error(res, &err);
     return rc;
 }
 

@@ -36,17 +36,12 @@ static bool policy_ok(const char *p) {
 static int read_fields(struct server *s, struct http_request *req, struct http_response *res, json_t *body,
                        bool create, struct cron_expr *expr) {
     static const char *const keys[] = {"name", "cron", "job", "concurrency_policy", "suspended", NULL};
-    const char *key;
-    json_t *v;
-    json_object_foreach(body, key, v) {
-        bool known = false;
-        for (int i = 0; keys[i]; i++) known |= strcmp(key, keys[i]) == 0;
-        if (!known) {
-            http_reply_error(res, 400, key, "unknown_parameter", "%s: unknown parameter", key);
-            return -1;
-        }
+    const char *key = json_unknown_key(body, keys);
+    if (key) {
+        http_reply_error(res, 400, key, "unknown_parameter", "%s: unknown parameter", key);
+        return -1;
     }
-    v = json_object_get(body, "name");
+    json_t *v = json_object_get(body, "name");
     if (v && !json_is_null(v) && (!json_is_string(v) || json_string_length(v) > 200)) {
         http_reply_error(res, 400, "name", "invalid_value", "name: a string of at most 200 characters");
         return -1;

@@ -37,11 +37,11 @@ static int self_dir(char *out, size_t cap, struct smelt_error *err) {
 static int setup_paths(struct server *s, struct smelt_error *err) {
     const struct server_config *c = &s->config;
     int rc = absolute_dir(c->data_dir ? c->data_dir : "var", s->data_dir, sizeof s->data_dir, err);
-    if (rc) return error_wrap(err, "data directory");
+    if (rc) return error_wrap(err, rc, "data directory");
     char tmp[SERVER_PATH_BYTES + 32];
     snprintf(tmp, sizeof tmp, "%s/models", s->data_dir);
     rc = absolute_dir(c->models_dir ? c->models_dir : tmp, s->models_dir, sizeof s->models_dir, err);
-    if (rc) return error_wrap(err, "models directory");
+    if (rc) return error_wrap(err, rc, "models directory");
     snprintf(tmp, sizeof tmp, "%s/files", s->data_dir);
     if ((rc = absolute_dir(tmp, s->files_dir, sizeof s->files_dir, err))) return rc;
     snprintf(tmp, sizeof tmp, "%s/jobs", s->data_dir);
@@ -97,9 +97,11 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
             .auth = server_auth,
             .app = s,
         };
-        rc = http_server_start(&hc, &s->http, err);
+        struct http_server *http = NULL;
+        rc = http_server_start(&hc, &http, err);
         if (rc == 0) {
-            int port = http_server_port(s->http);
+            atomic_store(&s->http, http);
+            int port = http_server_port(http);
             log_info("smeltd: listening on http://%s:%d (data in %s, models in %s)", hc.listen_address, port,
                      s->data_dir, s->models_dir);
             if (config->port_file) {
@@ -109,13 +111,13 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
             }
         }
     }
-    while (rc == 0 && !(config->stop && *config->stop)) {
+    while (rc == 0 && !(config->stop && atomic_load(config->stop))) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    if (s->http) http_server_stop(s->http);
-    s->http = NULL;
+    /* The control loop first: it wakes the HTTP server's SSE streams, which must outlive it. */
     control_stop(s);
+    http_server_stop(atomic_exchange(&s->http, NULL));
     if (s->zmq) zmq_ctx_term(s->zmq);
     store_close(s->store);
     free(s);

@@ -1,4 +1,4 @@
-/* server/: smeltd, the control plane (DESIGN.md §2, §7, §9): the HTTP API (OpenAI
+/* server/: smeltd, the control plane (docs/architecture.md §2, §7, §9): the HTTP API (OpenAI
  * fine-tuning compatible; docs/api.md), the SQLite store, the scheduler and cron, the
  * agents' ZeroMQ endpoint and the web status page. `smeltd` (server/smeltd_main.c) fills
  * a server_config from its flags and calls server_run; tests do the same in-process.
@@ -7,6 +7,7 @@
 #ifndef SMELT_SERVER_H
 #define SMELT_SERVER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -35,7 +36,8 @@ struct server_config {
     int heartbeat_ms;             /* agents' heartbeat (0: 1000) */
     int agent_lost_ms;            /* silence after which an agent is lost (0: 10 s) */
     int stop_grace_ms;            /* SIGTERM -> SIGKILL for cancel (0: 10 s) */
-    volatile int *stop;           /* server_run returns once *stop != 0 */
+    const atomic_int *stop;       /* server_run returns once *stop != 0; atomic because
+                                     smeltd's signal handler may run on any of its threads */
 };
 
 int server_run(const struct server_config *config, struct smelt_error *err);

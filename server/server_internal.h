@@ -22,7 +22,9 @@ struct server {
     char trainer_path[SERVER_PATH_BYTES];  /* smelt-trainer, absolute */
     char web_dir[SERVER_PATH_BYTES];
     struct store *store;
-    struct http_server *http;
+    /* Set once HTTP serves, cleared before it stops; read by HTTP handlers and the
+     * control loop (events wake SSE followers), so atomic. */
+    _Atomic(struct http_server *) http;
     void *zmq;                             /* the ZeroMQ context */
     int64_t started_at;
     atomic_int kick;                       /* HTTP threads ask the control loop to look now */
@@ -36,7 +38,7 @@ struct server {
     void *agent_router;                    /* ROUTER: inproc for the embedded agent (+ tcp) */
     pthread_t agent_thread;
     bool agent_started;
-    volatile int agent_stop;
+    atomic_int agent_stop;                 /* set by control_stop, read by the agent thread */
 };
 
 /* ---- small helpers (server/util.c) ---- */

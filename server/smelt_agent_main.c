@@ -5,6 +5,7 @@
  *
  * SIGTERM or SIGINT stops it: its workers get SIGTERM, then SIGKILL after 10 s. */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +13,14 @@
 #include "common/common.h"
 #include "server/agent.h"
 
-/* agent_config.stop is a volatile int; on Linux sig_atomic_t is int, which the pointer
- * conversion below checks at compile time. */
-static volatile sig_atomic_t stop_requested;
+/* agent_config.stop is an atomic_int (smeltd's embedded agent gets it set from another
+ * thread); a signal handler may write a lock-free atomic (C11 7.14.1.1). */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "signal handlers need a lock-free atomic_int");
+static atomic_int stop_requested;
 
 static void on_stop_signal(int sig) {
     (void)sig;
-    stop_requested = 1;
+    atomic_store(&stop_requested, 1);
 }
 
 static void usage(FILE *f) {

@@ -1,6 +1,7 @@
 /* smeltd: the control plane. With no flags it serves http://127.0.0.1:8700 with its data
  * in ./var, an embedded local agent and the admin key in ./var/admin_key. */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,11 +9,15 @@
 #include "common/common.h"
 #include "server/server.h"
 
-static volatile int stop_requested;
+/* Not a volatile sig_atomic_t: the handler may run on an HTTP or control thread while
+ * server_run reads the flag on the main one. A lock-free atomic may be written by a
+ * signal handler (C11 7.14.1.1) and is ordered between threads. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "signal handlers need a lock-free atomic_int");
+static atomic_int stop_requested;
 
 static void on_signal(int sig) {
     (void)sig;
-    stop_requested = 1;
+    atomic_store(&stop_requested, 1);
 }
 
 static void usage(FILE *f) {

@@ -152,7 +152,8 @@ class Smeltd:
         if getattr(self, "log", None):
             self.log.close()
             self.log = None
-        # a sanitizer build reports memory errors and leaks in the log: they fail the test
+        # a sanitizer build reports memory errors, leaks and data races in the log (make
+        # test TSAN=1 sends the races to files instead and checks those): they fail the test
         text = self.read_log_all()
         logs = [("smeltd", text)]
         jobs = os.path.join(self.data_dir, "jobs")
@@ -162,7 +163,8 @@ class Smeltd:
                 with open(path, "rb") as f:
                     logs.append((job, f.read().decode("utf-8", "replace")))
         for name, log in logs:
-            for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                           "WARNING: ThreadSanitizer"):
                 assert marker not in log, "%s: %s\n%s" % (name, marker, log[-6000:])
         if sig == signal.SIGTERM:
             assert self.proc.returncode == 0, "smeltd exited with %s after SIGTERM\n%s" % (

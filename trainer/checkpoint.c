@@ -14,12 +14,6 @@
 
 #include "common/common.h"
 
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
-
 #define CKPT_PATH_BYTES (JOB_PATH_BYTES + 128)
 
 /* The spec's fields that change the numbers: resuming with any of them different would

@@ -35,7 +35,7 @@ int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct
                                        .max_tokens = s->hp.batch_tokens, .shuffle = false};
     struct dataset_loader *loader;
     int rc = dataset_loader_create(r->val, &lc, &loader, err);
-    if (rc) return error_wrap(err, "validation data");
+    if (rc) return error_wrap(err, rc, "validation data");
     if (r->lora) lora_set_training(r->lora, false);
     double total = 0;
     int64_t count = 0, n = dataset_loader_batches_in_epoch(loader, 0);
@@ -49,7 +49,7 @@ int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct
     }
     if (r->lora) lora_set_training(r->lora, true);
     dataset_loader_free(loader);
-    if (rc) return error_wrap(err, "validation loss");
+    if (rc) return error_wrap(err, rc, "validation loss");
     *loss = count ? total / (double)count : NAN;
     *n_tokens = count;
     return SMELT_OK;
@@ -108,7 +108,7 @@ int run_accuracy(struct trainer_run *r, int64_t n_examples, double *accuracy, in
         generate_result_free(&g);
     }
     if (r->lora) lora_set_training(r->lora, true);
-    if (rc) return error_wrap(err, "accuracy");
+    if (rc) return error_wrap(err, rc, "accuracy");
     *n_done = done;
     *accuracy = done ? (double)correct / (double)done : NAN;
     return SMELT_OK;

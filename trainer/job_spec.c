@@ -4,27 +4,30 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/common.h"
-
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
 
 /* A section's prefix for messages: "spec.json: hyperparameters". */
 static void section(char *dst, size_t n, const char *where, const char *name) {
     snprintf(dst, n, "%s: %s", where, name);
 }
 
+/* A name that a lookup (backend_from_name, ...) refused: the message says where, err
+ * names the field. sep joins where and key as the message has them ("." in a section). */
+static int refused_name(struct smelt_error *err, int rc, const char *where, const char *sep,
+                        const char *key) {
+    error_wrap(err, rc, "%s%s%s", where, sep, key);
+    return error_in_field(err, rc, key);
+}
+
 static int copy_string(char *dst, size_t cap, const char *src, const char *where,
                        const char *field, struct smelt_error *err) {
     size_t len = strlen(src);
     if (len >= cap)
-        return error_set(err, SMELT_EINVAL, "%s.%s: longer than %zu bytes", where, field, cap - 1);
+        return error_set_field(err, SMELT_EINVAL, field, "%s.%s: longer than %zu bytes", where, field, cap - 1);
     memcpy(dst, src, len + 1);
     return SMELT_OK;
 }
@@ -34,7 +37,7 @@ static int string_field(const json_t *obj, const char *key, bool required, char 
                         const char *where, struct smelt_error *err) {
     const char *s = NULL;
     TRY(json_field_string(obj, key, required, "", &s, where, err));
-    if (required && !*s) return error_set(err, SMELT_EINVAL, "%s.%s: must not be empty", where, key);
+    if (required && !*s) return error_set_field(err, SMELT_EINVAL, key, "%s.%s: must not be empty", where, key);
     return copy_string(dst, cap, s, where, key, err);
 }
 
@@ -44,7 +47,8 @@ static int object_field(const json_t *root, const char *key, const json_t **out,
     const json_t *v = json_object_get(root, key);
     *out = NULL;
     if (!v || json_is_null(v)) return SMELT_OK;
-    if (!json_is_object(v)) return error_set(err, SMELT_EINVAL, "%s: %s: expected an object", where, key);
+    if (!json_is_object(v))
+        return error_set_field(err, SMELT_EINVAL, key, "%s: %s: expected an object", where, key);
     *out = v;
     return SMELT_OK;
 }
@@ -67,49 +71,119 @@ static int parse_data(const json_t *obj, const char *where, struct job_spec *s,
     TRY(json_field_double(obj, "validation_fraction", false, 0.0, 0.0, 0.5,
                           &s->data.validation_fraction, w, err));
     if (s->data.validation[0] && s->data.validation_fraction > 0)
-        return error_set(err, SMELT_EINVAL, "%s.validation_fraction: give a validation file or a fraction, not both", w);
+        return error_set_field(err, SMELT_EINVAL, "validation_fraction",
+                               "%s.validation_fraction: give a validation file or a fraction, not both", w);
     TRY(json_field_int(obj, "max_seq_len", false, 0, 2, 1 << 24, &s->data.max_seq_len, w, err));
     const char *name;
     TRY(json_field_string(obj, "truncation", false, "error", &name, w, err));
-    if (dataset_truncation_from_name(name, &s->data.truncation, err))
-        return error_wrap(err, "%s.truncation", w);
+    TRY(refused_name(err, dataset_truncation_from_name(name, &s->data.truncation, err), w, ".", "truncation"));
     TRY(json_field_string(obj, "loss_on", false, "completion", &name, w, err));
-    if (dataset_loss_on_from_name(name, &s->data.loss_on, err)) return error_wrap(err, "%s.loss_on", w);
+    TRY(refused_name(err, dataset_loss_on_from_name(name, &s->data.loss_on, err), w, ".", "loss_on"));
     TRY(json_field_bool(obj, "add_bos", false, true, &s->data.add_bos, w, err));
     TRY(json_field_bool(obj, "shuffle", false, true, &s->data.shuffle, w, err));
     return SMELT_OK;
 }
 
+/* ---- spec.hyperparameters: the table ---- */
+
+static int lr_schedule_parse(const char *name, void *value, struct smelt_error *err) {
+    return lr_schedule_from_name(name, value, err);
+}
+
+static const char *lr_schedule_format(const void *value) {
+    return lr_schedule_name(*(const enum lr_schedule_kind *)value);
+}
+
+/* offsetof a hyperparameter, refusing at compile time a member whose type is not T (the
+ * table's kind decides how the member is read and written). */
+#define HP_AT(member, T) \
+    (offsetof(struct job_spec, hp.member) + 0 * sizeof(_Generic(((struct job_spec *)0)->hp.member, T: 1)))
+#define HP_INT(member, d, lo, hi) \
+    {.name = #member, .kind = JOB_FIELD_INT, .offset = HP_AT(member, int64_t), .def = d, .min = lo, .max = hi}
+#define HP_NUMBER(member, d, lo, hi) \
+    {.name = #member, .kind = JOB_FIELD_NUMBER, .offset = HP_AT(member, double), .def = d, .min = lo, .max = hi}
+#define HP_BOOL(member, d) \
+    {.name = #member, .kind = JOB_FIELD_BOOL, .offset = HP_AT(member, bool), .def = d, .min = 0, .max = 1}
+
+/* The order is the order of checking: the first bad field is the one reported. */
+const struct job_hp_field JOB_HP_FIELDS[] = {
+    HP_INT(epochs, 1, 1, 1000),
+    HP_INT(max_steps, 0, 0, 0x1p40),
+    HP_INT(batch_size, 8, 1, 65536),
+    HP_INT(batch_tokens, 0, 0, 0x1p30),
+    HP_INT(grad_accum, 1, 1, 4096),
+    {.name = "learning_rate", .kind = JOB_FIELD_NUMBER, .offset = HP_AT(learning_rate, double), .def = 1e-4,
+     .min = 0.0, .max = 10.0, .min_excluded = true},
+    {.name = "lr_schedule", .kind = JOB_FIELD_NAME, .offset = HP_AT(lr_schedule, enum lr_schedule_kind),
+     .def_name = "cosine", .from_name = lr_schedule_parse, .to_name = lr_schedule_format},
+    HP_INT(warmup_steps, 0, 0, 0x1p40),
+    HP_NUMBER(min_lr_ratio, 0.0, 0.0, 1.0),
+    HP_NUMBER(weight_decay, 0.0, 0.0, 1.0),
+    HP_NUMBER(beta1, 0.9, 0.0, 0.999999),
+    HP_NUMBER(beta2, 0.999, 0.0, 0.999999999),
+    HP_NUMBER(eps, 1e-8, 1e-30, 1.0),
+    HP_NUMBER(max_grad_norm, 1.0, 0.0, 1e9),
+    HP_BOOL(recompute, false),
+};
+#define N_HP_FIELDS ((int)(sizeof JOB_HP_FIELDS / sizeof JOB_HP_FIELDS[0]))
+const int JOB_N_HP_FIELDS = N_HP_FIELDS;
+
+const struct job_hp_field *job_hp_field_find(const char *name) {
+    for (int i = 0; i < N_HP_FIELDS; i++)
+        if (strcmp(JOB_HP_FIELDS[i].name, name) == 0) return &JOB_HP_FIELDS[i];
+    return NULL;
+}
+
+static int parse_number(const json_t *obj, const struct job_hp_field *f, double *value, const char *w,
+                        struct smelt_error *err) {
+    TRY(json_field_double(obj, f->name, false, f->def, f->min, f->max, value, w, err));
+    if (f->min_excluded && !(*value > f->min))
+        return error_set_field(err, SMELT_EINVAL, f->name, "%s.%s: must be in (%g, %g], got %g", w, f->name,
+                               f->min, f->max, *value);
+    return SMELT_OK;
+}
+
+static int parse_hp_field(const json_t *obj, const struct job_hp_field *f, struct job_spec *s,
+                          const char *w, struct smelt_error *err) {
+    void *value = (char *)s + f->offset;
+    const char *name;
+    switch (f->kind) {
+    case JOB_FIELD_INT:
+        return json_field_int(obj, f->name, false, (int64_t)f->def, (int64_t)f->min, (int64_t)f->max, value, w,
+                              err);
+    case JOB_FIELD_NUMBER: return parse_number(obj, f, value, w, err);
+    case JOB_FIELD_BOOL: return json_field_bool(obj, f->name, false, f->def != 0, value, w, err);
+    case JOB_FIELD_NAME:
+        TRY(json_field_string(obj, f->name, false, f->def_name, &name, w, err));
+        return refused_name(err, f->from_name(name, value, err), w, ".", f->name);
+    }
+    SMELT_ASSERT(!"a hyperparameter of unknown kind");
+    return SMELT_EINVAL;
+}
+
 static int parse_hyperparameters(const json_t *obj, const char *where, struct job_spec *s,
                                  struct smelt_error *err) {
-    static const char *const keys[] = {"epochs", "max_steps", "batch_size", "batch_tokens",
-                                       "grad_accum", "learning_rate", "lr_schedule",
-                                       "warmup_steps", "min_lr_ratio", "weight_decay", "beta1",
-                                       "beta2", "eps", "max_grad_norm", "recompute", NULL};
+    static const char *keys[N_HP_FIELDS + 1];
+    for (int i = 0; i < N_HP_FIELDS; i++) keys[i] = JOB_HP_FIELDS[i].name;
     char w[256];
     section(w, sizeof w, where, "hyperparameters");
     TRY(json_check_keys(obj, keys, w, err));
-    TRY(json_field_int(obj, "epochs", false, 1, 1, 1000, &s->hp.epochs, w, err));
-    TRY(json_field_int(obj, "max_steps", false, 0, 0, INT64_C(1) << 40, &s->hp.max_steps, w, err));
-    TRY(json_field_int(obj, "batch_size", false, 8, 1, 65536, &s->hp.batch_size, w, err));
-    TRY(json_field_int(obj, "batch_tokens", false, 0, 0, INT64_C(1) << 30, &s->hp.batch_tokens, w, err));
-    TRY(json_field_int(obj, "grad_accum", false, 1, 1, 4096, &s->hp.grad_accum, w, err));
-    TRY(json_field_double(obj, "learning_rate", false, 1e-4, 0.0, 10.0, &s->hp.learning_rate, w, err));
-    if (!(s->hp.learning_rate > 0))
-        return error_set(err, SMELT_EINVAL, "%s.learning_rate: must be in (0, 10], got %g", w, s->hp.learning_rate);
-    const char *name;
-    TRY(json_field_string(obj, "lr_schedule", false, "cosine", &name, w, err));
-    if (lr_schedule_from_name(name, &s->hp.lr_schedule, err)) return error_wrap(err, "%s.lr_schedule", w);
-    TRY(json_field_int(obj, "warmup_steps", false, 0, 0, INT64_C(1) << 40, &s->hp.warmup_steps, w, err));
-    TRY(json_field_double(obj, "min_lr_ratio", false, 0.0, 0.0, 1.0, &s->hp.min_lr_ratio, w, err));
-    TRY(json_field_double(obj, "weight_decay", false, 0.0, 0.0, 1.0, &s->hp.weight_decay, w, err));
-    TRY(json_field_double(obj, "beta1", false, 0.9, 0.0, 0.999999, &s->hp.beta1, w, err));
-    TRY(json_field_double(obj, "beta2", false, 0.999, 0.0, 0.999999999, &s->hp.beta2, w, err));
-    TRY(json_field_double(obj, "eps", false, 1e-8, 1e-30, 1.0, &s->hp.eps, w, err));
-    TRY(json_field_double(obj, "max_grad_norm", false, 1.0, 0.0, 1e9, &s->hp.max_grad_norm, w, err));
-    TRY(json_field_bool(obj, "recompute", false, false, &s->hp.recompute, w, err));
+    for (int i = 0; i < N_HP_FIELDS; i++) TRY(parse_hp_field(obj, &JOB_HP_FIELDS[i], s, w, err));
     return SMELT_OK;
 }
+
+static json_t *hp_field_json(const struct job_hp_field *f, const struct job_spec *s) {
+    const void *value = (const char *)s + f->offset;
+    switch (f->kind) {
+    case JOB_FIELD_INT: return json_integer(*(const int64_t *)value);
+    case JOB_FIELD_NUMBER: return json_real(*(const double *)value);
+    case JOB_FIELD_BOOL: return json_boolean(*(const bool *)value);
+    case JOB_FIELD_NAME: return json_string(f->to_name(value));
+    }
+    return NULL;
+}
+
+/* ---- the other sections ---- */
 
 static int parse_eval(const json_t *obj, const char *where, struct job_spec *s,
                       struct smelt_error *err) {
@@ -134,6 +208,89 @@ static int parse_checkpoint(const json_t *obj, const char *where, struct job_spe
     return SMELT_OK;
 }
 
+/* type, model, model_init, tokenizer, chat_template. */
+static int parse_model(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
+    const char *name;
+    TRY(json_field_string(root, "type", true, NULL, &name, where, err));
+    if (strcmp(name, "sft") != 0)
+        return error_set_field(err, SMELT_EINVAL, "type", "%s: type: \"%s\" is not a job type this trainer runs (sft)",
+                               where, name);
+    s->type = JOB_SFT;
+    TRY(string_field(root, "model", true, s->model, sizeof s->model, where, err));
+    TRY(json_field_string(root, "model_init", false, "pretrained", &name, where, err));
+    if (strcmp(name, "random") == 0) s->model_init_random = true;
+    else if (strcmp(name, "pretrained") != 0)
+        return error_set_field(err, SMELT_EINVAL, "model_init",
+                               "%s: model_init: expected \"pretrained\" or \"random\", got \"%s\"", where, name);
+    TRY(string_field(root, "tokenizer", false, s->tokenizer, sizeof s->tokenizer, where, err));
+    TRY(string_field(root, "chat_template", false, s->chat_template, sizeof s->chat_template, where, err));
+    if (!s->chat_template[0]) return SMELT_OK;
+    enum chat_template_kind kind;
+    return refused_name(err, chat_template_from_name(s->chat_template, &kind, err), where, ": ", "chat_template");
+}
+
+/* An optional section parsed by parse (an absent one as {}); errors name the section. */
+static int parse_section(const json_t *root, const char *key, const char *where, struct job_spec *s,
+                         int (*parse)(const json_t *, const char *, struct job_spec *, struct smelt_error *),
+                         struct smelt_error *err) {
+    const json_t *obj;
+    TRY(object_field(root, key, &obj, where, err));
+    return error_in_field(err, parse(obj ? obj : empty_object(), where, s, err), key);
+}
+
+static int parse_lora(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
+    const json_t *obj;
+    TRY(object_field(root, "lora", &obj, where, err));
+    if (!obj) return SMELT_OK;
+    char lw[256];
+    section(lw, sizeof lw, where, "lora");
+    TRY(error_in_field(err, lora_config_from_json(obj, lw, &s->lora, err), "lora"));
+    s->has_lora = true;
+    if (s->model_init_random)
+        return error_set_field(err, SMELT_EINVAL, "lora",
+                               "%s: lora: a LoRA job needs a pretrained base on disk (model_init is \"random\")",
+                               where);
+    return SMELT_OK;
+}
+
+/* data, hyperparameters, lora, eval, checkpoint. */
+static int parse_sections(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
+    const json_t *obj;
+    TRY(object_field(root, "data", &obj, where, err));
+    if (!obj)
+        return error_set_field(err, SMELT_EINVAL, "data", "%s: data: missing (needs at least data.train)", where);
+    TRY(error_in_field(err, parse_data(obj, where, s, err), "data"));
+    TRY(parse_section(root, "hyperparameters", where, s, parse_hyperparameters, err));
+    if (s->hp.batch_tokens > 0 && s->data.max_seq_len > s->hp.batch_tokens)
+        return error_set_field(err, SMELT_EINVAL, "hyperparameters.batch_tokens",
+                               "%s: hyperparameters.batch_tokens: %lld is below data.max_seq_len %lld", where,
+                               (long long)s->hp.batch_tokens, (long long)s->data.max_seq_len);
+    TRY(parse_lora(root, where, s, err));
+    TRY(parse_section(root, "eval", where, s, parse_eval, err));
+    return parse_section(root, "checkpoint", where, s, parse_checkpoint, err);
+}
+
+/* output_dir, save_merged, save_dtype, seed, backend, log_every_steps. */
+static int parse_run(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
+    TRY(string_field(root, "output_dir", true, s->output_dir, sizeof s->output_dir, where, err));
+    TRY(json_field_bool(root, "save_merged", false, false, &s->save_merged, where, err));
+    if (s->save_merged && !s->has_lora)
+        return error_set_field(err, SMELT_EINVAL, "save_merged",
+                               "%s: save_merged: only a LoRA job has an adapter to merge", where);
+    const char *name;
+    TRY(json_field_string(root, "save_dtype", false, "f32", &name, where, err));
+    if (strcmp(name, "bf16") == 0) s->save_bf16 = true;
+    else if (strcmp(name, "f32") != 0)
+        return error_set_field(err, SMELT_EINVAL, "save_dtype", "%s: save_dtype: expected \"f32\" or \"bf16\", got \"%s\"",
+                               where, name);
+    int64_t seed;
+    TRY(json_field_int(root, "seed", false, 0, 0, INT64_MAX, &seed, where, err));
+    s->seed = (uint64_t)seed;
+    TRY(json_field_string(root, "backend", false, "cpu", &name, where, err));
+    TRY(refused_name(err, backend_from_name(name, &s->backend, err), where, ": ", "backend"));
+    return json_field_int(root, "log_every_steps", false, 1, 1, INT64_C(1) << 40, &s->log_every_steps, where, err);
+}
+
 int job_spec_from_json(const void *json, const char *where, struct job_spec *s,
                        struct smelt_error *err) {
     static const char *const keys[] = {"type", "model", "model_init", "tokenizer", "chat_template",
@@ -144,62 +301,9 @@ int job_spec_from_json(const void *json, const char *where, struct job_spec *s,
     memset(s, 0, sizeof *s);
     if (!json_is_object(root)) return error_set(err, SMELT_EINVAL, "%s: the spec must be a JSON object", where);
     TRY(json_check_keys(root, keys, where, err));
-    const char *name;
-    TRY(json_field_string(root, "type", true, NULL, &name, where, err));
-    if (strcmp(name, "sft") != 0)
-        return error_set(err, SMELT_EINVAL, "%s: type: \"%s\" is not a job type this trainer runs (sft)", where, name);
-    s->type = JOB_SFT;
-    TRY(string_field(root, "model", true, s->model, sizeof s->model, where, err));
-    TRY(json_field_string(root, "model_init", false, "pretrained", &name, where, err));
-    if (strcmp(name, "random") == 0) s->model_init_random = true;
-    else if (strcmp(name, "pretrained") != 0)
-        return error_set(err, SMELT_EINVAL, "%s: model_init: expected \"pretrained\" or \"random\", got \"%s\"", where, name);
-    TRY(string_field(root, "tokenizer", false, s->tokenizer, sizeof s->tokenizer, where, err));
-    TRY(string_field(root, "chat_template", false, s->chat_template, sizeof s->chat_template, where, err));
-    if (s->chat_template[0]) {
-        enum chat_template_kind kind;
-        if (chat_template_from_name(s->chat_template, &kind, err))
-            return error_wrap(err, "%s: chat_template", where);
-    }
-
-    const json_t *obj;
-    TRY(object_field(root, "data", &obj, where, err));
-    if (!obj) return error_set(err, SMELT_EINVAL, "%s: data: missing (needs at least data.train)", where);
-    TRY(parse_data(obj, where, s, err));
-    TRY(object_field(root, "hyperparameters", &obj, where, err));
-    TRY(parse_hyperparameters(obj ? obj : empty_object(), where, s, err));
-    if (s->hp.batch_tokens > 0 && s->data.max_seq_len > s->hp.batch_tokens)
-        return error_set(err, SMELT_EINVAL, "%s: hyperparameters.batch_tokens: %lld is below data.max_seq_len %lld",
-                         where, (long long)s->hp.batch_tokens, (long long)s->data.max_seq_len);
-    TRY(object_field(root, "lora", &obj, where, err));
-    if (obj) {
-        char lw[256];
-        section(lw, sizeof lw, where, "lora");
-        TRY(lora_config_from_json(obj, lw, &s->lora, err));
-        s->has_lora = true;
-        if (s->model_init_random)
-            return error_set(err, SMELT_EINVAL, "%s: lora: a LoRA job needs a pretrained base on disk (model_init is \"random\")", where);
-    }
-    TRY(object_field(root, "eval", &obj, where, err));
-    TRY(parse_eval(obj ? obj : empty_object(), where, s, err));
-    TRY(object_field(root, "checkpoint", &obj, where, err));
-    TRY(parse_checkpoint(obj ? obj : empty_object(), where, s, err));
-
-    TRY(string_field(root, "output_dir", true, s->output_dir, sizeof s->output_dir, where, err));
-    TRY(json_field_bool(root, "save_merged", false, false, &s->save_merged, where, err));
-    if (s->save_merged && !s->has_lora)
-        return error_set(err, SMELT_EINVAL, "%s: save_merged: only a LoRA job has an adapter to merge", where);
-    TRY(json_field_string(root, "save_dtype", false, "f32", &name, where, err));
-    if (strcmp(name, "bf16") == 0) s->save_bf16 = true;
-    else if (strcmp(name, "f32") != 0)
-        return error_set(err, SMELT_EINVAL, "%s: save_dtype: expected \"f32\" or \"bf16\", got \"%s\"", where, name);
-    int64_t seed;
-    TRY(json_field_int(root, "seed", false, 0, 0, INT64_MAX, &seed, where, err));
-    s->seed = (uint64_t)seed;
-    TRY(json_field_string(root, "backend", false, "cpu", &name, where, err));
-    if (backend_from_name(name, &s->backend, err)) return error_wrap(err, "%s: backend", where);
-    TRY(json_field_int(root, "log_every_steps", false, 1, 1, INT64_C(1) << 40, &s->log_every_steps, where, err));
-    return SMELT_OK;
+    TRY(parse_model(root, where, s, err));
+    TRY(parse_sections(root, where, s, err));
+    return parse_run(root, where, s, err);
 }
 
 int job_spec_load(const char *path, struct job_spec *out, struct smelt_error *err) {
@@ -235,21 +339,8 @@ int job_spec_to_json(const struct job_spec *s, void **out, struct smelt_error *e
     bad |= set(data, "loss_on", json_string(dataset_loss_on_name(s->data.loss_on)));
     bad |= set(data, "add_bos", json_boolean(s->data.add_bos));
     bad |= set(data, "shuffle", json_boolean(s->data.shuffle));
-    bad |= set(hp, "epochs", json_integer(s->hp.epochs));
-    bad |= set(hp, "max_steps", json_integer(s->hp.max_steps));
-    bad |= set(hp, "batch_size", json_integer(s->hp.batch_size));
-    bad |= set(hp, "batch_tokens", json_integer(s->hp.batch_tokens));
-    bad |= set(hp, "grad_accum", json_integer(s->hp.grad_accum));
-    bad |= set(hp, "learning_rate", json_real(s->hp.learning_rate));
-    bad |= set(hp, "lr_schedule", json_string(lr_schedule_name(s->hp.lr_schedule)));
-    bad |= set(hp, "warmup_steps", json_integer(s->hp.warmup_steps));
-    bad |= set(hp, "min_lr_ratio", json_real(s->hp.min_lr_ratio));
-    bad |= set(hp, "weight_decay", json_real(s->hp.weight_decay));
-    bad |= set(hp, "beta1", json_real(s->hp.beta1));
-    bad |= set(hp, "beta2", json_real(s->hp.beta2));
-    bad |= set(hp, "eps", json_real(s->hp.eps));
-    bad |= set(hp, "max_grad_norm", json_real(s->hp.max_grad_norm));
-    bad |= set(hp, "recompute", json_boolean(s->hp.recompute));
+    for (int i = 0; i < N_HP_FIELDS; i++)
+        bad |= set(hp, JOB_HP_FIELDS[i].name, hp_field_json(&JOB_HP_FIELDS[i], s));
     if (s->has_lora) {
         json_t *lora = json_object(), *targets = json_array();
         bad |= !lora || !targets;

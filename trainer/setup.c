@@ -11,12 +11,6 @@
 
 #include "common/common.h"
 
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
-
 static bool dir_has(const char *dir, const char *name) {
     char p[JOB_PATH_BYTES + 64];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -74,18 +68,19 @@ static int load_tokenizer(struct trainer_run *r, struct smelt_error *err) {
         if (slash) *slash = 0;
         else snprintf(r->tokenizer_dir, sizeof r->tokenizer_dir, ".");
     }
-    if (tokenizer_load(src, &r->tok, err)) return error_wrap(err, "tokenizer");
+    TRY(error_wrap(err, tokenizer_load(src, &r->tok, err), "tokenizer"));
     if (tokenizer_vocab_size(r->tok) > r->model->config.vocab_size)
         return error_set(err, SMELT_EINVAL, "tokenizer: %d ids do not fit the model's vocab_size %lld",
                          tokenizer_vocab_size(r->tok), (long long)r->model->config.vocab_size);
     const char *name = s->chat_template[0] ? s->chat_template : NULL;
     if (dir_has(r->tokenizer_dir, "tokenizer_config.json")) {
         struct smelt_error cerr = {0};
-        if (chat_template_from_tokenizer_config(r->tokenizer_dir, name, &r->chat, r->tok, &cerr) == SMELT_OK) {
+        int rc = chat_template_from_tokenizer_config(r->tokenizer_dir, name, &r->chat, r->tok, &cerr);
+        if (rc == SMELT_OK) {
             r->has_chat = true;
         } else if (name) {
             *err = cerr;
-            return error_wrap(err, "chat_template");
+            return error_wrap(err, rc, "chat_template");
         } else {
             /* Not fatal: prompt/completion data needs no template; message lists are
              * then refused by the dataset reader. */
@@ -200,7 +195,7 @@ static int setup_trainable(struct trainer_run *r, struct smelt_error *err) {
 }
 
 int run_setup(struct trainer_run *r, struct smelt_error *err) {
-    if (load_model(r, err)) return error_wrap(err, "model %s", r->spec->model);
+    TRY(error_wrap(err, load_model(r, err), "model %s", r->spec->model));
     /* Adapters record their base by absolute path, so the next job finds it from anywhere. */
     char abs[PATH_MAX];
     if (r->base_path[0] && realpath(r->base_path, abs) && strlen(abs) < sizeof r->base_path)

@@ -7,22 +7,20 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "common/common.h"
 
-#define TRY(expr)                 \
-    do {                          \
-        int rc_ = (expr);         \
-        if (rc_) return rc_;      \
-    } while (0)
+/* Set from smelt-trainer's signal handler, which may run on an OpenMP thread
+ * rather than the training one: a lock-free atomic, which a handler may write (C11
+ * 7.14.1.1), not a volatile sig_atomic_t, which orders nothing between threads. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "signal handlers need a lock-free atomic_int");
+static atomic_int stop_requested;
 
-static volatile sig_atomic_t stop_requested;
-
-void trainer_request_stop(void) { stop_requested = 1; }
+void trainer_request_stop(void) { atomic_store(&stop_requested, 1); }
 
 static double now_s(void) {
     struct timespec ts;
@@ -31,10 +29,7 @@ static double now_s(void) {
 }
 
 static uint64_t mix(uint64_t a, uint64_t b) {
-    uint64_t z = a ^ (b + 0x9e3779b97f4a7c15u + (a << 6) + (a >> 2));
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
+    return rng_mix64(a ^ (b + RNG_GOLDEN + (a << 6) + (a >> 2)));
 }
 
 struct step_stats {
@@ -222,7 +217,7 @@ static int loop(struct trainer_run *r, const struct trainer_options *o, struct t
             TRY(run_checkpoint_save(r, err));
             saved_at_step = true;
         }
-        if (!last && (stop_requested || (o->stop_after_step > 0 && r->step >= o->stop_after_step))) {
+        if (!last && (atomic_load(&stop_requested) || (o->stop_after_step > 0 && r->step >= o->stop_after_step))) {
             if (!saved_at_step) TRY(run_checkpoint_save(r, err));
             res->stopped = true;
             log_info("stopped after step %lld; continue with --resume", (long long)r->step);
@@ -239,7 +234,7 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
     memset(result, 0, sizeof *result);
     result->val_loss = result->accuracy = result->last_loss = NAN;
     struct trainer_run r = {.spec = spec, .quiet = o->quiet};
-    stop_requested = 0;
+    atomic_store(&stop_requested, 0);
     int rc = start(&r, o, err);
     if (!rc) rc = loop(&r, o, result, err);
     if (!rc && !result->stopped) rc = finish(&r, result, err);

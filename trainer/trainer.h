@@ -81,8 +81,32 @@ struct job_spec {
     int64_t log_every_steps;
 };
 
+/* spec.hyperparameters, field by field: the one definition of their names, types,
+ * defaults and ranges. The parser, job_spec_to_json and smeltd's API (which only maps
+ * OpenAI's names onto these) all read it, so a field added here is accepted everywhere. */
+enum job_field_kind { JOB_FIELD_INT, JOB_FIELD_NUMBER, JOB_FIELD_BOOL, JOB_FIELD_NAME };
+
+struct job_hp_field {
+    const char *name;
+    enum job_field_kind kind;
+    size_t offset;       /* of the value in struct job_spec (int64_t, double, bool or an enum) */
+    double def;          /* INT, NUMBER, BOOL (0 or 1); integers are exact up to 2^53 */
+    double min, max;     /* INT, NUMBER: the allowed range, both ends included... */
+    bool min_excluded;   /* ...unless this says min itself is refused: (min, max] */
+    const char *def_name;                                                  /* NAME */
+    int (*from_name)(const char *name, void *value, struct smelt_error *err); /* NAME */
+    const char *(*to_name)(const void *value);                             /* NAME */
+};
+
+extern const struct job_hp_field JOB_HP_FIELDS[];
+extern const int JOB_N_HP_FIELDS;
+/* The field called name, or NULL. */
+const struct job_hp_field *job_hp_field_find(const char *name);
+
 /* Parses and validates a spec (json: a jansson json_t *). Errors name the field with
- * its path ("<where>: hyperparameters.learning_rate: ..."). */
+ * its path ("<where>: hyperparameters.learning_rate: ...") in the message and, without
+ * `where`, in err->field ("hyperparameters.learning_rate"), for callers that report it
+ * apart (smeltd's `param`). */
 int job_spec_from_json(const void *json, const char *where, struct job_spec *out,
                        struct smelt_error *err);
 int job_spec_load(const char *path, struct job_spec *out, struct smelt_error *err);

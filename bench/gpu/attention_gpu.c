@@ -221,13 +221,13 @@ static int run_row(const struct options *o, enum dtype dt, int64_t len, const st
     struct call c = {.b = &b, .cu = &cus, .scale = (float)(1.0 / sqrt((double)s->d))};
     double fwd_s = 0, bwd_s = 0;
     int fwd_runs = 0, bwd_runs = 0;
-    if (!rc && (rc = time_call(&c, o->backend, &fwd_s, &fwd_runs, err))) error_wrap(err, "forward");
+    if (!rc && (rc = time_call(&c, o->backend, &fwd_s, &fwd_runs, err))) error_wrap(err, rc, "forward");
     if (!rc) {
         json_object_set_new(row, "fwd_ms", json_real(1e3 * fwd_s));
         json_object_set_new(row, "fwd_tflops", json_real(fwd_flops / fwd_s / 1e12));
         json_object_set_new(row, "fwd_runs", json_integer(fwd_runs));
         c.backward = true;
-        if ((rc = time_call(&c, o->backend, &bwd_s, &bwd_runs, err))) error_wrap(err, "backward");
+        if ((rc = time_call(&c, o->backend, &bwd_s, &bwd_runs, err))) error_wrap(err, rc, "backward");
     }
     if (!rc) {
         json_object_set_new(row, "bwd_ms", json_real(1e3 * bwd_s));

@@ -35,7 +35,7 @@ static inline double bench_now_s(void) {
  * their work is done, so a clock read without this times the launches. */
 static inline int bench_sync_clock(enum backend backend, double *t, struct smelt_error *err) {
     int rc = backend_sync(backend, err);
-    if (rc) return error_wrap(err, "waiting for the %s backend", backend_name(backend));
+    if (rc) return error_wrap(err, rc, "waiting for the %s backend", backend_name(backend));
     *t = bench_now_s();
     return SMELT_OK;
 }

@@ -24,7 +24,6 @@
 #include "bench/gpu/rollout_wave.h"
 #include "common/common.h"
 #include "model/model.h"
-#include "rollout/kv_blocks.h" /* KV_BLOCK_SIZE: the pool's block, to size the pool */
 #include "rollout/rollout.h"
 
 #define COPY_REPEATS 7
@@ -120,7 +119,7 @@ static int measure_copy(const struct options *o, double *gbps, json_t *row, stru
     }
     tensor_free(&a);
     tensor_free(&b);
-    if (rc) return error_wrap(err, "copy rate");
+    if (rc) return error_wrap(err, rc, "copy rate");
     double bytes = 2.0 * (double)n * sizeof(float), s = bench_median(times, COPY_REPEATS);
     *gbps = bytes / s / 1e9;
     json_object_set_new(row, "bytes", json_real(bytes));
@@ -157,8 +156,8 @@ static int run_batch(struct model *m, const struct options *o, int64_t batch, do
                      struct smelt_error *err) {
     /* Every sequence at its full length, in whole blocks, plus one spare block each. */
     int64_t kv_tok = model_kv_bytes_per_token(m);
-    int64_t blocks = batch * ((o->prompt_len + o->new_tokens + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE + 1);
-    struct rollout_config c = {.kv_memory_bytes = blocks * KV_BLOCK_SIZE * kv_tok,
+    int64_t blocks = batch * ((o->prompt_len + o->new_tokens + ROLLOUT_KV_BLOCK_TOKENS - 1) / ROLLOUT_KV_BLOCK_TOKENS + 1);
+    struct rollout_config c = {.kv_memory_bytes = blocks * ROLLOUT_KV_BLOCK_TOKENS * kv_tok,
                                .max_batch_tokens = batch * o->prompt_len, .max_seqs = (int)batch,
                                .prefill_chunk = o->prompt_len};
     struct rollout_engine *e = NULL;
@@ -171,7 +170,7 @@ static int run_batch(struct model *m, const struct options *o, int64_t batch, do
     if (!rc) rc = rollout_engine_create(m, NULL, &c, &e, err);
     struct wave_totals warm = {0}, timed = {0};
     if (!rc) rc = wave_run(e, &p, 0, batch, WARMUP_NEW_TOKENS, &warm, NULL, NULL, err);
-    if (rc) error_wrap(err, "warm-up");
+    if (rc) error_wrap(err, rc, "warm-up");
     struct rollout_stats before = {0}, after = {0};
     double t0 = 0, t1 = 0;
     struct wave_step_hook hook = {.fn = on_step, .ctx = &log, .backend = o->backend};
@@ -206,13 +205,13 @@ static int run_batch(struct model *m, const struct options *o, int64_t batch, do
         json_object_set_new(row, "decode_gbps", json_real(gbps));
         json_object_set_new(row, "copy_gbps", bench_real(copy_gbps));
         json_object_set_new(row, "bw_fraction", copy_gbps > 0 ? json_real(gbps / copy_gbps) : json_null());
-        json_object_set_new(row, "peak_kv_bytes", json_integer(timed.peak_blocks_used * KV_BLOCK_SIZE * kv_tok));
+        json_object_set_new(row, "peak_kv_bytes", json_integer(timed.peak_blocks_used * ROLLOUT_KV_BLOCK_TOKENS * kv_tok));
         json_object_set_new(row, "preemptions", json_integer(after.preemptions - before.preemptions));
     }
     rollout_engine_free(e);
     bench_prompts_free(&p);
     free(log.decode_s);
-    return rc ? error_wrap(err, "batch %lld", (long long)batch) : SMELT_OK;
+    return error_wrap(err, rc, "batch %lld", (long long)batch);
 }
 
 /* ---- main ---- */
@@ -253,7 +252,7 @@ int main(int argc, char **argv) {
         struct model_config config;
         rc = bench_model_config(o.model, &config, &err);
         if (!rc) rc = model_init_random(&config, (uint64_t)o.seed, o.backend, &m, &err);
-        if (rc) error_wrap(&err, "model %s", o.model);
+        if (rc) error_wrap(&err, rc, "model %s", o.model);
     }
     int worst = rc;
     for (int64_t i = 0; i < o.n_batches; i++) {

@@ -77,7 +77,7 @@ static inline int wave_run(struct rollout_engine *e, const struct bench_prompts 
         struct rollout_request req = {.id = (uint64_t)r, .prompt = p->ids[k], .n_prompt = p->lens[k], .n = 1,
                                       .sampling = {.temperature = 0, .top_p = 1}, .max_new_tokens = max_new};
         int rc = rollout_engine_add(e, &req, err);
-        if (rc) return error_wrap(err, "prompt %lld", (long long)k);
+        if (rc) return error_wrap(err, rc, "prompt %lld", (long long)k);
         totals->prompt_tokens += p->lens[k];
     }
     int rc = SMELT_OK;

@@ -156,7 +156,7 @@ static int probe_attention(enum backend b, int64_t head_dim, struct smelt_error 
     tensor_free(&o);
     tensor_free(&lse);
     tensor_free(&dq);
-    return rc ? error_wrap(err, "the %s backend cannot train (probe of ops_attention)", backend_name(b)) : SMELT_OK;
+    return error_wrap(err, rc, "the %s backend cannot train (probe of ops_attention)", backend_name(b));
 }
 
 static int make_batch(struct run *r, const struct options *o, int64_t vocab, struct smelt_error *err) {
@@ -188,7 +188,7 @@ static int setup_model(struct run *r, const struct options *o, const struct mode
                        struct smelt_error *err) {
     int rc = model_init_random(config, (uint64_t)o->seed, o->backend, &r->model, err);
     if (!rc) rc = make_batch(r, o, config->vocab_size, err);
-    return rc ? error_wrap(err, "model %s", o->model) : SMELT_OK;
+    return error_wrap(err, rc, "model %s", o->model);
 }
 
 static int setup_trainee(struct run *r, const struct options *o, struct trainee *t, struct smelt_error *err) {
@@ -199,18 +199,18 @@ static int setup_trainee(struct run *r, const struct options *o, struct trainee 
         for (int i = 0; i < 7; i++) snprintf(lc.targets[i], sizeof lc.targets[i], "%s", targets[i]);
         rc = lora_create(r->model, &lc, (uint64_t)o->seed ^ 0x10aa1234u, &t->adapter, err);
         if (!rc) rc = lora_attach(t->adapter, err);
-        if (rc) return error_wrap(err, "LoRA");
+        if (rc) return error_wrap(err, rc, "LoRA");
         lora_set_training(t->adapter, true);
         t->params = &t->adapter->weights;
         t->grads = &t->adapter->grads;
     } else {
         rc = model_grads_alloc(r->model, err);
-        if (rc) return error_wrap(err, "gradients");
+        if (rc) return error_wrap(err, rc, "gradients");
         t->params = &r->model->weights;
         t->grads = &r->model->grads;
     }
     rc = optimizer_init(&t->opt, t->params, err);
-    if (rc) return error_wrap(err, "optimizer");
+    if (rc) return error_wrap(err, rc, "optimizer");
     rc = model_acts_alloc(r->model, o->tokens, false, &t->acts, err);
     int64_t n = o->tokens;
     if (!rc) rc = tensor_alloc(&t->logprobs, o->backend, DTYPE_F32, 1, &n, err);
@@ -237,7 +237,7 @@ static int train_step(struct run *r, struct trainee *tr, int64_t step, double *l
                             0.999, 1e-8, 0.0, grad_norm, err);
     *loss = nll / (double)r->n_targets;
     if (!rc && !isfinite(*loss)) rc = error_set(err, SMELT_EBACKEND, "step %lld: the loss is %g", (long long)step, *loss);
-    return rc ? error_wrap(err, "step %lld", (long long)step) : SMELT_OK;
+    return error_wrap(err, rc, "step %lld", (long long)step);
 }
 
 struct timing {

@@ -48,19 +48,19 @@ static int attn_tiles_build(attn_tiles *out, const struct tensor *cu_seqlens, in
 
 /* ---- launch helpers --------------------------------------------------------------- */
 
-/* Raises the kernel's dynamic shared-memory limit to `bytes` (above 48 KiB needs the
- * opt-in), or refuses when the device cannot give that much. */
+/* Raises the kernel's dynamic shared-memory limit to the launch's (above 48 KiB needs
+ * the opt-in), or refuses when the device cannot give that much. */
 template <typename K>
-static int attn_shared_limit(K kernel, int64_t floats, const char *op, const char *name, size_t *bytes,
+static int attn_shared_limit(K kernel, const attn_launch &launch, const char *op, const char *name,
                              struct smelt_error *err) {
-    *bytes = (size_t)floats * sizeof(float);
+    size_t bytes = launch.shared_bytes;
     int device = 0, optin = 0;
     CUDA_TRY(err, op, cudaGetDevice(&device));
     CUDA_TRY(err, op, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (*bytes > (size_t)optin)
+    if (bytes > (size_t)optin)
         return error_set(err, SMELT_EUNSUPPORTED, "%s: %s needs %zu bytes of shared memory; this device gives %d",
-                         op, name, *bytes, optin);
-    CUDA_TRY(err, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*bytes));
+                         op, name, bytes, optin);
+    CUDA_TRY(err, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return SMELT_OK;
 }
 
@@ -92,19 +92,16 @@ int cuda_attention(struct tensor *out, struct tensor *lse, const struct tensor *
     return attn_with_head_bound(sh.dim, op, err, [&](auto dmax, auto rq) -> int {
         constexpr int DMAX = decltype(dmax)::value, R = decltype(rq)::value;
         attn_tiles tiles;
-        if (int rc = attn_tiles_build(&tiles, cu_seqlens, ATTN_TY * R, op, err)) return rc;
+        if (int rc = attn_tiles_build(&tiles, cu_seqlens, attn_tile_rows(R), op, err)) return rc;
         if (tiles.count == 0) return SMELT_OK;
         return with_compute_type(q->dtype, [&](auto tag) -> int {
             using T = decltype(tag);
             auto kernel = attention_forward_kernel<T, DMAX, R>;
-            size_t bytes;
-            if (int rc = attn_shared_limit(kernel, attn_forward_shared_floats(ATTN_TY * R, sh.dim), op,
-                                           "attention_forward_kernel", &bytes, err))
-                return rc;
-            dim3 grid((unsigned)tiles.count, (unsigned)sh.hq);
-            kernel<<<grid, ATTN_THREADS, bytes>>>((T *)out->data, lse ? (float *)lse->data : nullptr,
-                                                  (const T *)q->data, (const T *)k->data, (const T *)v->data,
-                                                  tiles.device(), sh);
+            attn_launch l = attn_forward_launch(tiles.count, sh, R);
+            if (int rc = attn_shared_limit(kernel, l, op, "attention_forward_kernel", err)) return rc;
+            kernel<<<l.grid, l.threads, l.shared_bytes>>>((T *)out->data, lse ? (float *)lse->data : nullptr,
+                                                          (const T *)q->data, (const T *)k->data,
+                                                          (const T *)v->data, tiles.device(), sh);
             CUDA_CHECK_LAUNCH(err, op, "attention_forward_kernel");
             return SMELT_OK;
         });
@@ -129,20 +126,19 @@ int cuda_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor 
             using T = decltype(tag);
             cuda_scratch delta;
             if (int rc = delta.alloc((size_t)rows * sizeof(float), op, err)) return rc;
-            attention_delta_kernel<T><<<cuda_blocks_for(rows, CUDA_THREADS / 32), CUDA_THREADS>>>(
+            attn_launch dl = attn_delta_launch(rows);
+            attention_delta_kernel<T><<<dl.grid, dl.threads, dl.shared_bytes>>>(
                 delta.as<float>(), (const T *)dout->data, (const T *)out->data, rows, sh.dim);
             CUDA_CHECK_LAUNCH(err, op, "attention_delta_kernel");
 
             if (dq) {
                 attn_tiles tiles;
-                if (int rc = attn_tiles_build(&tiles, cu_seqlens, ATTN_TY * RQ, op, err)) return rc;
+                if (int rc = attn_tiles_build(&tiles, cu_seqlens, attn_tile_rows(RQ), op, err)) return rc;
                 if (tiles.count > 0) {
                     auto kernel = attention_dq_kernel<T, DMAX, RQ>;
-                    size_t bytes;
-                    if (int rc = attn_shared_limit(kernel, attn_dq_shared_floats(ATTN_TY * RQ, sh.dim), op,
-                                                   "attention_dq_kernel", &bytes, err))
-                        return rc;
-                    kernel<<<dim3((unsigned)tiles.count, (unsigned)sh.hq), ATTN_THREADS, bytes>>>(
+                    attn_launch l = attn_dq_launch(tiles.count, sh, RQ);
+                    if (int rc = attn_shared_limit(kernel, l, op, "attention_dq_kernel", err)) return rc;
+                    kernel<<<l.grid, l.threads, l.shared_bytes>>>(
                         (T *)dq->data, (const T *)dout->data, (const T *)q->data, (const T *)k->data,
                         (const T *)v->data, (const float *)lse->data, delta.as<float>(), tiles.device(), sh);
                     CUDA_CHECK_LAUNCH(err, op, "attention_dq_kernel");
@@ -150,14 +146,12 @@ int cuda_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor 
             }
             if (dk || dv) {
                 attn_tiles tiles;
-                if (int rc = attn_tiles_build(&tiles, cu_seqlens, ATTN_TY * RK, op, err)) return rc;
+                if (int rc = attn_tiles_build(&tiles, cu_seqlens, attn_tile_rows(RK), op, err)) return rc;
                 if (tiles.count > 0) {
                     auto kernel = attention_dkv_kernel<T, DMAX, RK>;
-                    size_t bytes;
-                    if (int rc = attn_shared_limit(kernel, attn_dkv_shared_floats(ATTN_TY * RK, sh.dim), op,
-                                                   "attention_dkv_kernel", &bytes, err))
-                        return rc;
-                    kernel<<<dim3((unsigned)tiles.count, (unsigned)sh.hkv), ATTN_THREADS, bytes>>>(
+                    attn_launch l = attn_dkv_launch(tiles.count, sh, RK);
+                    if (int rc = attn_shared_limit(kernel, l, op, "attention_dkv_kernel", err)) return rc;
+                    kernel<<<l.grid, l.threads, l.shared_bytes>>>(
                         dk ? (T *)dk->data : nullptr, dv ? (T *)dv->data : nullptr, (const T *)dout->data,
                         (const T *)q->data, (const T *)k->data, (const T *)v->data, (const float *)lse->data,
                         delta.as<float>(), tiles.device(), sh);

@@ -81,7 +81,7 @@ __host__ __device__ inline int64_t attn_dkv_shared_floats(int rows, int dim) {
     return (int64_t)(2 * rows + 2 * ATTN_BK) * (dim + 1) + 2 * (int64_t)rows * (ATTN_BK + 1) + 2 * ATTN_BK;
 }
 
-/* ---- host side: tiles and kernel choice (shared with tests/emu/) ------------------- */
+/* ---- host side: tiles, kernel choice, launches (shared with tests/emu/) ----------- */
 
 /* Tiles of `rows` rows over every sequence of cu (S + 1 entries); empty sequences give
  * none. attn_tiles_fill writes attn_tile_count(...) entries. */
@@ -109,6 +109,38 @@ template <typename F> int attn_with_head_bound(int dim, const char *op, struct s
     if (dim <= 256) return f(std::integral_constant<int, 256>{}, std::integral_constant<int, 2>{});
     return error_set(err, SMELT_EUNSUPPORTED, "%s: head_dim %d is above 256, the largest the CUDA kernels take",
                      op, dim);
+}
+
+/* One kernel's launch configuration. attention.cu launches exactly this and tests/emu/
+ * runs exactly this, so the emulator's grid, block and shared memory are the GPU's. */
+struct attn_launch {
+    dim3 grid;
+    unsigned threads;
+    size_t shared_bytes; /* dynamic shared memory */
+};
+
+/* Rows of one tile for a kernel with R rows per thread: the `rows` of attn_tile_count. */
+constexpr int attn_tile_rows(int R) { return ATTN_TY * R; }
+
+/* Tile kernels: one block per (tile, head); `tiles` is attn_tile_count(cu, nseq,
+ * attn_tile_rows(R)). Forward and dq walk q heads, dk/dv kv heads (each block sums
+ * the q heads of its group). */
+inline attn_launch attn_forward_launch(int64_t tiles, const attn_shape &sh, int R) {
+    size_t floats = (size_t)attn_forward_shared_floats(attn_tile_rows(R), sh.dim);
+    return attn_launch{dim3{(unsigned)tiles, (unsigned)sh.hq, 1}, ATTN_THREADS, floats * sizeof(float)};
+}
+inline attn_launch attn_dq_launch(int64_t tiles, const attn_shape &sh, int R) {
+    size_t floats = (size_t)attn_dq_shared_floats(attn_tile_rows(R), sh.dim);
+    return attn_launch{dim3{(unsigned)tiles, (unsigned)sh.hq, 1}, ATTN_THREADS, floats * sizeof(float)};
+}
+inline attn_launch attn_dkv_launch(int64_t tiles, const attn_shape &sh, int R) {
+    size_t floats = (size_t)attn_dkv_shared_floats(attn_tile_rows(R), sh.dim);
+    return attn_launch{dim3{(unsigned)tiles, (unsigned)sh.hkv, 1}, ATTN_THREADS, floats * sizeof(float)};
+}
+
+/* delta over rows = tokens x q heads: one warp per row, grid-stride past the block cap. */
+inline attn_launch attn_delta_launch(int64_t rows) {
+    return attn_launch{dim3{cuda_blocks_for(rows, CUDA_THREADS / 32), 1, 1}, CUDA_THREADS, 0};
 }
 
 /* out[i][j] = rows[ty R + i] . cols[tx + 8 j] over dim: this thread's R rows of one

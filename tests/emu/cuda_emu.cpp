@@ -38,21 +38,25 @@ uint64_t emu_warp_exchange(uint64_t value, int src_lane) {
     return got;
 }
 
+/* One team of host threads runs every block in turn (starting threads per block cost
+ * more than the kernels); the barrier after each block keeps blocks from overlapping,
+ * as every block uses the one attn_shared buffer. */
 void emu_launch(dim3 grid, unsigned threads, const std::function<void()> &body) {
-    for (unsigned by = 0; by < grid.y; by++)
-        for (unsigned bx = 0; bx < grid.x; bx++) {
-            block_state state(threads);
-            std::vector<std::thread> team;
-            team.reserve(threads);
-            for (unsigned t = 0; t < threads; t++)
-                team.emplace_back([&, t] {
-                    current = &state;
-                    threadIdx = dim3{t, 0, 0};
+    block_state state(threads);
+    std::vector<std::thread> team;
+    team.reserve(threads);
+    for (unsigned t = 0; t < threads; t++)
+        team.emplace_back([&, t] {
+            current = &state;
+            threadIdx = dim3{t, 0, 0};
+            blockDim = dim3{threads, 1, 1};
+            gridDim = grid;
+            for (unsigned by = 0; by < grid.y; by++)
+                for (unsigned bx = 0; bx < grid.x; bx++) {
                     blockIdx = dim3{bx, by, 0};
-                    blockDim = dim3{threads, 1, 1};
-                    gridDim = grid;
                     body();
-                });
-            for (auto &th : team) th.join();
-        }
+                    state.block.arrive_and_wait();
+                }
+        });
+    for (auto &th : team) th.join();
 }

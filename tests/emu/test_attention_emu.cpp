@@ -73,12 +73,13 @@ static void expect_close(const char *what, const std::vector<float> &got, const 
               worst, got.empty() ? 0.0 : (double)got[worst], want.empty() ? 0.0 : (double)want[worst], tol, scale);
 }
 
-/* Poisons shared memory, runs one launch, and checks that nothing past `floats` was
- * written. */
-static void launch_checked(dim3 grid, int64_t floats, const char *kernel, const std::function<void()> &body) {
+/* Poisons shared memory, runs one launch as attention.cu configures it, and checks that
+ * nothing past the launch's shared memory was written. */
+static void launch_checked(const attn_launch &l, const char *kernel, const std::function<void()> &body) {
+    int64_t floats = (int64_t)(l.shared_bytes / sizeof(float));
     cr_assert(floats <= EMU_SHARED_FLOATS, "%s needs %lld floats of shared memory", kernel, (long long)floats);
     for (int64_t i = 0; i < EMU_SHARED_FLOATS; i++) attn_shared[i] = NAN;
-    emu_launch(grid, ATTN_THREADS, body);
+    emu_launch(l.grid, l.threads, body);
     for (int64_t i = floats; i < EMU_SHARED_FLOATS; i++)
         if (!isnan(attn_shared[i])) cr_assert_fail("%s wrote shared memory at %lld, past its %lld floats", kernel, (long long)i, (long long)floats);
 }
@@ -119,34 +120,29 @@ template <typename T> static void check_case(const sizes &z, uint64_t seed) {
     attn_shape sh{z.hq, z.hkv, z.dim, scale};
     int rc = attn_with_head_bound(z.dim, "emu", &err, [&](auto dmax, auto rq) -> int {
         constexpr int DMAX = decltype(dmax)::value, R = decltype(rq)::value, RK = R / 2;
-        std::vector<attn_tile> tiles((size_t)attn_tile_count(cu.data(), nseq, ATTN_TY * R));
-        attn_tiles_fill(tiles.data(), cu.data(), nseq, ATTN_TY * R);
-        std::vector<attn_tile> kv_tiles((size_t)attn_tile_count(cu.data(), nseq, ATTN_TY * RK));
-        attn_tiles_fill(kv_tiles.data(), cu.data(), nseq, ATTN_TY * RK);
+        std::vector<attn_tile> tiles((size_t)attn_tile_count(cu.data(), nseq, attn_tile_rows(R)));
+        attn_tiles_fill(tiles.data(), cu.data(), nseq, attn_tile_rows(R));
+        std::vector<attn_tile> kv_tiles((size_t)attn_tile_count(cu.data(), nseq, attn_tile_rows(RK)));
+        attn_tiles_fill(kv_tiles.data(), cu.data(), nseq, attn_tile_rows(RK));
         if (!tiles.empty()) {
-            launch_checked(dim3{(unsigned)tiles.size(), (unsigned)z.hq, 1},
-                           attn_forward_shared_floats(ATTN_TY * R, z.dim), "attention_forward_kernel", [&] {
-                               attention_forward_kernel<T, DMAX, R>(eout.data(), lse_emu.data(), eq.data(), ek.data(),
-                                                                    ev.data(), tiles.data(), sh);
-                           });
+            launch_checked(attn_forward_launch((int64_t)tiles.size(), sh, R), "attention_forward_kernel", [&] {
+                attention_forward_kernel<T, DMAX, R>(eout.data(), lse_emu.data(), eq.data(), ek.data(), ev.data(),
+                                                     tiles.data(), sh);
+            });
         }
-        /* delta: the production launch (256 threads, one warp per row), grid-stride */
-        emu_launch(dim3{2, 1, 1}, 256, [&] {
+        launch_checked(attn_delta_launch((int64_t)nrow), "attention_delta_kernel", [&] {
             attention_delta_kernel<T>(delta.data(), edout.data(), eout.data(), (int64_t)nrow, z.dim);
         });
         if (!tiles.empty())
-            launch_checked(dim3{(unsigned)tiles.size(), (unsigned)z.hq, 1}, attn_dq_shared_floats(ATTN_TY * R, z.dim),
-                           "attention_dq_kernel", [&] {
-                               attention_dq_kernel<T, DMAX, R>(edq.data(), edout.data(), eq.data(), ek.data(), ev.data(),
-                                                               lse_emu.data(), delta.data(), tiles.data(), sh);
-                           });
+            launch_checked(attn_dq_launch((int64_t)tiles.size(), sh, R), "attention_dq_kernel", [&] {
+                attention_dq_kernel<T, DMAX, R>(edq.data(), edout.data(), eq.data(), ek.data(), ev.data(),
+                                                lse_emu.data(), delta.data(), tiles.data(), sh);
+            });
         if (!kv_tiles.empty())
-            launch_checked(dim3{(unsigned)kv_tiles.size(), (unsigned)z.hkv, 1},
-                           attn_dkv_shared_floats(ATTN_TY * RK, z.dim), "attention_dkv_kernel", [&] {
-                               attention_dkv_kernel<T, DMAX, RK>(edk.data(), edv.data(), edout.data(), eq.data(),
-                                                                 ek.data(), ev.data(), lse_emu.data(), delta.data(),
-                                                                 kv_tiles.data(), sh);
-                           });
+            launch_checked(attn_dkv_launch((int64_t)kv_tiles.size(), sh, RK), "attention_dkv_kernel", [&] {
+                attention_dkv_kernel<T, DMAX, RK>(edk.data(), edv.data(), edout.data(), eq.data(), ek.data(),
+                                                  ev.data(), lse_emu.data(), delta.data(), kv_tiles.data(), sh);
+            });
         return 0;
     });
     cr_assert_eq(rc, 0, "%s", err.message);
@@ -190,12 +186,12 @@ Test(attention_emu, deterministic) {
     std::vector<float> q = random_values<float>(rng, (size_t)T_ * hq * dim);
     std::vector<float> k = random_values<float>(rng, (size_t)T_ * hkv * dim), v = random_values<float>(rng, (size_t)T_ * hkv * dim);
     attn_shape sh{hq, hkv, dim, 0.25f};
-    std::vector<attn_tile> tiles((size_t)attn_tile_count(cu.data(), 2, ATTN_TY * 4));
-    attn_tiles_fill(tiles.data(), cu.data(), 2, ATTN_TY * 4);
+    std::vector<attn_tile> tiles((size_t)attn_tile_count(cu.data(), 2, attn_tile_rows(4)));
+    attn_tiles_fill(tiles.data(), cu.data(), 2, attn_tile_rows(4));
     std::vector<float> a(q.size()), b(q.size()), la(T_ * hq), lb(T_ * hq);
     for (int run = 0; run < 2; run++) {
         float *o = run ? b.data() : a.data(), *l = run ? lb.data() : la.data();
-        emu_launch(dim3{(unsigned)tiles.size(), (unsigned)hq, 1}, ATTN_THREADS, [&] {
+        launch_checked(attn_forward_launch((int64_t)tiles.size(), sh, 4), "attention_forward_kernel", [&] {
             attention_forward_kernel<float, 64, 4>(o, l, q.data(), k.data(), v.data(), tiles.data(), sh);
         });
     }

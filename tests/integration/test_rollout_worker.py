@@ -1,12 +1,15 @@
 """smelt-rollout end to end: the real binary on a free loopback port, a pyzmq DEALER
 as its client (the protocol is common/msg.h). A tiny random Llama with the byte
-tokenizer is written by smelt-model into a temporary directory.
+tokenizer is written by smelt-model into a temporary directory. The oracles are
+smelt-generate (the plain-recompute reference generator and sampler) and, for adapters,
+the model smelt-lora merges.
 
 The binaries come from $SMELT_BUILD (default build-cpu). Needs pyzmq and pytest."""
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -36,6 +39,17 @@ def model_dir():
         subprocess.run([tool("smelt-model"), "init", "--config", os.path.join(ROOT, "tests/data/tiny/config.json"),
                         "--out", out, "--seed", "1", "--byte-tokenizer"], check=True, capture_output=True)
         yield out
+
+
+@pytest.fixture(scope="module")
+def ids_model_dir(model_dir):
+    """The same model without its tokenizer: ids in, ids out. smelt-generate --json prints
+    nothing for a sample whose text is not valid UTF-8, which random bytes seldom are."""
+    with tempfile.TemporaryDirectory(prefix="smelt-rollout-test-") as tmp:
+        for name in os.listdir(model_dir):
+            if name != "tokenizer.json":
+                shutil.copy(os.path.join(model_dir, name), tmp)
+        yield tmp
 
 
 class Worker:
@@ -123,6 +137,21 @@ def generate(sock, header, *frames):
     return h, ids, logprobs
 
 
+def reference(model_dir, prompt_ids, max_new_tokens, temperature=0.0, seed=0):
+    """smelt-generate's {"ids", "logprobs", "finish_reason"}: what sample 0 of a request
+    with this seed should be."""
+    ref = subprocess.run([tool("smelt-generate"), "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt_ids)),
+                          "--max-new-tokens", str(max_new_tokens), "--temperature", repr(temperature),
+                          "--seed", str(seed), "--json"], check=True, capture_output=True, text=True)
+    return json.loads(ref.stdout)
+
+
+def assert_matches(ids, logprobs, finish_reason, want):
+    assert ids == want["ids"]
+    assert finish_reason == want["finish_reason"]
+    assert all(abs(a - b) < 1e-4 for a, b in zip(logprobs, want["logprobs"]))
+
+
 def test_text_prompt_gives_the_reference_generators_tokens(worker, model_dir):
     s = worker.client()
     h, ids, logprobs = generate(s, {"id": "t1", "prompt": "hello", "temperature": 0, "max_new_tokens": 8})
@@ -160,6 +189,39 @@ def test_seeded_samples_are_reproducible(worker):
         assert sorted(got) == [0, 1, 2]
         runs.append(got)
     assert runs[0] == runs[1]
+    assert len({tuple(ids) for ids in runs[0].values()}) == 3, "the samples of one request draw from different streams"
+
+
+# Seeds and temperatures chosen so that the reference's samples differ between every pair
+# (checked below): a worker that ignored either would fail.
+SAMPLING_CASES = [(5, 1.0), (6, 1.0), (5, 0.1), (6, 0.1)]
+
+
+def test_seeds_and_temperatures_sample_as_the_reference_sampler(ids_model_dir):
+    w = Worker("--model", ids_model_dir)
+    try:
+        check_sampling(w.client(), ids_model_dir)
+    finally:
+        w.close()
+
+
+def check_sampling(s, model_dir):
+    prompt = list(b"hel")
+    samples = {}
+    for seed, temperature in SAMPLING_CASES:
+        want = reference(model_dir, prompt, 10, temperature, seed)
+        for n in (1, 3):  # sample 0 is the reference's draw, alone or with siblings
+            send(s, "gen.request", {"id": "%d-%g-%d" % (seed, temperature, n), "n": n, "seed": seed,
+                                    "temperature": temperature, "max_new_tokens": 10}, ids_frame(prompt))
+            for _ in range(n):
+                msg_type, h, frames = recv(s)
+                assert msg_type == "gen.result", h
+                if h["index"] == 0:
+                    ids, logprobs = unpack_result(h, frames)
+                    assert_matches(ids, logprobs, h["finish_reason"], want)
+        samples[seed, temperature] = want["ids"]
+    distinct = set(map(tuple, samples.values()))
+    assert len(distinct) == len(SAMPLING_CASES), "the reference gives the same sample for two settings: %s" % samples
 
 
 def test_bad_request_is_refused_and_the_worker_goes_on(worker):
@@ -203,19 +265,36 @@ def test_sigterm_stops_it_cleanly_with_a_request_in_flight(model_dir):
         w.close()
 
 
-def test_adapter_changes_the_output():
+def worker_outputs(*args):
+    """Greedy and seeded samples (ids, logprobs) of one worker on two fixed prompts."""
+    w = Worker(*args)
+    try:
+        s = w.client()
+        out = []
+        for i, (prompt, temperature) in enumerate((([5, 9, 14, 3], 0), ([7, 1, 2], 1.0))):
+            h, ids, logprobs = generate(s, {"id": "p%d" % i, "temperature": temperature, "seed": 11,
+                                            "max_new_tokens": 8, "ignore_eos": True}, ids_frame(prompt))
+            assert "text" not in h  # this model directory has no tokenizer
+            out.append((ids, logprobs))
+        return out
+    finally:
+        w.close()
+
+
+def test_adapter_output_equals_the_merged_models(tmp_path):
     model, adapter = os.path.join(ROOT, "tests/data/parity/llama"), os.path.join(ROOT, "tests/data/parity/llama-lora")
-    results = []
-    for extra in ((), ("--adapter", adapter)):
-        w = Worker("--model", model, *extra)
-        try:
-            s = w.client()
-            results.append(generate(s, {"id": "l", "temperature": 0, "max_new_tokens": 8}, ids_frame([5, 9, 14, 3])))
-            assert "text" not in results[-1][0]  # this model directory has no tokenizer
-        finally:
-            w.close()
-    (_, ids0, lp0), (_, ids1, lp1) = results
-    assert ids0 != ids1 or any(abs(a - b) > 1e-4 for a, b in zip(lp0, lp1))
+    merged = str(tmp_path / "merged")
+    subprocess.run([tool("smelt-lora"), "merge", "--model", model, "--adapter", adapter, "--out", merged],
+                   check=True, capture_output=True)
+    base = worker_outputs("--model", model)
+    attached = worker_outputs("--model", model, "--adapter", adapter)
+    want = worker_outputs("--model", merged)
+    for (ids, logprobs), (want_ids, want_logprobs) in zip(attached, want):
+        assert ids == want_ids
+        assert all(abs(a - b) < 1e-4 for a, b in zip(logprobs, want_logprobs)), (logprobs, want_logprobs)
+    # The adapter matters here, so the equality above says something.
+    assert any(ids != b_ids or any(abs(a - b) > 1e-3 for a, b in zip(lps, b_lps))
+               for (ids, lps), (b_ids, b_lps) in zip(attached, base))
 
 
 @pytest.mark.parametrize("args, says", [

@@ -4,15 +4,15 @@ gives the logits smelt computes with it.
 
     python3 tests/parity/check_saved_adapter.py [BUILD_DIR]
         for each PEFT fixture (tests/data/parity/<type>-lora, from
-        make_lora_fixtures.py): `smelt-model adapter-save` loads it in smelt and writes
+        make_lora_fixtures.py): `smelt-lora save` loads it in smelt and writes
         it again, then the adapter smelt wrote is checked as below
     python3 tests/parity/check_saved_adapter.py BUILD_DIR --base DIR --adapter DIR [--ids 1,2,3]
         checks one adapter smelt saved (a LoRA job's output/, a checkpoint's adapter/)
 
 The check: PEFT's PeftModel.from_pretrained loads the adapter onto the base, every
 tensor of adapter_model.safetensors must arrive in PEFT's state dict unchanged (PEFT
-only warns about names it cannot place), and its logits must match those `smelt-model
-logits --adapter` prints. Needs torch, transformers and peft (not part of `make test`);
+only warns about names it cannot place), and its logits must match those `smelt-lora
+logits` prints. Needs torch, transformers and peft (not part of `make test`);
 exits non-zero on any mismatch. Run by `make test-parity`.
 """
 import argparse
@@ -32,8 +32,9 @@ FIXTURES = ["llama", "gpt2", "qwen3"]
 IDS = [3, 17, 42, 5, 77, 9, 0, 63, 31, 12]
 
 
-def smelt_logits(tool, base, adapter, ids):
-    cmd = [tool, "logits", "--model", base, "--ids", ",".join(map(str, ids))]
+def smelt_logits(bindir, base, adapter, ids):
+    cmd = [os.path.join(bindir, "smelt-lora" if adapter else "smelt-model"), "logits", "--model", base,
+           "--ids", ",".join(map(str, ids))]
     if adapter:
         cmd += ["--adapter", adapter]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -78,7 +79,7 @@ def main():
     parser.add_argument("--adapter")
     parser.add_argument("--ids", default=",".join(map(str, IDS)))
     args = parser.parse_args()
-    tool = os.path.join(ROOT, args.build, "smelt-model")
+    tool = os.path.join(ROOT, args.build)
     ids = [int(x) for x in args.ids.split(",")]
     results = []
     if args.base or args.adapter:
@@ -89,7 +90,7 @@ def main():
         for t in FIXTURES:
             base = os.path.join(ROOT, "tests", "data", "parity", t)
             with tempfile.TemporaryDirectory() as d:
-                subprocess.run([tool, "adapter-save", "--model", base, "--adapter", base + "-lora", "--out", d],
+                subprocess.run([os.path.join(tool, "smelt-lora"), "save", "--model", base, "--adapter", base + "-lora", "--out", d],
                                check=True, capture_output=True)
                 results.append(check(tool, base, d, ids, t))
     failed = not all(ok for ok, _ in results)

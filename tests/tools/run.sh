@@ -9,6 +9,9 @@ fails=0; passes=0
 ok()   { passes=$((passes + 1)); }
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
+# the folder rule: other folders include only a folder's public header
+python3 tests/tools/check_includes.py >"$T/inc" && ok || fail "folder rule: $(cat "$T/inc")"
+
 # init: a random tiny Llama with the byte tokenizer
 "$B/smelt-model" init --config tests/data/tiny/config.json --out "$T/m" --seed 1 --byte-tokenizer >/dev/null \
   && ok || fail "smelt-model init"
@@ -27,6 +30,33 @@ n=$(echo "$a" | sed 's/.*"ids":\[\([^]]*\)\].*/\1/' | tr ',' '\n' | wc -l)
 a=$("$B/smelt-generate" --model "$T/m" --prompt-ids 104,105 --temperature 1 --top-p 0.9 --seed 5 --max-new-tokens 6)
 b=$("$B/smelt-generate" --model "$T/m" --prompt-ids 104,105 --temperature 1 --top-p 0.9 --seed 5 --max-new-tokens 6)
 [ "$a" = "$b" ] && ok || fail "seeded sampling differs between runs"
+
+# smelt-lora: the adapter applied unmerged gives the merged model's logits, and not the base's
+P=tests/data/parity/llama
+"$B/smelt-lora" logits --model $P --adapter $P-lora --ids 1,5,9,2 >"$T/lora.json" && ok || fail "smelt-lora logits"
+"$B/smelt-lora" merge --model $P --adapter $P-lora --out "$T/merged" >/dev/null && ok || fail "smelt-lora merge"
+"$B/smelt-model" logits --model "$T/merged" --ids 1,5,9,2 >"$T/merged.json" && ok || fail "logits of the merged model"
+"$B/smelt-model" logits --model $P --ids 1,5,9,2 >"$T/base.json" && ok || fail "logits of the base model"
+python3 - "$T" <<'PY' && ok || fail "adapter logits vs merged/base"
+import json, sys
+d = sys.argv[1]
+a, m, b = (sum(json.load(open(f"{d}/{n}.json"))["logits"], []) for n in ("lora", "merged", "base"))
+close = max(abs(x - y) / (1 + abs(y)) for x, y in zip(a, m))
+apart = max(abs(x - y) for x, y in zip(a, b))
+print(f"lora vs merged: {close:.2e}, lora vs base: {apart:.2e}")
+sys.exit(0 if close < 1e-4 and apart > 1e-3 else 1)
+PY
+"$B/smelt-lora" save --model $P --adapter $P-lora --out "$T/saved" >/dev/null && ok || fail "smelt-lora save"
+"$B/smelt-lora" logits --model $P --adapter "$T/saved" --ids 1,5,9,2 | cmp -s - "$T/lora.json" && ok || fail "saved adapter gives other logits"
+if "$B/smelt-lora" merge --model $P --out "$T/y" 2>"$T/err"; then fail "merge without --adapter accepted"; else
+  grep -q -- "--adapter" "$T/err" && ok || fail "missing --adapter not named: $(cat "$T/err")"; fi
+
+# --json prints one JSON line even when the sampled bytes are not valid UTF-8 (random
+# byte-tokenizer output mostly is not): the text carries U+FFFD for them
+for s in 1 2 3 4 5; do
+  "$B/smelt-generate" --model "$T/m" --prompt-ids 104,105 --temperature 1 --seed $s --max-new-tokens 6 --json
+done | python3 -c 'import json, sys; rows = [json.loads(l) for l in sys.stdin]; sys.exit(len(rows) != 5 or not all("text" in r for r in rows))' \
+  && ok || fail "smelt-generate --json lost a sample"
 
 # bad input: clear errors naming the field, non-zero exit
 if "$B/smelt-generate" --model "$T/m" --prompt x --top-p 2 2>"$T/err"; then fail "--top-p 2 accepted"; else

@@ -28,7 +28,7 @@ static struct {
     void *ctx, *router;
     pthread_t thread;
     bool running;
-    volatile int stop;
+    atomic_int stop;  /* set by the test's thread, read by the agent's */
     struct agent_config config;
     struct smelt_error err;
     int rc;
@@ -55,7 +55,7 @@ static void start_agent(void) {
     int linger = 0;
     cr_assert_eq(zmq_setsockopt(h.router, ZMQ_LINGER, &linger, sizeof linger), 0);
     cr_assert_eq(zmq_bind(h.router, ENDPOINT), 0, "bind: %s", zmq_strerror(zmq_errno()));
-    h.stop = 0;
+    atomic_store(&h.stop, 0);
     h.config = (struct agent_config){.server_endpoint = ENDPOINT, .zmq_context = h.ctx,
                                      .agent_id = AGENT_ID, .cpu_slots = 2, .force_cpu = true,
                                      .heartbeat_ms = 1000, .stop = &h.stop};
@@ -66,7 +66,7 @@ static void start_agent(void) {
 /* Sets *stop and waits for agent_run; returns how long that took. */
 static int64_t stop_agent(void) {
     int64_t t0 = mono_ms();
-    h.stop = 1;
+    atomic_store(&h.stop, 1);
     pthread_join(h.thread, NULL);
     h.running = false;
     cr_expect_eq(h.rc, 0, "agent_run: %s", h.err.message);
@@ -323,7 +323,7 @@ Test(agent, discovers_cpu_slots) {
 }
 
 Test(agent, refuses_a_bad_config) {
-    volatile int stop = 1;
+    atomic_int stop = 1;
     struct smelt_error err;
     struct agent_config c = {.server_endpoint = NULL, .cpu_slots = 1, .stop = &stop};
     TEST_EXPECT_ERROR(agent_run(&c, &err), SMELT_EINVAL, &err);
@@ -632,30 +632,31 @@ Test(agent, garbage_gets_agent_error_and_the_agent_keeps_serving, .init = setup,
     expect_exited("job-9", 0, 0, 2000);
 }
 
-/* The agent in a process of its own (over tcp) is SIGKILLed: PR_SET_PDEATHSIG gives its
- * worker SIGTERM, so no worker outlives a dead agent. */
+/* The agent in a process of its own (over ipc) is SIGKILLed: PR_SET_PDEATHSIG gives its
+ * worker SIGTERM, so no worker outlives a dead agent. The fork comes before this process
+ * has a ZeroMQ context: a child forked from a process with threads may only exec, not
+ * start threads of its own as agent_run does (ZeroMQ connects before the bind is there). */
 Test(agent, worker_gets_sigterm_when_the_agent_dies, .init = setup, .fini = teardown,
      .timeout = 10) {
     const char *script = tmp_file("w.sh", "printf '{\"up\":1}\\n' >> \"$M\"\nexec sleep 30\n", 0644);
-    h.ctx = zmq_ctx_new();
-    h.router = zmq_socket(h.ctx, ZMQ_ROUTER);
-    cr_assert(h.router);
-    int linger = 0;
-    cr_assert_eq(zmq_setsockopt(h.router, ZMQ_LINGER, &linger, sizeof linger), 0);
-    cr_assert_eq(zmq_bind(h.router, "tcp://127.0.0.1:*"), 0);
     char endpoint[128];
-    size_t len = sizeof endpoint;
-    cr_assert_eq(zmq_getsockopt(h.router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
+    cr_assert_lt(snprintf(endpoint, sizeof endpoint, "ipc://%s/smeltd.sock", test_tmp_dir), (int)sizeof endpoint);
 
     pid_t agent = fork();
     cr_assert(agent >= 0);
     if (agent == 0) {
-        volatile int stop = 0;
+        atomic_int stop = 0;
         struct agent_config c = {.server_endpoint = endpoint, .agent_id = AGENT_ID,
                                  .cpu_slots = 1, .force_cpu = true, .stop = &stop};
         struct smelt_error err;
         _exit(agent_run(&c, &err) ? 1 : 0);
     }
+    h.ctx = zmq_ctx_new();
+    h.router = zmq_socket(h.ctx, ZMQ_ROUTER);
+    cr_assert(h.router);
+    int linger = 0;
+    cr_assert_eq(zmq_setsockopt(h.router, ZMQ_LINGER, &linger, sizeof linger), 0);
+    cr_assert_eq(zmq_bind(h.router, endpoint), 0, "bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
     struct msg m;
     expect_msg(MSG_AGENT_REGISTER, 10000, &m);
     msg_free(&m);

@@ -460,15 +460,37 @@ Test(attention, null_gradients_and_lse_are_skipped) {
     bufs_free(&b);
 }
 
+/* No tokens, in one empty sequence or several: both calls succeed and write nothing.
+ * Every tensor views a guard buffer of sentinels that must keep its bits (NULL data
+ * would hide a write as a crash only where the address faults). */
 Test(attention, zero_tokens) {
-    struct attn_case c = {.T = 0, .hq = 2, .hkv = 1, .D = 3, .nseq = 1, .cu = {0, 0}};
-    int64_t sq[3] = {0, 2, 3}, skv[3] = {0, 1, 3}, sl[2] = {0, 2}, scu[1] = {2};
-    struct tensor q = tensor_f32(NULL, 3, sq), kv = tensor_f32(NULL, 3, skv);
-    struct tensor lse = tensor_f32(NULL, 2, sl), cu = tensor_i32(c.cu, 1, scu);
-    struct tensor out = q, dout = q, dq = q, dk = kv;
-    struct smelt_error err;
-    TEST_OK(ops_attention(&out, &lse, &q, &kv, &kv, &cu, 1.0f, &err), &err);
-    TEST_OK(ops_attention_backward(&dq, &dk, NULL, &dout, &q, &kv, &kv, &out, &lse, &cu, 1.0f, &err), &err);
+    enum { GUARD = 16, N_BUFS = 9 };
+    static const char *const names[N_BUFS] = {"q", "k", "v", "dout", "out", "lse", "dq", "dk", "dv"};
+    static const struct attn_case cases[] = {
+        {.T = 0, .hq = 2, .hkv = 1, .D = 3, .nseq = 1, .cu = {0, 0}},
+        {.T = 0, .hq = 4, .hkv = 2, .D = 8, .nseq = 3, .cu = {0, 0, 0, 0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct attn_case c = cases[i];
+        float guard[N_BUFS][GUARD], sentinel[GUARD];
+        for (int j = 0; j < GUARD; j++) sentinel[j] = -7.25f - (float)j;
+        for (int b = 0; b < N_BUFS; b++) memcpy(guard[b], sentinel, sizeof sentinel);
+        int64_t sq[3] = {0, c.hq, c.D}, skv[3] = {0, c.hkv, c.D}, sl[2] = {0, c.hq}, scu[1] = {c.nseq + 1};
+        struct tensor q = tensor_f32(guard[0], 3, sq), k = tensor_f32(guard[1], 3, skv);
+        struct tensor v = tensor_f32(guard[2], 3, skv), dout = tensor_f32(guard[3], 3, sq);
+        struct tensor out = tensor_f32(guard[4], 3, sq), lse = tensor_f32(guard[5], 2, sl);
+        struct tensor dq = tensor_f32(guard[6], 3, sq), dk = tensor_f32(guard[7], 3, skv);
+        struct tensor dv = tensor_f32(guard[8], 3, skv), cu = tensor_i32(c.cu, 1, scu);
+        struct smelt_error err;
+        TEST_OK(ops_attention(&out, &lse, &q, &k, &v, &cu, (float)case_scale(&c), &err), &err);
+        TEST_OK(ops_attention_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &cu, (float)case_scale(&c),
+                                       &err), &err);
+        for (int b = 0; b < N_BUFS; b++) {
+            char what[64];
+            snprintf(what, sizeof what, "case %zu: %s of a zero-token call", i, names[b]);
+            expect_same_bits(what, guard[b], sentinel, GUARD);
+        }
+    }
 }
 
 /* ---- errors ---- */

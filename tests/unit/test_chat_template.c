@@ -1,4 +1,4 @@
-/* model/chat_template: every family rendered against literal strings read off its
+/* tokenizer/ chat templates: every family rendered against literal strings read off its
  * Jinja template; token ids against the rendered text tokenized at once (Qwen3's real
  * tokenizer, byte tokenizers with the control tokens, and a small SentencePiece-style
  * tokenizer for Llama 2 / Mistral); the assistant mask decoded span by span; template
@@ -11,8 +11,7 @@
 #include <sys/stat.h>
 
 #include "common/common.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define QWEN3_DIR "tests/data/tokenizers/qwen3"
 #define N(a) (sizeof(a) / sizeof((a)[0]))

@@ -45,15 +45,16 @@ Test(common, error_set_truncates) {
 Test(common, error_wrap) {
     struct smelt_error err;
     error_set(&err, SMELT_EFORMAT, "bad header");
-    cr_expect_eq(error_wrap(&err, "loading %s", "model.safetensors"), SMELT_EFORMAT);
+    cr_expect_eq(error_wrap(&err, SMELT_EFORMAT, "loading %s", "model.safetensors"), SMELT_EFORMAT);
     cr_expect_str_eq(err.message, "loading model.safetensors: bad header");
-    cr_expect_eq(error_wrap(&err, "job %d", 7), SMELT_EFORMAT);
+    cr_expect_eq(error_wrap(&err, SMELT_EFORMAT, "job %d", 7), SMELT_EFORMAT);
     cr_expect_str_eq(err.message, "job 7: loading model.safetensors: bad header");
 
-    /* No error held: untouched, returns OK. */
+    /* Success passes through untouched. */
     error_clear(&err);
-    cr_expect_eq(error_wrap(&err, "context"), SMELT_OK);
+    cr_expect_eq(error_wrap(&err, SMELT_OK, "context"), SMELT_OK);
     cr_expect_str_eq(err.message, "");
+    cr_expect_eq(err.code, SMELT_OK);
 
     /* Long prefix and long message: truncated to the buffer, NUL-terminated, prefix first. */
     char long_text[700];
@@ -61,15 +62,65 @@ Test(common, error_wrap) {
     long_text[sizeof long_text - 1] = '\0';
     error_set(&err, SMELT_EIO, "%s", long_text);
     memset(long_text, 'p', sizeof long_text - 1);
-    cr_expect_eq(error_wrap(&err, "%s", long_text), SMELT_EIO);
+    cr_expect_eq(error_wrap(&err, SMELT_EIO, "%s", long_text), SMELT_EIO);
     cr_expect_eq(strlen(err.message), SMELT_ERROR_MESSAGE_BYTES - 1);
     cr_expect(err.message[0] == 'p' && err.message[SMELT_ERROR_MESSAGE_BYTES - 2] == 'p', "prefix kept first");
 
     error_set(&err, SMELT_EIO, "short");
     long_text[400] = '\0';
-    error_wrap(&err, "%s", long_text);
+    error_wrap(&err, SMELT_EIO, "%s", long_text);
     cr_expect_eq(strlen(err.message), 400 + 2 + 5);
     cr_expect(strcmp(err.message + 400, ": short") == 0, "tail: %s", err.message + 400);
+}
+
+/* A failing callee's code survives wrapping whatever err holds: no failure becomes
+ * SMELT_OK, none changes its code, none goes unexplained. */
+Test(common, error_wrap_never_loses_a_failure) {
+    static const int codes[] = {SMELT_EINVAL, SMELT_ENOMEM, SMELT_EIO, SMELT_EFORMAT,
+                                SMELT_ENOTFOUND, SMELT_EUNSUPPORTED, SMELT_EBACKEND};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        int code = codes[i];
+        /* No err to fill: the code comes back as it was (an ENOMEM stays ENOMEM). */
+        cr_expect_eq(error_wrap(NULL, code, "context"), code, "%s with err NULL", error_code_name(code));
+
+        /* The callee failed without filling err: still the callee's code, and a message. */
+        struct smelt_error err = {0};
+        cr_expect_eq(error_wrap(&err, code, "loading %s", "x"), code);
+        cr_expect_eq(err.code, code);
+        cr_expect(strncmp(err.message, "loading x: ", 11) == 0, "message: %s", err.message);
+        cr_expect(strstr(err.message, error_code_name(code)) != NULL, "names the code: %s", err.message);
+
+        /* err holds another code than the callee returned: the returned code wins, err follows. */
+        error_set(&err, SMELT_EINVAL, "stale");
+        cr_expect_eq(error_wrap(&err, code, "ctx"), code);
+        cr_expect_eq(err.code, code);
+    }
+}
+
+Test(common, error_fields) {
+    struct smelt_error err;
+    error_clear(&err);
+    cr_expect_str_eq(err.field, "");
+    cr_expect_eq(error_set_field(&err, SMELT_EINVAL, "epochs", "bad %d", 1), SMELT_EINVAL);
+    cr_expect_str_eq(err.field, "epochs");
+    cr_expect_str_eq(err.message, "bad 1");
+    cr_expect_eq(error_in_field(&err, SMELT_EINVAL, "hyperparameters"), SMELT_EINVAL);
+    cr_expect_str_eq(err.field, "hyperparameters.epochs");
+    /* Wrapping adds to the message and keeps the field. */
+    error_wrap(&err, SMELT_EINVAL, "job");
+    cr_expect_str_eq(err.field, "hyperparameters.epochs");
+    cr_expect_str_eq(err.message, "job: bad 1");
+    /* Success is not placed anywhere; a fieldless failure gets the outer name. */
+    cr_expect_eq(error_in_field(&err, SMELT_OK, "x"), SMELT_OK);
+    cr_expect_str_eq(err.field, "hyperparameters.epochs");
+    error_set(&err, SMELT_EINVAL, "no field");
+    cr_expect_str_eq(err.field, "", "error_set names no field");
+    error_in_field(&err, SMELT_EINVAL, "lora");
+    cr_expect_str_eq(err.field, "lora");
+    cr_expect_eq(error_in_field(NULL, SMELT_ENOMEM, "x"), SMELT_ENOMEM);
+    cr_expect_eq(error_set_field(NULL, SMELT_EIO, "f", "x"), SMELT_EIO);
+    error_clear(&err);
+    cr_expect_str_eq(err.field, "");
 }
 
 Test(common, error_code_names) {
@@ -229,6 +280,82 @@ Test(common, json_check_keys) {
     cr_expect(strstr(err.message, "hyperparameters") && strstr(err.message, "'epoch'"), "message: %s", err.message);
     TEST_EXPECT_ERROR(json_check_keys(arr, allowed, "hyperparameters", &err), SMELT_EINVAL, &err);
     json_decref(ok), json_decref(bad), json_decref(empty), json_decref(arr);
+}
+
+/* Every reader's refusal names its key in err.field (the HTTP API's `param` is built from
+ * it, never from the message). */
+Test(common, json_errors_name_the_field) {
+    struct smelt_error err;
+    json_t *o = json_pack("{s:i, s:s, s:i, s:f}", "n", 42, "s", "x", "b", 1, "d", 5.0);
+    int64_t x;
+    double d;
+    bool b;
+    const char *str;
+    TEST_EXPECT_ERROR(json_field_int(o, "missing", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "missing");
+    TEST_EXPECT_ERROR(json_field_int(o, "n", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "n");
+    TEST_EXPECT_ERROR(json_field_int(o, "s", true, 0, 0, 10, &x, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "s");
+    TEST_EXPECT_ERROR(json_field_double(o, "d", true, 0, 0, 1, &d, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "d");
+    TEST_EXPECT_ERROR(json_field_double(o, "s", true, 0, 0, 1, &d, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "s");
+    TEST_EXPECT_ERROR(json_field_bool(o, "b", true, false, &b, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "b");
+    TEST_EXPECT_ERROR(json_field_string(o, "n", true, NULL, &str, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "n");
+    static const char *const allowed[] = {"n", "s", "b", NULL};
+    TEST_EXPECT_ERROR(json_check_keys(o, allowed, "spec", &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "d");
+    json_decref(o);
+}
+
+Test(common, json_unknown_key) {
+    static const char *const allowed[] = {"a", "b", NULL}, *const none[] = {NULL};
+    json_t *ok = parse("{\"a\": 1, \"b\": 2}"), *bad = parse("{\"a\": 1, \"c\": 2}");
+    cr_expect_null(json_unknown_key(ok, allowed));
+    cr_expect_str_eq(json_unknown_key(bad, allowed), "c");
+    cr_expect_str_eq(json_unknown_key(ok, none), "a");
+    json_decref(ok), json_decref(bad);
+}
+
+Test(common, json_string_lossy) {
+    json_t *ok = json_string_lossy("h\xC3\xA9", 3), *cut = json_string_lossy("a\xC3", 2),
+           *bad = json_string_lossy("\xFF" "b", 2);
+    cr_assert(ok && cut && bad);
+    cr_expect_str_eq(json_string_value(ok), "h\xC3\xA9");
+    cr_expect_str_eq(json_string_value(cut), "a\xEF\xBF\xBD");
+    cr_expect_str_eq(json_string_value(bad), "\xEF\xBF\xBD" "b");
+    json_decref(ok), json_decref(cut), json_decref(bad);
+}
+
+Test(common, args_parse) {
+    struct smelt_error err;
+    const char *model = NULL, *out = NULL;
+    bool bf16 = false;
+    const struct args_option options[] = {
+        {"--model", &model, NULL}, {"--out", &out, NULL}, {"--bf16", NULL, &bf16}, {NULL, NULL, NULL}};
+    char *ok[] = {"tool", "cmd", "--bf16", "--model", "m", NULL};
+    TEST_OK(args_parse(5, ok, 2, options, &err), &err);
+    cr_expect(bf16 && model && strcmp(model, "m") == 0 && !out);
+    char *unknown[] = {"tool", "cmd", "--modle", "m", NULL};
+    TEST_EXPECT_ERROR(args_parse(4, unknown, 2, options, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "--modle"), "message: %s", err.message);
+    char *missing[] = {"tool", "cmd", "--out", NULL};
+    TEST_EXPECT_ERROR(args_parse(3, missing, 2, options, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "--out needs a value"), "message: %s", err.message);
+}
+
+/* ---- random numbers ---- */
+
+/* splitmix64's published first outputs from state 0 (Vigna's reference code): every
+ * seeded stream in smelt derives from this mixer, so a change to it would change
+ * shuffles, dropout masks and samples everywhere. */
+Test(common, rng_mix64_is_splitmix64) {
+    cr_expect_eq(rng_mix64(RNG_GOLDEN), 0xe220a8397b1dcdafull);
+    cr_expect_eq(rng_mix64(2 * RNG_GOLDEN), 0x6e789e6aa1b965f4ull);
+    cr_expect_eq(rng_mix64(3 * RNG_GOLDEN), 0x06c45d188009454full);
 }
 
 /* ---- files ---- */

@@ -11,8 +11,7 @@
 
 #include "common/common.h"
 #include "datasets/datasets.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define BOS 256
 #define EOS 257

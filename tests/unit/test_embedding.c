@@ -161,14 +161,18 @@ Test(embedding, shape_errors) {
     TEST_EXPECT_ERROR(ops_embedding_backward(&ttable, &tout, &ids_f32, &err), SMELT_EINVAL, &err);
 }
 
-/* Zero tokens: nothing to do, and no error. */
+/* Zero tokens: nothing to do, and no error; neither the table nor the buffer behind the
+ * empty output is written. */
 Test(embedding, empty_ids) {
     struct smelt_error err;
-    float table[6] = {1, 2, 3, 4, 5, 6};
+    float table[6] = {1, 2, 3, 4, 5, 6}, out[3] = {7, 8, 9};
+    const float table0[6] = {1, 2, 3, 4, 5, 6}, out0[3] = {7, 8, 9};
+    int32_t ids[1] = {1};
     int64_t ids_shape[1] = {0}, table_shape[2] = {2, 3}, out_shape[2] = {0, 3};
-    struct tensor tids = tensor_i32(NULL, 1, ids_shape), ttable = tensor_f32(table, 2, table_shape);
-    struct tensor tout = tensor_f32(NULL, 2, out_shape);
+    struct tensor tids = tensor_i32(ids, 1, ids_shape), ttable = tensor_f32(table, 2, table_shape);
+    struct tensor tout = tensor_f32(out, 2, out_shape);
     TEST_OK(ops_embedding(&tout, &tids, &ttable, &err), &err);
     TEST_OK(ops_embedding_backward(&ttable, &tout, &tids, &err), &err);
-    cr_expect(table[0] == 1.0f && table[5] == 6.0f, "table changed");
+    cr_expect(memcmp(table, table0, sizeof table) == 0, "the table changed");
+    cr_expect(memcmp(out, out0, sizeof out) == 0, "the empty output's buffer was written");
 }

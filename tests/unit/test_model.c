@@ -87,7 +87,7 @@ Test(model, recompute_llama) { check_recompute("llama"); }
 Test(model, recompute_qwen3) { check_recompute("qwen3"); }
 Test(model, recompute_gpt2) { check_recompute("gpt2"); }
 
-/* Saving and loading again gives the same logits, for f32; bf16 within bf16 rounding. */
+/* Saving (f32) and loading again gives the same weights, bit for bit. */
 static void check_save_load(const char *type) {
     char dir[256], out[256];
     snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);

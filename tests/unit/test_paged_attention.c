@@ -443,7 +443,19 @@ Test(paged_attention, valid_small_calls) {
     /* Every cached value is 0.5, so every output is 0.5 whatever the weights. */
     for (size_t i = 0; i < sizeof s.out / sizeof *s.out; i++)
         cr_expect(fabsf(s.out[i] - 0.5f) <= 1e-6f, "out[%zu] is %g, expected 0.5", i, s.out[i]);
+    for (size_t i = 0; i < sizeof s.k / sizeof *s.k; i++) s.k[i] = 1.0f + (float)i, s.v[i] = -1.0f - (float)i;
     TEST_OK(small_append(&s, &err), &err);
+    /* Token t lands in row slots[t] of each cache (one kv head of 4 floats a row); every
+     * other row keeps its 0.5. */
+    for (int row = 0; row < 16; row++) {
+        int t = row == s.slots[0] ? 0 : row == s.slots[1] ? 1 : -1;
+        for (int d = 0; d < 4; d++) {
+            float want_k = t < 0 ? 0.5f : s.k[t * 4 + d], want_v = t < 0 ? 0.5f : s.v[t * 4 + d];
+            cr_expect(s.k_cache[row * 4 + d] == want_k && s.v_cache[row * 4 + d] == want_v,
+                      "cache row %d, dim %d: k %g v %g, expected %g %g", row, d, s.k_cache[row * 4 + d],
+                      s.v_cache[row * 4 + d], want_k, want_v);
+        }
+    }
 }
 
 Test(paged_attention, kv_append_bad_calls) {
@@ -557,12 +569,18 @@ Test(paged_attention, paged_attention_bad_calls) {
 }
 
 /* No query tokens at all: sequences with nothing to attend are fine. */
+/* No query tokens: the call succeeds and writes nothing (q and out view buffers whose
+ * contents must keep their bits, as must the caches). */
 Test(paged_attention, zero_queries) {
-    struct small_call s;
+    struct small_call s, before;
     small_call_init(&s);
     int64_t sq[3] = {0, 2, 4};
-    s.tq = tensor_f32(NULL, 3, sq), s.tout = tensor_f32(NULL, 3, sq);
+    s.tq = tensor_f32(s.q, 3, sq), s.tout = tensor_f32(s.out, 3, sq);
     s.cu_q[1] = s.cu_q[2] = 0;
+    before = s;
     struct smelt_error err;
     TEST_OK(small_attend(&s, &err), &err);
+    cr_expect(memcmp(s.out, before.out, sizeof s.out) == 0, "out was written by a call with no queries");
+    cr_expect(memcmp(s.k_cache, before.k_cache, sizeof s.k_cache) == 0, "k_cache changed");
+    cr_expect(memcmp(s.v_cache, before.v_cache, sizeof s.v_cache) == 0, "v_cache changed");
 }

@@ -1,7 +1,7 @@
 /* rollout/: the paged engine against the plain-recompute reference generator, for every
  * model type, with and without preemption and chunked prefill; prefix sharing; seeded
  * sampling independent of the batch; block accounting under random load; bad requests;
- * weight updates re-running unfinished samples. */
+ * weight updates re-running unfinished samples; a step of more than 1024 sequences. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,8 +224,13 @@ Test(rollout, new_weights_rerun_unfinished_samples) {
     struct rollout_request r = {.id = 0, .prompt = prompt, .n_prompt = 10, .n = 2,
                                 .sampling = {.temperature = 1, .top_p = 1}, .seed = 9, .max_new_tokens = 16};
     struct smelt_error err = {0};
-    /* Reference: the whole request on the new weights. */
-    struct rollout_engine *e = rollout_test_engine(m2, NULL, 1024, 128, 8, 128);
+    /* References: the whole request on the old weights, and on the new ones, each on a
+     * fresh engine. */
+    struct rollout_engine *e = rollout_test_engine(m, NULL, 1024, 128, 8, 128);
+    TEST_OK(rollout_engine_add(e, &r, &err), &err);
+    struct rollout_test_collected *old = rollout_test_run_all(e);
+    rollout_engine_free(e);
+    e = rollout_test_engine(m2, NULL, 1024, 128, 8, 128);
     TEST_OK(rollout_engine_add(e, &r, &err), &err);
     struct rollout_test_collected *want = rollout_test_run_all(e);
     rollout_engine_free(e);
@@ -237,17 +242,69 @@ Test(rollout, new_weights_rerun_unfinished_samples) {
     TEST_EXPECT_ERROR(rollout_engine_set_weights(e, w2, 3, &err), SMELT_EINVAL, &err);
     struct rollout_test_collected *got = rollout_test_run_all(e);
     for (int s = 0; s < 2; s++) {
-        cr_assert(got->have[0][s]);
-        cr_expect_eq(got->r[0][s].policy_version, 1);
-        cr_expect_eq(got->r[0][s].n, want->r[0][s].n);
-        cr_expect_eq(memcmp(got->r[0][s].ids, want->r[0][s].ids, (size_t)want->r[0][s].n * sizeof(int32_t)), 0,
+        cr_assert(got->have[0][s] && want->have[0][s] && old->have[0][s]);
+        const struct rollout_result *g = &got->r[0][s], *w = &want->r[0][s], *o = &old->r[0][s];
+        cr_expect_eq(g->policy_version, 1);
+        cr_expect_eq(o->policy_version, 0);
+        /* Otherwise this test could not tell a re-run from a sample left on the old weights. */
+        cr_expect(o->n != w->n || memcmp(o->ids, w->ids, (size_t)w->n * sizeof(int32_t)) != 0,
+                  "sample %d: the old and new weights give the same tokens", s);
+        cr_expect_eq(g->n, w->n, "sample %d: %lld tokens, the new weights' %lld", s, (long long)g->n, (long long)w->n);
+        cr_expect_eq(memcmp(g->ids, w->ids, (size_t)(g->n < w->n ? g->n : w->n) * sizeof(int32_t)), 0,
                      "sample %d mixes policy versions", s);
+        for (int64_t t = 0; t < g->n && t < w->n; t++)
+            cr_expect_float_eq(g->logprobs[t], w->logprobs[t], 1e-5, "sample %d token %lld logprob", s, (long long)t);
     }
     struct rollout_stats st = rollout_engine_stats(e);
     cr_expect_eq(st.free_blocks, st.n_blocks);
+    rollout_test_free_collected(old);
     rollout_test_free_collected(want);
     rollout_test_free_collected(got);
     rollout_engine_free(e);
     model_free(m);
     model_free(m2);
+}
+
+/* 5 requests of 256 samples: their second step runs 1280 decodes, 1275 of them after a
+ * copy-on-write. A plan once held only 1024 copies and silently left the rest out. */
+Test(rollout, one_step_runs_more_than_1024_sequences) {
+    struct model *m = rollout_test_load("llama");
+    enum { R = 5, N = 256 };
+    struct rollout_engine *e = rollout_test_engine(m, NULL, (R * N + 2 * R) * ROLLOUT_KV_BLOCK_TOKENS, 2048, 2048, 512);
+    int32_t prompts[R][5];
+    struct smelt_error err = {0};
+    for (int i = 0; i < R; i++) {
+        prompt_of(prompts[i], 5, i, m->config.vocab_size);
+        struct rollout_request r = greedy_request((uint64_t)i, prompts[i], 5, 3);
+        r.n = N;
+        TEST_OK(rollout_engine_add(e, &r, &err), &err);
+    }
+    TEST_OK(rollout_engine_step(e, &err), &err); /* prefill, fork, first tokens */
+    struct rollout_stats before = rollout_engine_stats(e);
+    cr_assert_eq(before.running, R * N);
+    TEST_OK(rollout_engine_step(e, &err), &err);
+    struct rollout_stats after = rollout_engine_stats(e);
+    cr_expect_eq(after.decode_tokens - before.decode_tokens, R * N, "%lld of %d sequences decoded",
+                 (long long)(after.decode_tokens - before.decode_tokens), R * N);
+    cr_expect_eq(after.preemptions, 0);
+    while (!rollout_engine_idle(e)) TEST_OK(rollout_engine_step(e, &err), &err);
+    struct rollout_result *res;
+    int n;
+    TEST_OK(rollout_engine_take(e, &res, &n, &err), &err);
+    cr_expect_eq(n, R * N);
+    for (int i = 0; i < R; i++) {
+        struct generate_params gp = {.max_new_tokens = 3, .temperature = 0, .top_p = 1};
+        struct generate_result ref;
+        TEST_OK(model_generate_reference(m, prompts[i], 5, &gp, &ref, &err), &err);
+        for (int k = 0; k < n; k++)
+            if (res[k].request_id == (uint64_t)i)
+                cr_expect(res[k].n == ref.n && memcmp(res[k].ids, ref.ids, (size_t)ref.n * sizeof(int32_t)) == 0,
+                          "request %d sample %d differs from the reference", i, res[k].sample_index);
+        generate_result_free(&ref);
+    }
+    rollout_results_free(res, n);
+    struct rollout_stats st = rollout_engine_stats(e);
+    cr_expect_eq(st.free_blocks, st.n_blocks);
+    rollout_engine_free(e);
+    model_free(m);
 }

@@ -21,7 +21,7 @@ struct harness {
     const struct tokenizer *tok;
     struct rollout_engine *engine;
     pthread_t thread;
-    volatile sig_atomic_t stop;
+    atomic_int stop;  /* set by the test's thread, read by serve's */
     bool running;
     int rc;
     struct smelt_error err;
@@ -64,7 +64,7 @@ static void harness_start(struct harness *h) {
 
 static void harness_stop(struct harness *h) {
     if (!h->running) return;
-    h->stop = 1;
+    atomic_store(&h->stop, 1);
     cr_assert_eq(pthread_join(h->thread, NULL), 0);
     h->running = false;
     cr_expect_eq(h->rc, 0, "rollout_worker_serve failed: %s", h->err.message);

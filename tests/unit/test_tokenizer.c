@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "tests/unit/testutil.h"
 
 #define DATA "tests/data/tokenizers/"

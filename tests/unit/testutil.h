@@ -18,10 +18,7 @@ struct test_rng {
 };
 
 static inline uint64_t test_rng_next(struct test_rng *r) { /* splitmix64 */
-    uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return rng_mix64(r->state += RNG_GOLDEN);
 }
 
 /* Uniform in [lo, hi). */

@@ -3,7 +3,7 @@
  * the concatenation of the last list. One deliberate difference: byte sequences that are
  * not valid UTF-8 come out as those bytes, not as U+FFFD, so that decode(encode(x)) == x
  * for any bytes x. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

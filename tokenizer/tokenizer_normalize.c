@@ -1,6 +1,6 @@
 /* Normalizers: NFC, NFD, NFKC, NFKD (utf8proc), Replace, Prepend, Sequence.
  * Unicode forms apply to each run of valid UTF-8; invalid bytes are copied as they are. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

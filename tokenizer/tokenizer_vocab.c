@@ -1,5 +1,5 @@
 /* Lookups between ids and token strings, and the special ids (bos/eos/pad/unk). */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * at each position the longest token wins, the leftmost position first. single_word
  * demands no word character (letter, digit, '_') on either side; lstrip / rstrip make the
  * token swallow the whitespace before / after it. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* chat_template: template names, defaults, recognising a Jinja chat_template's family,
  * and reading tokenizer_config.json (template, bos/eos/pad tokens). */
-#include "model/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,7 +193,7 @@ static int read_config(const json_t *root, const char *dir, const char *where, c
         const char *jinja = NULL;
         char *owned = NULL;
         rc = template_source(root, dir, where, &jinja, &owned, err);
-        if (!rc && (rc = chat_template_detect(jinja, &kind, err)) != 0) error_wrap(err, "%s: ", where);
+        if (!rc && (rc = chat_template_detect(jinja, &kind, err)) != 0) error_wrap(err, rc, "%s", where);
         free(owned);
     }
     if (rc) return rc;

@@ -6,7 +6,7 @@
  * position); the top is merged when still current, and the pairs it forms with its
  * neighbours are pushed. O(n log n) per piece, and the same tie-breaking (lowest rank,
  * then leftmost) as the reference, so ids match exactly. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

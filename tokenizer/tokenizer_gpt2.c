@@ -3,7 +3,7 @@
  * `tokenizers` would make of them (ByteLevel pre-tokenizer with the GPT-2 regex and no
  * prefix space, ByteLevel decoder, <|endoftext|> as a special token), so one code path
  * serves both formats and tokenizer_save writes them out as tokenizer.json. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* Building a tokenizer from tokenizer.json, finding the files of a model folder, and
  * freeing. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Pre-tokenizers: Split, ByteLevel, Metaspace, Digits, Sequence. Each turns the list of
  * text pieces into a finer one; BPE then runs on each piece alone. The split behaviors
  * replay `tokenizers`' SplitDelimiterBehavior folds exactly, since ids depend on them. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * answers for the patterns real tokenizers use (\p{L}, \p{N}, \s with Unicode meaning,
  * lookahead, (?i:...)). MATCH_INVALID_UTF lets a regex run over text holding invalid
  * UTF-8: such bytes never match and so fall into the non-match ranges. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

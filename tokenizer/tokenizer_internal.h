@@ -1,4 +1,4 @@
-/* Private to model/tokenizer*.c: the tokenizer's parts and the helpers they share.
+/* Private to tokenizer/tokenizer*.c: the tokenizer's parts and the helpers they share.
  *
  * The pipeline follows Hugging Face `tokenizers` step by step, because ids must match
  * it exactly:
@@ -16,8 +16,8 @@
  * Invalid UTF-8 is carried, never repaired: a byte that does not start a valid character
  * is a one-byte unit that normalizers copy, regexes never match (PCRE2_MATCH_INVALID_UTF),
  * ByteLevel maps like any byte, and BPE turns into a byte-fallback token or unk. */
-#ifndef SMELT_MODEL_TOKENIZER_INTERNAL_H
-#define SMELT_MODEL_TOKENIZER_INTERNAL_H
+#ifndef SMELT_TOKENIZER_INTERNAL_H
+#define SMELT_TOKENIZER_INTERNAL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 /* Ids above this are refused at load: no real vocabulary comes near, and it bounds the
  * id-indexed tables a hostile file could make us allocate. */

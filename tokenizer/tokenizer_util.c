@@ -1,5 +1,5 @@
 /* Byte buffers, id lists, UTF-8 decoding and the character classes the tokenizer needs. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * (chat_template_internal.h). Every family mirrors its Hugging Face Jinja template
  * statement by statement for plain conversations; the comment above each builder names
  * the Jinja it follows, and docs/chat-templates.md has the rendered formats. */
-#include "model/chat_template_internal.h"
+#include "tokenizer/chat_template_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * (content that starts with a newline right after "assistant\n"). Splitting there is what
  * trainers want: the prompt's ids are then exactly those the model sees at generation
  * time, whatever answer follows. */
-#include "model/chat_template_internal.h"
+#include "tokenizer/chat_template_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * special tokens; no merges. It is built as the tokenizer.json that describes it (BPE,
  * ByteLevel pre-tokenizer without regex or prefix space, ByteLevel decoder), so that what
  * tokenizer_save writes is exactly what `tokenizers` and smelt read back. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,17 +1,17 @@
-/* Private to model/chat_template*.c: a rendered conversation as a list of pieces.
+/* Private to tokenizer/chat_template*.c: a rendered conversation as a list of pieces.
  *
  * Every template builds the same thing: the rendered text cut where tokenization must
  * treat it differently. chat_render concatenates the pieces; chat_tokenize looks the
  * control tokens up as ids and encodes the text in between. Piece text is borrowed
  * (message content, string literals, the template's bos/eos) and lives as long as the
  * call that built it. */
-#ifndef SMELT_MODEL_CHAT_TEMPLATE_INTERNAL_H
-#define SMELT_MODEL_CHAT_TEMPLATE_INTERNAL_H
+#ifndef SMELT_TOKENIZER_CHAT_TEMPLATE_INTERNAL_H
+#define SMELT_TOKENIZER_CHAT_TEMPLATE_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "model/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 enum chat_piece_kind {
     CHAT_PIECE_TEXT,    /* template text: "assistant\n", " ", "<<SYS>>\n" */

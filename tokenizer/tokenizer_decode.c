@@ -1,6 +1,6 @@
 /* tokenizer_decode: ids → token strings → the decoder chain → bytes. Without a decoder
  * the tokens are joined with spaces, as `tokenizers` does. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* tokenizer_save: writes tokenizer.json from the loaded tables (vocabulary in id order,
  * merges as [left, right] pairs by rank, added tokens) and the config sections kept as
  * read. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

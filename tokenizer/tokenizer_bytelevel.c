@@ -2,7 +2,7 @@
  * vocabulary of strings can hold arbitrary bytes. Printable Latin-1 bytes ('!'..'~',
  * '¡'..'¬', '®'..'ÿ') stand for themselves; the other 68 bytes, in increasing order, for
  * U+0100..U+0143 (a space is 'Ġ' U+0120, a newline 'Ċ' U+010A). */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 static bool byte_is_printable(unsigned b) {
     return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;

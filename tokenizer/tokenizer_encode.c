@@ -1,6 +1,6 @@
 /* tokenizer_encode: runs the pipeline of tokenizer_internal.h over one text. All scratch
  * lives in this call, so one tokenizer serves many threads. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -91,7 +91,7 @@ int tokenizer_encode(const struct tokenizer *tok, const char *text, size_t len,
     text_free(&t);
     if (rc) {
         free(out.items);
-        return error_wrap(err, "encoding with %s", tok->source);
+        return error_wrap(err, rc, "encoding with %s", tok->source);
     }
     *ids = out.items;
     *n = out.count;

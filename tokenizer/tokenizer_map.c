@@ -1,7 +1,9 @@
 /* The tokenizer's two hash maps: token string → id (vocabulary, added tokens) and
  * (left id, right id) → (rank, merged id) (BPE merges). Open addressing with linear
  * probing at load <= 1/2: lookups are the inner loop of BPE. */
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
+
+#include "common/rng.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +14,6 @@ static uint64_t hash_bytes(const char *s, size_t n) { /* FNV-1a, then a final mi
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
     return h ^ (h >> 29);
-}
-
-static uint64_t hash_u64(uint64_t z) { /* splitmix64 finalizer */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 
 static int str_map_grow(struct tok_str_map *m, struct smelt_error *err) {
@@ -97,7 +93,7 @@ static int pair_map_grow(struct tok_pair_map *m, struct smelt_error *err) {
     for (size_t i = 0; i < cap; i++) slots[i].rank = -1;
     for (size_t i = 0; i < m->cap; i++) {
         if (m->slots[i].rank < 0) continue;
-        size_t j = hash_u64(m->slots[i].key) & (cap - 1);
+        size_t j = rng_mix64(m->slots[i].key) & (cap - 1);
         while (slots[j].rank >= 0) j = (j + 1) & (cap - 1);
         slots[j] = m->slots[i];
     }
@@ -108,7 +104,7 @@ static int pair_map_grow(struct tok_pair_map *m, struct smelt_error *err) {
 }
 
 static size_t pair_map_find(const struct tok_pair_map *m, uint64_t key) {
-    size_t j = hash_u64(key) & (m->cap - 1);
+    size_t j = rng_mix64(key) & (m->cap - 1);
     while (m->slots[j].rank >= 0 && m->slots[j].key != key) j = (j + 1) & (m->cap - 1);
     return j;
 }
