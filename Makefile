@@ -40,7 +40,7 @@ CUDA_ARCH ?= 90
 # Test-only packages: the browser test's Chromium, and pip for the Python test tools
 # (tests/requirements.txt: pytest, the openai client, pyzmq, selenium).
 TEST_PKGS := chromium chromium-driver python3-pip
-DEPS_PKGS := build-essential pkg-config libopenblas-dev libjansson-dev libcriterion-dev \
+DEPS_PKGS := build-essential pkg-config libopenblas-dev libopenblas0-openmp libjansson-dev libcriterion-dev \
              libpcre2-dev libutf8proc-dev libzmq3-dev libmicrohttpd-dev libsqlite3-dev \
              libjs-chart.js python3
 
@@ -50,7 +50,14 @@ LDFLAGS  += -fopenmp $(SAN_FLAGS)
 # C++ only for tests/emu/: CUDA kernel source compiled for the CPU emulator.
 CXX      ?= c++
 CXXFLAGS += -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -pthread -MMD -MP $(SAN_FLAGS) -I. -Itests/emu/include
-LDLIBS   += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzmq -lmicrohttpd -lsqlite3 -lm -lpthread
+# OpenBLAS's OpenMP build, so that its GEMMs and smelt's own parallel loops share one
+# OpenMP thread pool (two pools on the same cores fight: docs/dependencies.md). Debian
+# installs it beside the default pthread build without making it the default, so it is
+# linked by path, with an rpath to its folder (without one the loader would silently
+# give the pthread build).
+OPENBLAS_DIR ?= /usr/lib/$(shell $(CC) -print-multiarch)/openblas-openmp
+LDLIBS   += -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -l:libopenblas.so.0 \
+            -ljansson -lpcre2-8 -lutf8proc -lzmq -lmicrohttpd -lsqlite3 -lm -lpthread
 
 ifeq ($(CUDA),1)
 CPPFLAGS  += -DSMELT_CUDA -I$(CUDA_HOME)/include
@@ -186,10 +193,11 @@ test: deps-test
 	$(MAKE) $(TEST_SUITES)
 
 # Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
-# OMP/OpenBLAS threads are capped so parallel test workers do not oversubscribe.
+# OpenMP threads (OpenBLAS runs in the same pool) are capped so parallel test workers do
+# not oversubscribe.
 test-unit: $(UNIT_BIN)
 	$(tsan_begin)
-	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 $(UNIT_BIN) --jobs 2
+	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) ASAN_OPTIONS=detect_leaks=1 $(UNIT_BIN) --jobs 2
 	$(tsan_end)
 
 # The CUDA kernels' logic on the CPU (tests/emu/README.md): no GPU needed.
@@ -199,7 +207,7 @@ $(EMU_TEST_BIN): $(EMU_SRCS:%.cpp=$(BUILD)/%.o) $(UNIT_RUNNER) $(LIB)
 
 test-emu: $(EMU_TEST_BIN)
 	$(tsan_begin)
-	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) OPENBLAS_NUM_THREADS=1 $(EMU_TEST_BIN) --jobs 2
+	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) $(EMU_TEST_BIN) --jobs 2
 	$(tsan_end)
 
 $(GPU_TEST_BIN): $(GPU_TEST_SRCS:%.c=$(BUILD)/%.o) $(LIB)
@@ -240,12 +248,12 @@ test-tools: $(BINS)
 # rollout worker over ZeroMQ.
 test-integration: $(BINS)
 	$(tsan_begin)
-	$(TEST_ENV) SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	$(TEST_ENV) SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 	$(tsan_end)
 
 # The web page in headless Chromium (selenium); saves tests/e2e/artifacts/page.png.
 test-e2e: $(BINS)
-	SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/e2e
+	SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/e2e
 
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done

@@ -313,14 +313,19 @@ static void cpu_model(char *buf, size_t bytes) {
     fclose(f);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    backend_cpu_select_kernels(argv);
     bench_start_s = now_s();
     char model[256];
     cpu_model(model, sizeof model);
     printf("smelt CPU op benchmark\n");
     printf("cpu: %s, %ld online cores\n", model, sysconf(_SC_NPROCESSORS_ONLN));
-    printf("threads: OpenMP %d, OpenBLAS %d (%s)\n", omp_get_max_threads(),
-           openblas_get_num_threads(), openblas_get_config());
+    static const char *const pools[] = {"sequential", "its own pthreads pool", "the OpenMP pool"};
+    int parallel = openblas_get_parallel();
+    printf("threads: OpenMP %d, OpenBLAS %d in %s; BLAS kernels: %s (%s)\n", omp_get_max_threads(),
+           openblas_get_num_threads(), parallel >= 0 && parallel <= 2 ? pools[parallel] : "?",
+           backend_cpu_blas_kernels(), openblas_get_config());
     bench_matmul();
     bench_attention();
     printf("\ntotal %.1f s\n", now_s() - bench_start_s);

@@ -218,6 +218,7 @@ static json_t *report_json(const struct options *o, const struct model *m, const
     json_object_set_new(r, "preemptions", json_integer(after->preemptions - before->preemptions));
     json_object_set_new(r, "omp_threads", json_integer(omp_get_max_threads()));
     json_object_set_new(r, "openblas_threads", json_integer(openblas_get_num_threads()));
+    json_object_set_new(r, "blas_kernels", json_string(backend_cpu_blas_kernels()));
     if (t->outputs) {
         json_t *all = json_array();
         for (int64_t i = 0; all && i < o->batch * o->waves; i++) {
@@ -278,6 +279,7 @@ static int run(const struct options *o, struct smelt_error *err) {
 }
 
 int main(int argc, char **argv) {
+    backend_cpu_select_kernels(argv);
     struct options o;
     struct smelt_error err = {0};
     int rc = parse(argc, argv, &o, &err);

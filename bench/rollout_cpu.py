@@ -11,7 +11,7 @@ saved as safetensors into a temporary directory) and a fixed list of random prom
 16..64 tokens, then for batch 1, 8 and 64:
 
   smelt  bench/rollout_cpu on that directory and prompts, in a subprocess with
-         OMP_NUM_THREADS and OPENBLAS_NUM_THREADS set: --batch requests submitted at
+         OMP_NUM_THREADS set (OPENBLAS_NUM_THREADS only with --openblas-threads): --batch requests submitted at
          once, greedy, no stop ids, stepped until idle; one untimed warm-up wave.
   HF     model.generate on the same weights and prompts, left-padded, greedy, exactly
          max_new_tokens new tokens, torch.set_num_threads(threads); one untimed
@@ -110,7 +110,9 @@ def run_smelt(binary, model_dir, prompts_path, batch, max_new_tokens, waves, kv_
     argv = [binary, "--model", model_dir, "--prompts", prompts_path, "--batch", str(batch),
             "--waves", str(waves), "--max-new-tokens", str(max_new_tokens), "--kv-memory-mb", str(kv_mb),
             "--print-ids"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(blas_threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if blas_threads:  # only when asked: smelt's OpenBLAS shares the OpenMP pool by default
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
@@ -188,7 +190,7 @@ def main():
                    help="build directory holding bench/rollout_cpu (default build-cpu)")
     p.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
     p.add_argument("--openblas-threads", type=int, default=None,
-                   help="smelt's OPENBLAS_NUM_THREADS (default: --threads)")
+                   help="smelt's OPENBLAS_NUM_THREADS (default: unset; OpenBLAS runs in smelt's OpenMP pool)")
     p.add_argument("--only", choices=list(RUNS), help="run one model's rows")
     p.add_argument("--batch", type=int, action="append", choices=[1, 8, 64],
                    help="run only this batch size (repeatable)")
@@ -198,10 +200,10 @@ def main():
         sys.exit(f"rollout_cpu: {args.binary} is missing or not executable; build it with `make CUDA=0` "
                  f"(it goes to build-cpu/bench/) or pass --build DIR")
 
-    blas_threads = args.openblas_threads or args.threads
+    blas_threads = args.openblas_threads
     torch.set_num_threads(args.threads)
     print(f"rollout_cpu: {cpu_model()} ({platform.machine()}); threads {args.threads} (smelt: OMP_NUM_THREADS "
-          f"{args.threads}, OPENBLAS_NUM_THREADS {blas_threads}; HF: set_num_threads); torch {torch.__version__}, "
+          f"{args.threads}, OPENBLAS_NUM_THREADS {blas_threads or 'unset'}; HF: set_num_threads); torch {torch.__version__}, "
           f"transformers {transformers.__version__}")
     print(f"greedy, no stop, f32; {N_PROMPTS} random prompts of {MIN_PROMPT}..{MAX_PROMPT} tokens; a wave submits "
           f"`batch` requests at once; one untimed warm-up each; tok/s = generated tokens / wall time, prefill included")

@@ -8,8 +8,8 @@ For each model (the example tiny model, and a ~22M-parameter Llama with a 32000-
 vocabulary) and one fixed batch shape, every token trained (no padding, no prompt):
 
   smelt  smelt-trainer runs a generated job spec (random init, max_steps = warmup +
-         steps, no validation, constant learning rate) with OMP_NUM_THREADS and
-         OPENBLAS_NUM_THREADS set; the number is the median tokens_per_s of the
+         steps, no validation, constant learning rate) with OMP_NUM_THREADS set (its
+         one thread pool; OPENBLAS_NUM_THREADS only with --openblas-threads); the number is the median tokens_per_s of the
          metrics.jsonl lines after the warm-up steps.
   torch  bench/sft_torch.py's train_step (forward, backward, clipping, AdamW) on the
          same model config, batch, sequence length and thread count, in this process;
@@ -102,7 +102,9 @@ def smelt_tokens_per_s(trainer, work, model_dir, data_path, n_seqs, seq_len, ste
     spec_path = os.path.join(work, "spec.json")
     with open(spec_path, "w", encoding="utf-8") as f:
         json.dump(job_spec(model_dir, data_path, out_dir, n_seqs, seq_len, WARMUP_STEPS + steps), f, indent=2)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(blas_threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if blas_threads:  # only when asked: smelt's OpenBLAS shares the OpenMP pool by default
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
     proc = subprocess.run([trainer, "--spec", spec_path], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
@@ -136,7 +138,7 @@ def main():
                    help="the smelt-trainer binary (default build-cpu/smelt-trainer)")
     p.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
     p.add_argument("--openblas-threads", type=int, default=None,
-                   help="smelt's OPENBLAS_NUM_THREADS (default: --threads)")
+                   help="smelt's OPENBLAS_NUM_THREADS (default: unset; OpenBLAS runs in smelt's OpenMP pool)")
     p.add_argument("--only", choices=[m[0] for m in MODELS], help="run one model's row")
     p.add_argument("--torch-only", action="store_true", help="skip smelt (no trainer binary needed)")
     args = p.parse_args()
@@ -144,10 +146,10 @@ def main():
         sys.exit(f"sft_cpu: {args.trainer} is missing or not executable; build it with `make CUDA=0` "
                  f"(binaries go to build-cpu/), pass --trainer PATH, or run --torch-only")
 
-    blas_threads = args.openblas_threads or args.threads
+    blas_threads = args.openblas_threads
     torch.set_num_threads(args.threads)
     print(f"sft_cpu: {cpu_model()}; threads {args.threads} (smelt: OMP_NUM_THREADS {args.threads}, "
-          f"OPENBLAS_NUM_THREADS {blas_threads}; torch: set_num_threads); torch {torch.__version__}")
+          f"OPENBLAS_NUM_THREADS {blas_threads or 'unset'}; torch: set_num_threads); torch {torch.__version__}")
     print(f"each row: {WARMUP_STEPS} warm-up steps, then the median of N timed steps; AdamW, "
           f"constant lr, clipping at 1.0, f32, every token trained")
     print(f"{'model':<10} {'params':>10} {'batch x seq':>12} {'thr':>4} {'steps':>6} "

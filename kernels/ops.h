@@ -61,6 +61,19 @@ bool backend_available(enum backend backend);
  * name, SMELT_EUNSUPPORTED for a backend this build or machine lacks. */
 int backend_from_name(const char *name, enum backend *out, struct smelt_error *err);
 
+/* The CPU backend's GEMM kernels. Call backend_cpu_select_kernels(argv) first thing in
+ * main(): where OpenBLAS would run kernels far below the CPU's abilities (its fallback on
+ * cores it does not know), it re-executes the program once with OPENBLAS_CORETYPE set
+ * from the CPU's features; it returns when nothing needs doing, when the variable is
+ * already set (always respected), or when re-executing failed (a warning on stderr).
+ * backend_cpu_blas_kernels names the set in use ("Haswell", "SkylakeX", ...) for logs,
+ * job events and benchmark output. */
+void backend_cpu_select_kernels(char **argv);
+const char *backend_cpu_blas_kernels(void);
+/* The threads the CPU backend's parallel regions use: one OpenMP pool, which OpenBLAS's
+ * GEMMs share (it is linked in its OpenMP build); OMP_NUM_THREADS sets it. */
+int backend_cpu_threads(void);
+
 /* Waits until every op issued so far on the backend has finished, and reports a fault
  * an asynchronous kernel raised meanwhile (SMELT_EBACKEND). Ops on a device backend
  * may return before their work is done; benchmarks call this before reading a clock.

@@ -89,6 +89,7 @@ static int run(const struct options *o, struct smelt_error *err) {
 }
 
 int main(int argc, char **argv) {
+    backend_cpu_select_kernels(argv);
     if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         usage(stdout);
         return 0;

@@ -99,6 +99,7 @@ static int cmd_info(const struct options *o, struct smelt_error *err) {
 }
 
 int main(int argc, char **argv) {
+    backend_cpu_select_kernels(argv);
     struct options o;
     struct smelt_error err = {0};
     int rc = parse(argc, argv, &o, &err);

@@ -181,6 +181,7 @@ static int serve(const struct options *o, struct smelt_error *err) {
 }
 
 int main(int argc, char **argv) {
+    backend_cpu_select_kernels(argv);
     struct options o;
     struct smelt_error err = {0};
     if (parse(argc, argv, &o, &err)) {

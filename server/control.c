@@ -345,9 +345,16 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
         json_decref(data);
         exec_logged("event", rc, &err);
     } else if (strcmp(type, "start") == 0) {
-        snprintf(msg, sizeof msg, "Training started: %lld steps on %lld examples",
-                 (long long)json_integer_value(json_object_get(line, "total_steps")),
-                 (long long)json_integer_value(json_object_get(line, "train_examples")));
+        int n = snprintf(msg, sizeof msg, "Training started: %lld steps on %lld examples",
+                         (long long)json_integer_value(json_object_get(line, "total_steps")),
+                         (long long)json_integer_value(json_object_get(line, "train_examples")));
+        const char *backend = NULL, *kernels = NULL;
+        json_int_t threads = 0;
+        if (n > 0 && (size_t)n < sizeof msg &&
+            !json_unpack(line, "{s:{s:s, s:s, s:I}}", "compute", "backend", &backend, "blas_kernels", &kernels,
+                         "cpu_threads", &threads))
+            snprintf(msg + n, sizeof msg - (size_t)n, " (%s backend; CPU: OpenBLAS %.32s kernels, %lld threads)",
+                     backend, kernels, (long long)threads);
         job_event(s, c, id, "info", "%s", msg);
     }
 }
@@ -559,10 +566,9 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
         json_decref(dev_array);
         return;
     }
-    json_t *h = json_pack("{s:s, s:I, s:o, s:{s:s, s:s}, s:s, s:s, s:s, s:O}", "job_id", id, "attempt",
-                          (json_int_t)attempt, "argv", argv, "env", "OPENBLAS_NUM_THREADS", "1",
-                          "SMELT_LOG_LEVEL", "info", "workdir", job_dir, "log_path", log_path, "metrics_path",
-                          metrics_path, "devices", dev_array);
+    json_t *h = json_pack("{s:s, s:I, s:o, s:{s:s}, s:s, s:s, s:s, s:O}", "job_id", id, "attempt",
+                          (json_int_t)attempt, "argv", argv, "env", "SMELT_LOG_LEVEL", "info", "workdir", job_dir,
+                          "log_path", log_path, "metrics_path", metrics_path, "devices", dev_array);
     if (h) send_to_agent(s, agent_id, MSG_WORKER_LAUNCH, h);
     json_decref(h);
     char what[256];

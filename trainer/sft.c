@@ -178,13 +178,15 @@ static int start(struct trainer_run *r, const struct trainer_options *o, struct 
         TRY(rc);
     }
     TRY(run_metrics_open(r, resumed, err));
-    run_metrics_emit(r, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "type", "start",
+    run_metrics_emit(r, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:s, s:s, s:i}}", "type", "start",
                                   "step", (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps,
                                   "trainable_params", (json_int_t)tensor_numel(r->params),
                                   "model_params", (json_int_t)r->model->n_weights,
                                   "train_examples", (json_int_t)r->train->n,
                                   "val_examples", (json_int_t)(r->val ? r->val->n : 0),
-                                  "train_tokens", (json_int_t)r->train->report.n_tokens));
+                                  "train_tokens", (json_int_t)r->train->report.n_tokens,
+                                  "compute", "backend", backend_name(s->backend), "blas_kernels",
+                                  backend_cpu_blas_kernels(), "cpu_threads", backend_cpu_threads()));
     return SMELT_OK;
 }
 

@@ -26,6 +26,7 @@ static void on_signal(int sig) {
 }
 
 int main(int argc, char **argv) {
+    backend_cpu_select_kernels(argv);
     const char *spec_path = NULL, *resume = NULL;
     struct trainer_options o = {0};
     struct smelt_error err = {0};

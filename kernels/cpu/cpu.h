@@ -6,6 +6,17 @@
 
 #include "kernels/backend.h"
 
+/* What decides the BLAS kernel set (blas.c); a value for tests to set. */
+struct cpu_features {
+    bool avx512;      /* F, BW, VL and DQ */
+    bool avx512_bf16;
+    bool avx2_fma;
+    bool amd;
+};
+/* The OPENBLAS_CORETYPE a CPU with features f should run instead of current (the set
+ * the library chose), or NULL when current suits it. */
+const char *cpu_blas_kernels_for(const struct cpu_features *f, const char *current);
+
 int cpu_matmul(struct tensor *out, const struct tensor *a, const struct tensor *b,
                const struct tensor *bias, bool trans_a, bool trans_b, float alpha, float beta,
                struct smelt_error *err);

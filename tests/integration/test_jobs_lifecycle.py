@@ -101,6 +101,9 @@ def test_sse_every_event_exactly_once_across_reconnect(smeltd, train_file_id):
     assert all(e["id"] == i for i, e in first + rest)
     final = smeltd.wait_job(job["id"], {"succeeded", "failed"})
     assert final["status"] == "succeeded", smeltd.read_log()
+    # the job's first training event says what computes it: backend, BLAS kernels, threads
+    started = [e["message"] for e in page["data"] if e["message"].startswith("Training started")]
+    assert len(started) == 1 and "cpu backend; CPU: OpenBLAS " in started[0] and " threads)" in started[0], started
     # a reconnect after the end replays nothing and ends at once
     again, ended = sse_events(smeltd, job["id"], last_event_id=ids[-1])
     assert again == [] and ended

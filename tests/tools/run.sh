@@ -81,7 +81,16 @@ pid=$!
 for _ in $(seq 1 200); do grep -q '"type":"train"' "$T/trainer.out" 2>/dev/null && break; sleep 0.05; done
 kill -TERM "$pid"; wait "$pid" && ok || fail "smelt-trainer did not exit cleanly on SIGTERM: $(tail -3 "$T/trainer.out")"
 ls "$T/run/checkpoints" | grep -q '^step-' && ok || fail "SIGTERM left no checkpoint"
-"$B/smelt-trainer" --spec "$T/job.json" --resume --quiet >"$T/resume.out" 2>&1 && ok || fail "resume: $(tail -3 "$T/resume.out")"
+# the resumed run with a kernel set chosen by hand: the variable is respected, and each
+# start line names the kernels that ran
+OPENBLAS_CORETYPE=Prescott "$B/smelt-trainer" --spec "$T/job.json" --resume --quiet >"$T/resume.out" 2>&1 && ok || fail "resume: $(tail -3 "$T/resume.out")"
+python3 - "$T/run/metrics.jsonl" <<'PY' && ok || fail "start lines do not name the BLAS kernels"
+import json, sys
+starts = [r["compute"] for r in map(json.loads, open(sys.argv[1])) if r["type"] == "start"]
+print("start lines:", starts)
+sys.exit(not (len(starts) == 2 and starts[0]["blas_kernels"] not in ("", "unknown")
+              and starts[1]["blas_kernels"] == "Prescott" and all(s["cpu_threads"] >= 1 for s in starts)))
+PY
 grep -q "^accuracy: " "$T/resume.out" && ok || fail "no accuracy line: $(tail -3 "$T/resume.out")"
 [ -f "$T/run/output/model.safetensors" ] && [ -f "$T/run/output/tokenizer.json" ] && ok || fail "no output model"
 n=$(grep -c '"type":"train"' "$T/run/metrics.jsonl"); [ "$n" -eq 1000 ] && ok || fail "metrics.jsonl has $n train lines, expected 1000"
