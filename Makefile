@@ -237,6 +237,7 @@ run: deps all
 test-parity: $(BINS)
 	$(PYTHON) tests/parity/check_saved_model.py $(BUILD)
 	$(PYTHON) tests/parity/check_saved_adapter.py $(BUILD)
+	$(PYTHON) tests/parity/check_reward_model.py $(BUILD)
 
 # The programs end to end: generation is deterministic, bad flags are refused.
 test-tools: $(BINS)

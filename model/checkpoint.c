@@ -97,8 +97,9 @@ static int check_all_used(const struct model *m, const struct safetensors *st, c
         if (used[i] || is_buffer_name(name)) continue;
         /* Tied models sometimes save lm_head too; transformers ignores it, so do we. */
         if (m->config.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0) continue;
-        return error_set(err, SMELT_EFORMAT, "%s: tensor '%s' is not part of a %s model with this config",
-                         st->path, name, model_type_name(m->config.type));
+        return error_set(err, SMELT_EFORMAT, "%s: tensor '%s' is not part of a %s model with this config%s",
+                         st->path, name, model_type_name(m->config.type),
+                         m->config.score_head ? " (a sequence classifier: score.weight, no lm_head)" : "");
     }
     return SMELT_OK;
 }

@@ -101,6 +101,42 @@ static int parse_architecture(const struct reader *r, struct model_config *c) {
     return SMELT_OK;
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* transformers takes the label count from num_labels when given, else from the size
+ * of id2label, else 2 (PretrainedConfig's default): a classifier config without either
+ * is a two-label one. */
+static int parse_labels(const struct reader *r, int64_t *n) {
+    const json_t *id2label = json_object_get(r->root, "id2label");
+    int64_t def = json_is_object(id2label) ? (int64_t)json_object_size(id2label) : 2;
+    return get_int(r, "num_labels", def, 0, INT32_MAX, n);
+}
+
+/* The head architectures[0] names: a causal LM's lm_head, or a one-label sequence
+ * classifier's score (a reward model). Other heads would load as the wrong model. */
+static int parse_head(const struct reader *r, struct model_config *c) {
+    static const char *const refused[] = {"ForTokenClassification", "ForQuestionAnswering"};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
+        if (ends_with(c->architecture, refused[i]))
+            return error_set(r->err, SMELT_EUNSUPPORTED,
+                             "%s: architecture '%s' is not supported (smelt loads causal LMs "
+                             "and one-label *ForSequenceClassification reward models)",
+                             r->where, c->architecture);
+    c->score_head = ends_with(c->architecture, "ForSequenceClassification");
+    if (!c->score_head) return SMELT_OK;
+    int64_t n = 0;
+    TRY(parse_labels(r, &n));
+    if (n != 1)
+        return error_set(r->err, SMELT_EUNSUPPORTED,
+                         "%s: %s with %lld labels is not supported: smelt's sequence "
+                         "classifiers are reward models with one label (num_labels 1)",
+                         r->where, c->architecture, (long long)n);
+    return SMELT_OK;
+}
+
 /* rope_scaling / rope_parameters: only unscaled rope ("default", or null) is implemented. */
 static int check_rope_type(const struct reader *r, const char *field) {
     const json_t *v = json_object_get(r->root, field);
@@ -431,6 +467,7 @@ int model_config_from_json(const json_t *root, const char *where, struct model_c
     struct reader r = {root, where, err};
     int rc = parse_type(&r, &c);
     if (!rc) rc = parse_architecture(&r, &c);
+    if (!rc) rc = parse_head(&r, &c);
     if (!rc) rc = c.type == MODEL_TYPE_GPT2 ? parse_shapes_gpt2(&r, &c) : parse_shapes_rope(&r, &c);
     if (!rc && c.type == MODEL_TYPE_GPT2) rc = check_gpt2_variants(&r);
     if (!rc) rc = parse_switches(&r, &c);

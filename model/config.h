@@ -7,6 +7,9 @@
  * quantized weights, other activations, GPT-2 attention variants) are refused with an
  * error naming the field, never silently ignored. An active sliding window is honoured
  * by capping max_seq_len at the window, where full causal attention is identical.
+ * A "*ForSequenceClassification" architecture with one label is a reward model
+ * (score_head); other heads (token classification, question answering) and more than
+ * one label are refused.
  * docs/model-formats.md has the table of defaults and refusals. */
 #ifndef SMELT_MODEL_CONFIG_H
 #define SMELT_MODEL_CONFIG_H
@@ -61,6 +64,10 @@ struct model_config {
     bool mlp_bias;                   /* MLP projections have biases */
     bool qk_norm;                    /* per-head RMSNorm of q and k before rope (qwen3) */
     bool tie_word_embeddings;        /* lm_head shares the token embedding */
+    /* A sequence classifier with one label (a reward model: architectures[0]
+     * "*ForSequenceClassification", num_labels 1): a head score.weight [1, C] instead of
+     * lm_head (model/score_head.h). */
+    bool score_head;
 
     int64_t sliding_window;          /* window in tokens when some layer slides, else 0 */
     int64_t max_window_layers;       /* qwen2/3: layers >= this slide when enabled */

@@ -54,6 +54,15 @@ static void put_common(struct builder *b, const struct model_config *c) {
     }
 }
 
+/* A one-label classifier as transformers saves one (id2label/label2id), plus
+ * num_labels for readers that look for that key. */
+static void put_labels(struct builder *b, const struct model_config *c) {
+    if (!c->score_head) return;
+    put_int(b, "num_labels", 1);
+    put(b, "id2label", json_pack("{s:s}", "0", "LABEL_0"));
+    put(b, "label2id", json_pack("{s:i}", "LABEL_0", 0));
+}
+
 static void put_gpt2(struct builder *b, const struct model_config *c) {
     put_int(b, "n_embd", c->hidden_size);
     put_int(b, "n_layer", c->n_layers);
@@ -108,6 +117,7 @@ static const char *first_difference(const struct model_config *a, const struct m
     DIFF(rope_theta);
     if (strcmp(a->hidden_act, b->hidden_act) != 0) return "hidden_act";
     DIFF(qkv_bias); DIFF(o_bias); DIFF(mlp_bias); DIFF(qk_norm); DIFF(tie_word_embeddings);
+    DIFF(score_head);
     DIFF(sliding_window); DIFF(max_window_layers); DIFF(torch_dtype);
     DIFF(bos_token_id); DIFF(pad_token_id); DIFF(n_eos_token_ids);
     for (int i = 0; i < a->n_eos_token_ids && i < MODEL_CONFIG_MAX_EOS; i++)
@@ -129,6 +139,7 @@ int model_config_to_json(const struct model_config *cfg, json_t **out,
     struct builder b = {json_object(), false};
     if (!b.obj) return error_set(err, SMELT_ENOMEM, "model_config_to_json: out of memory");
     put_common(&b, cfg);
+    put_labels(&b, cfg);
     if (cfg->type == MODEL_TYPE_GPT2) put_gpt2(&b, cfg);
     else put_rope_family(&b, cfg);
     if (b.bad) {

@@ -424,6 +424,7 @@ int model_forward(struct model *m, struct model_acts *a, const struct model_batc
     TRY(check_out("model_forward", "hidden", hidden, T, d.C, true, m->backend, err));
     if (logprobs && !b->targets)
         return error_set(err, SMELT_EINVAL, "model_forward: logprobs need batch targets");
+    if (logprobs || logits) TRY(model_check_lm_head(m, "model_forward", err));
     TRY(stage_batch(a, b, err));
     struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
 
@@ -480,6 +481,7 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
         return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs given but the forward had no targets");
     TRY(check_out("model_backward", "dlogprobs", dlogprobs, T, 1, false, m->backend, err));
     TRY(check_out("model_backward", "dhidden", dhidden, T, d.C, false, m->backend, err));
+    if (dlogprobs) TRY(model_check_lm_head(m, "model_backward", err));
     struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
     struct tensor dh = rows2(&a->dh, T, d.C), dres = rows2(&a->dres, T, d.C);
 

@@ -101,6 +101,7 @@ int model_step_buffers_alloc(const struct model *m, int64_t max_tokens, int max_
                              struct model_step_buffers **out, struct smelt_error *err) {
     if (max_tokens < 1 || max_seqs < 1 || max_blocks < 1)
         return error_set(err, SMELT_EINVAL, "step buffers: max_tokens, max_seqs and max_blocks must be >= 1");
+    TRY(model_check_lm_head(m, "step buffers", err));
     struct model_step_buffers *b = calloc(1, sizeof *b);
     if (!b) return error_set(err, SMELT_ENOMEM, "step buffers: out of memory");
     b->max_tokens = max_tokens;

@@ -34,6 +34,9 @@ int model_generate_reference(struct model *m, const int32_t *prompt, int64_t n_p
     memset(out, 0, sizeof *out);
     int rc = check_params(p, err);
     if (rc) return rc;
+    if (!m->w.lm_head.data)
+        return error_set(err, SMELT_EINVAL, "generate: %s is a sequence classifier (no lm_head): it "
+                         "scores text, it does not generate", m->config.architecture);
     int64_t ctx = m->config.max_seq_len, V = m->config.vocab_size, C = m->config.hidden_size;
     if (n_prompt < 1) return error_set(err, SMELT_EINVAL, "prompt is empty");
     if (n_prompt >= ctx)

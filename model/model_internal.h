@@ -58,6 +58,15 @@ struct model_acts {
 
 /* ---- shared by forward.c (training) and forward_paged.c (generation) ---- */
 
+/* Logits need an lm_head; a sequence classifier (reward model) has only its score. */
+static inline int model_check_lm_head(const struct model *m, const char *fn, struct smelt_error *err) {
+    if (m->w.lm_head.data) return SMELT_OK;
+    return error_set(err, SMELT_EINVAL,
+                     "%s: %s is a sequence classifier: it has a score head and no lm_head, so no "
+                     "logits (score hidden states with model_score_forward)",
+                     fn, m->config.architecture);
+}
+
 /* ---- views ---- */
 
 /* The first `rows` rows of a buffer, shaped [rows, cols]. */

@@ -47,6 +47,18 @@ static void visit(struct param_visit *v, struct tensor *wview, struct tensor *gv
 
 #define NAME_BYTES 96
 
+/* The output head: a sequence classifier's score [1, C] (transformers' *ForSequence-
+ * Classification have no lm_head), else lm_head unless it is the tied embedding. */
+static void visit_head(struct param_visit *v) {
+    struct model *m = v->model;
+    const struct model_config *c = &m->config;
+    int64_t C = c->hidden_size, V = c->vocab_size;
+    if (c->score_head)
+        visit(v, &m->w.score, &m->g.score, "score.weight", 2, 1, C, NULL, 0, 1, false);
+    else if (!c->tie_word_embeddings)
+        visit(v, &m->w.lm_head, &m->g.lm_head, "lm_head.weight", 2, V, C, NULL, 0, 1, false);
+}
+
 static void visit_llama(struct param_visit *v) {
     struct model *m = v->model;
     const struct model_config *c = &m->config;
@@ -79,8 +91,7 @@ static void visit_llama(struct param_visit *v) {
 #undef P
     }
     visit(v, &m->w.final_norm_w, &m->g.final_norm_w, "model.norm.weight", 1, C, 0, NULL, 0, 1, false);
-    if (!c->tie_word_embeddings)
-        visit(v, &m->w.lm_head, &m->g.lm_head, "lm_head.weight", 2, V, C, NULL, 0, 1, false);
+    visit_head(v);
 }
 
 static void visit_gpt2(struct param_visit *v) {
@@ -118,8 +129,7 @@ static void visit_gpt2(struct param_visit *v) {
     }
     visit(v, &m->w.final_norm_w, &m->g.final_norm_w, "transformer.ln_f.weight", 1, C, 0, NULL, 0, 1, false);
     visit(v, &m->w.final_norm_b, &m->g.final_norm_b, "transformer.ln_f.bias", 1, C, 0, NULL, 0, 1, false);
-    if (!c->tie_word_embeddings)
-        visit(v, &m->w.lm_head, &m->g.lm_head, "lm_head.weight", 2, V, C, NULL, 0, 1, false);
+    visit_head(v);
 }
 
 static void visit_all(struct param_visit *v) {
@@ -128,7 +138,7 @@ static void visit_all(struct param_visit *v) {
     else
         visit_llama(v);
     struct model *m = v->model;
-    if (v->bind && m->config.tie_word_embeddings) {
+    if (v->bind && m->config.tie_word_embeddings && !m->config.score_head) {
         m->w.lm_head = m->w.wte;
         m->g.lm_head = m->g.wte;
     }

@@ -52,7 +52,10 @@ struct model_weights {
     struct tensor wte;                        /* [V, C] */
     struct tensor wpe;                        /* [P, C], GPT-2 */
     struct tensor final_norm_w, final_norm_b; /* [C] */
-    struct tensor lm_head;                    /* [V, C]; a view of wte when tied */
+    struct tensor lm_head;                    /* [V, C]; a view of wte when tied; absent
+                                                 (data NULL) in a sequence classifier */
+    struct tensor score;                      /* [1, C]: a sequence classifier's head
+                                                 (config.score_head), model/score_head.h */
     struct layer_weights *layers;             /* [n_layers] */
 };
 

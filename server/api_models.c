@@ -1,5 +1,7 @@
 /* /v1/models: base models found under the models directory, and the models and adapters
- * the project's jobs produced; each id works as a job's `model`. */
+ * the project's jobs produced; each id works as a job's `model`. Each says its weights'
+ * form (kind: base, full, lora) and, where smelt knows it, what its head does (head: "lm"
+ * generates; "reward" scores, for reward models). */
 #include <dirent.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,15 +47,43 @@ int models_resolve(struct server *s, struct store_conn *conn, const char *projec
     return 0;
 }
 
-static json_t *base_object(const char *name, int64_t created) {
-    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", name, "object", "model", "created", (json_int_t)created,
-                     "owned_by", "smelt", "kind", "base");
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A base model's head from its config.json's architecture (transformers' class names),
+ * NULL when the file names none that says. */
+static const char *base_head(const char *dir) {
+    char path[SERVER_PATH_BYTES + 16];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *config = NULL;
+    struct smelt_error err = {0};
+    if (json_load_path(path, &config, &err) != 0) return NULL;
+    const char *arch = json_string_value(json_array_get(json_object_get(config, "architectures"), 0));
+    const char *head = !arch                                                            ? NULL
+                       : ends_with(arch, "ForCausalLM") || ends_with(arch, "LMHeadModel") ? "lm"
+                       : ends_with(arch, "ForSequenceClassification")                   ? "reward"
+                                                                                        : NULL;
+    json_decref(config);
+    return head;
+}
+
+static json_t *base_object(const char *name, const char *dir) {
+    struct stat st;
+    json_int_t created = stat(dir, &st) == 0 ? (json_int_t)st.st_mtime : 0;
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", name, "object", "model", "created", created,
+                          "owned_by", "smelt", "kind", "base");
+    const char *head = base_head(dir);
+    if (o && head) json_object_set_new(o, "head", json_string(head));
+    return o;
 }
 
 static json_t *job_model_object(json_t *row) {
-    return json_pack("{s:O, s:s, s:O, s:O, s:O, s:O, s:O}", "id", json_object_get(row, "id"), "object", "model",
-                     "created", json_object_get(row, "created_at"), "owned_by", json_object_get(row, "project_id"),
-                     "kind", json_object_get(row, "kind"), "base_model", json_object_get(row, "base_model"),
+    return json_pack("{s:O, s:s, s:O, s:O, s:O, s:O, s:O, s:O}", "id", json_object_get(row, "id"), "object",
+                     "model", "created", json_object_get(row, "created_at"), "owned_by",
+                     json_object_get(row, "project_id"), "kind", json_object_get(row, "kind"), "head",
+                     json_object_get(row, "head"), "base_model", json_object_get(row, "base_model"),
                      "fine_tuning_job_id", json_object_get(row, "job_id"));
 }
 
@@ -66,9 +96,7 @@ void api_models_list(void *app, struct http_request *req, struct http_response *
         while ((e = readdir(dir))) {
             char path[SERVER_PATH_BYTES];
             if (!base_model_dir(s, e->d_name, path, sizeof path)) continue;
-            struct stat st;
-            int64_t created = stat(path, &st) == 0 ? (int64_t)st.st_mtime : 0;
-            json_array_append_new(data, base_object(e->d_name, created));
+            json_array_append_new(data, base_object(e->d_name, path));
         }
         closedir(dir);
     }
@@ -103,8 +131,7 @@ void api_models_get(void *app, struct http_request *req, struct http_response *r
             http_reply_error(res, 404, "model", "model_not_found", "No such model: %s", id);
             return;
         }
-        struct stat st;
-        http_reply_json(res, 200, base_object(id, stat(path, &st) == 0 ? (int64_t)st.st_mtime : 0));
+        http_reply_json(res, 200, base_object(id, path));
         return;
     }
     struct store_conn *conn = server_conn(s, res);

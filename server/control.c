@@ -57,6 +57,8 @@ static void job_succeed(struct server *s, struct store_conn *c, json_t *job) {
     json_t *spec = json_loads(json_string_value(json_object_get(job, "spec")), 0, NULL);
     bool lora = spec && json_is_object(json_object_get(spec, "lora"));
     json_decref(spec);
+    json_t *method = json_loads(json_string_value(json_object_get(job, "method")), 0, NULL);
+    const char *head = jobs_method_head(json_string_value(json_object_get(method, "type")) ?: "supervised");
     struct smelt_error err = {0};
     char base[256];
     snprintf(base, sizeof base, "%s", model);
@@ -73,8 +75,9 @@ static void job_succeed(struct server *s, struct store_conn *c, json_t *job) {
     snprintf(path, sizeof path, "%s/%s/output", s->jobs_dir, id);
     int64_t now = server_now();
     int rc = store_exec(c, &err, "INSERT OR REPLACE INTO models (id, project_id, job_id, path, kind, base_model, "
-                        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssssssi", name, project, id, path,
-                        lora ? "lora" : "full", base, now);
+                        "created_at, head) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", "ssssssis", name, project, id, path,
+                        lora ? "lora" : "full", base, now, head ? head : "lm");
+    json_decref(method);
     exec_logged("model row", rc, &err);
     rc = store_exec(c, &err, "UPDATE jobs SET status = 'succeeded', finished_at = ?, fine_tuned_model = ? "
                     "WHERE id = ?", "iss", now, name, id);
@@ -264,6 +267,166 @@ static bool agent_known(struct store_conn *c, const char *agent_id) {
     return online;
 }
 
+/* The preference metrics of DPO lines, TRL's names as the trainer writes them: as they
+ * are on train lines, after VAL_PREFIX on eval and final lines (as val_loss is). An
+ * event's data carries them under the line's names. */
+static const char *const PREFERENCE_METRICS[] = {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
+                                                 "rewards/margins", "logps/chosen",     "logps/rejected"};
+#define N_PREFERENCE_METRICS ((int)(sizeof PREFERENCE_METRICS / sizeof PREFERENCE_METRICS[0]))
+#define VAL_PREFIX "val_"
+
+static json_t *preference_metric(const json_t *line, const char *prefix, const char *name, char *key, size_t cap) {
+    snprintf(key, cap, "%s%s", prefix, name);
+    return json_object_get(line, key);
+}
+
+static void add_preference_metrics(json_t *data, const json_t *line, const char *prefix) {
+    for (int i = 0; data && i < N_PREFERENCE_METRICS; i++) {
+        char key[64];
+        json_t *v = preference_metric(line, prefix, PREFERENCE_METRICS[i], key, sizeof key);
+        if (json_is_number(v)) json_object_set(data, key, v);
+    }
+}
+
+/* Appends ", preference accuracy=A, reward margin=M" (those present in line) to out. */
+static void append_preference_summary(const json_t *line, const char *prefix, char *out, size_t cap) {
+    char key[64];
+    json_t *acc = preference_metric(line, prefix, "rewards/accuracies", key, sizeof key);
+    json_t *margin = preference_metric(line, prefix, "rewards/margins", key, sizeof key);
+    size_t n = strlen(out);
+    if (json_is_number(acc) && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, "%spreference accuracy=%.4f", n ? ", " : "", json_number_value(acc));
+    if (json_is_number(margin) && n < cap)
+        snprintf(out + n, cap - n, "%sreward margin=%.4f", n ? ", " : "", json_number_value(margin));
+}
+
+static int64_t total_steps(struct store_conn *c, const char *id) {
+    struct smelt_error err = {0};
+    json_t *start = NULL;
+    if (store_query_one(c, &start, &err, "SELECT data AS data__json FROM metrics WHERE job_id = ? AND "
+                        "type = 'start' ORDER BY id LIMIT 1", "s", id) != 0)
+        return 0;
+    int64_t total = json_integer_value(json_object_get(json_object_get(start, "data"), "total_steps"));
+    json_decref(start);
+    return total;
+}
+
+static void metrics_event(struct server *s, struct store_conn *c, const char *id, json_t *data, const char *msg) {
+    struct smelt_error err = {0};
+    exec_logged("event", jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg), &err);
+}
+
+static void on_train_line(struct server *s, struct store_conn *c, const char *id, int64_t step, const json_t *line) {
+    int64_t total = total_steps(c, id);
+    double loss = json_number_value(json_object_get(line, "loss"));
+    json_t *data = json_pack("{s:I, s:f, s:O?, s:O?, s:O?, s:O?, s:I}", "step", (json_int_t)step, "train_loss",
+                             loss, "learning_rate", json_object_get(line, "lr"), "grad_norm",
+                             json_object_get(line, "grad_norm"), "tokens_per_s", json_object_get(line, "tokens_per_s"),
+                             "epoch", json_object_get(line, "epoch"), "total_steps", (json_int_t)total);
+    add_preference_metrics(data, line, "");
+    char extra[160] = "", msg[512];
+    append_preference_summary(line, "", extra, sizeof extra);
+    snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f%s%s", (long long)step, (long long)total, loss,
+             extra[0] ? ", " : "", extra);
+    metrics_event(s, c, id, data, msg);
+    json_decref(data);
+    struct smelt_error err = {0};
+    json_t *tt = json_object_get(line, "trained_tokens");
+    if (json_is_integer(tt))
+        exec_logged("trained tokens", store_exec(c, &err, "UPDATE jobs SET trained_tokens = "
+                    "coalesce(trained_tokens, 0) + ? WHERE id = ?", "is", (int64_t)json_integer_value(tt), id),
+                    &err);
+}
+
+static void on_eval_line(struct server *s, struct store_conn *c, const char *id, int64_t step, const json_t *line) {
+    double vl = json_number_value(json_object_get(line, "val_loss"));
+    json_t *data = json_pack("{s:I, s:f}", "step", (json_int_t)step, "valid_loss", vl);
+    add_preference_metrics(data, line, VAL_PREFIX);
+    char extra[160] = "", msg[512];
+    append_preference_summary(line, VAL_PREFIX, extra, sizeof extra);
+    snprintf(msg, sizeof msg, "Step %lld: validation loss=%.4f%s%s", (long long)step, vl, extra[0] ? ", " : "",
+             extra);
+    metrics_event(s, c, id, data, msg);
+    json_decref(data);
+}
+
+/* The preference metrics the job ended with (VAL_PREFIX names): the final line's, else
+ * the last evaluation's (NULL when neither has them; a new reference). */
+static json_t *final_preference(struct store_conn *c, const char *id, const json_t *line) {
+    static const char accuracy[] = VAL_PREFIX "rewards/accuracies";
+    if (json_is_number(json_object_get(line, accuracy))) return json_incref((json_t *)line);
+    struct smelt_error err = {0};
+    json_t *last = NULL;
+    if (store_query_one(c, &last, &err, "SELECT data AS data__json FROM metrics WHERE job_id = ? AND type = "
+                        "'eval' ORDER BY step DESC LIMIT 1", "s", id) != 0)
+        return NULL;
+    json_t *data = json_incref(json_object_get(last, "data"));
+    json_decref(last);
+    if (json_is_number(json_object_get(data, accuracy))) return data;
+    json_decref(data);
+    return NULL;
+}
+
+static void on_final_line(struct server *s, struct store_conn *c, const char *id, int64_t step, const json_t *line) {
+    struct smelt_error err = {0};
+    exec_logged("final", store_exec(c, &err, "UPDATE jobs SET saw_final = 1 WHERE id = ?", "s", id), &err);
+    json_t *vl = json_object_get(line, "val_loss"), *acc = json_object_get(line, "accuracy");
+    char extra[240] = "", msg[512];
+    if (json_is_number(vl)) snprintf(extra, sizeof extra, "validation loss=%.4f", json_number_value(vl));
+    if (json_is_number(acc))
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%saccuracy=%.4f", extra[0] ? ", " : "",
+                 json_number_value(acc));
+    json_t *data = json_deep_copy(line), *pref = final_preference(c, id, line);
+    append_preference_summary(pref, VAL_PREFIX, extra, sizeof extra);
+    add_preference_metrics(data, pref, VAL_PREFIX);
+    json_decref(pref);
+    snprintf(msg, sizeof msg, "Training finished at step %lld%s%s", (long long)step, extra[0] ? ": " : "", extra);
+    metrics_event(s, c, id, data, msg);
+    json_decref(data);
+}
+
+/* A checkpoint row, with the metrics of the last training step at or before it. */
+static void on_checkpoint_line(struct server *s, struct store_conn *c, const char *id, int64_t step,
+                               const json_t *line) {
+    const char *rel = json_string_value(json_object_get(line, "path"));
+    char path[SERVER_PATH_BYTES + 256], ckpt_id[HTTP_ID_BYTES], msg[128];
+    snprintf(path, sizeof path, "%s/%s/%s", s->jobs_dir, id, rel ? rel : "");
+    server_new_id("ftckpt-", ckpt_id, sizeof ckpt_id);
+    struct smelt_error err = {0};
+    json_t *last = NULL, *metrics = NULL;
+    if (store_query_one(c, &last, &err, "SELECT data AS data__json FROM metrics WHERE job_id = ? AND type = "
+                        "'train' AND step <= ? ORDER BY step DESC LIMIT 1", "si", id, step) == 0) {
+        json_t *d = json_object_get(last, "data");
+        metrics = json_pack("{s:I, s:O?, s:O?}", "step", (json_int_t)step, "train_loss",
+                            json_object_get(d, "loss"), "learning_rate", json_object_get(d, "lr"));
+        add_preference_metrics(metrics, d, "");
+        json_decref(last);
+    }
+    error_clear(&err);
+    int rc = store_exec(c, &err, "INSERT OR IGNORE INTO checkpoints (id, job_id, step, created_at, path, metrics) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", "ssiisj", ckpt_id, id, step, server_now(), path, metrics);
+    json_decref(metrics);
+    exec_logged("checkpoint row", rc, &err);
+    snprintf(msg, sizeof msg, "Checkpoint saved at step %lld", (long long)step);
+    job_event(s, c, id, "info", "%s", msg);
+}
+
+static void on_start_line(struct server *s, struct store_conn *c, const char *id, const json_t *line) {
+    char msg[512];
+    int n = snprintf(msg, sizeof msg, "Training started: %lld steps on %lld examples",
+                     (long long)json_integer_value(json_object_get(line, "total_steps")),
+                     (long long)json_integer_value(json_object_get(line, "train_examples")));
+    const char *backend = NULL, *kernels = NULL;
+    json_int_t threads = 0;
+    if (n > 0 && (size_t)n < sizeof msg &&
+        !json_unpack((json_t *)line, "{s:{s:s, s:s, s:I}}", "compute", "backend", &backend, "blas_kernels",
+                     &kernels, "cpu_threads", &threads))
+        snprintf(msg + n, sizeof msg - (size_t)n, " (%s backend; CPU: OpenBLAS %.32s kernels, %lld threads)",
+                 backend, kernels, (long long)threads);
+    job_event(s, c, id, "info", "%s", msg);
+}
+
+/* A worker's metrics line: recorded once per (type, step), then turned into events. */
 static void on_worker_event(struct server *s, struct store_conn *c, json_t *job, const struct msg *m) {
     const char *id = json_string_value(json_object_get(job, "id"));
     json_t *line = json_object_get(m->header, "line");
@@ -281,82 +444,11 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
     int rc = store_exec(c, &err, "INSERT INTO metrics (job_id, attempt, step, type, data) VALUES (?, ?, ?, ?, ?)",
                         "siisj", id, json_integer_value(json_object_get(m->header, "attempt")), step, type, line);
     exec_logged("metrics row", rc, &err);
-    char msg[512];
-    if (strcmp(type, "train") == 0) {
-        int64_t total = 0;
-        json_t *start = NULL;
-        if (store_query_one(c, &start, &err, "SELECT data AS data__json FROM metrics WHERE job_id = ? AND "
-                            "type = 'start' ORDER BY id LIMIT 1", "s", id) == 0) {
-            total = json_integer_value(json_object_get(json_object_get(start, "data"), "total_steps"));
-            json_decref(start);
-        }
-        double loss = json_number_value(json_object_get(line, "loss"));
-        json_t *data = json_pack("{s:I, s:f, s:O?, s:O?, s:O?, s:O?, s:I}", "step", (json_int_t)step, "train_loss",
-                                 loss, "learning_rate", json_object_get(line, "lr"), "grad_norm",
-                                 json_object_get(line, "grad_norm"), "tokens_per_s", json_object_get(line, "tokens_per_s"),
-                                 "epoch", json_object_get(line, "epoch"), "total_steps", (json_int_t)total);
-        snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f", (long long)step, (long long)total, loss);
-        rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
-        json_decref(data);
-        exec_logged("event", rc, &err);
-        json_t *tt = json_object_get(line, "trained_tokens");
-        if (json_is_integer(tt))
-            exec_logged("trained tokens", store_exec(c, &err, "UPDATE jobs SET trained_tokens = "
-                        "coalesce(trained_tokens, 0) + ? WHERE id = ?", "is", (int64_t)json_integer_value(tt), id),
-                        &err);
-    } else if (strcmp(type, "eval") == 0) {
-        double vl = json_number_value(json_object_get(line, "val_loss"));
-        json_t *data = json_pack("{s:I, s:f}", "step", (json_int_t)step, "valid_loss", vl);
-        snprintf(msg, sizeof msg, "Step %lld: validation loss=%.4f", (long long)step, vl);
-        rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
-        json_decref(data);
-        exec_logged("event", rc, &err);
-    } else if (strcmp(type, "checkpoint") == 0) {
-        const char *rel = json_string_value(json_object_get(line, "path"));
-        char path[SERVER_PATH_BYTES + 256], ckpt_id[HTTP_ID_BYTES];
-        snprintf(path, sizeof path, "%s/%s/%s", s->jobs_dir, id, rel ? rel : "");
-        server_new_id("ftckpt-", ckpt_id, sizeof ckpt_id);
-        json_t *last = NULL, *metrics = NULL;
-        if (store_query_one(c, &last, &err, "SELECT data AS data__json FROM metrics WHERE job_id = ? AND type = "
-                            "'train' AND step <= ? ORDER BY step DESC LIMIT 1", "si", id, step) == 0) {
-            json_t *d = json_object_get(last, "data");
-            metrics = json_pack("{s:I, s:O?, s:O?}", "step", (json_int_t)step, "train_loss",
-                                json_object_get(d, "loss"), "learning_rate", json_object_get(d, "lr"));
-            json_decref(last);
-        }
-        error_clear(&err);
-        rc = store_exec(c, &err, "INSERT OR IGNORE INTO checkpoints (id, job_id, step, created_at, path, metrics) "
-                        "VALUES (?, ?, ?, ?, ?, ?)", "ssiisj", ckpt_id, id, step, server_now(), path, metrics);
-        json_decref(metrics);
-        exec_logged("checkpoint row", rc, &err);
-        snprintf(msg, sizeof msg, "Checkpoint saved at step %lld", (long long)step);
-        job_event(s, c, id, "info", "%s", msg);
-    } else if (strcmp(type, "final") == 0) {
-        exec_logged("final", store_exec(c, &err, "UPDATE jobs SET saw_final = 1 WHERE id = ?", "s", id), &err);
-        json_t *vl = json_object_get(line, "val_loss"), *acc = json_object_get(line, "accuracy");
-        char extra[160] = "";
-        if (json_is_number(vl)) snprintf(extra, sizeof extra, ": validation loss=%.4f", json_number_value(vl));
-        if (json_is_number(acc))
-            snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%saccuracy=%.4f", extra[0] ? ", " : ": ",
-                     json_number_value(acc));
-        snprintf(msg, sizeof msg, "Training finished at step %lld%s", (long long)step, extra);
-        json_t *data = json_deep_copy(line);
-        rc = jobs_event(s, c, id, "info", "metrics", data, &err, "%s", msg);
-        json_decref(data);
-        exec_logged("event", rc, &err);
-    } else if (strcmp(type, "start") == 0) {
-        int n = snprintf(msg, sizeof msg, "Training started: %lld steps on %lld examples",
-                         (long long)json_integer_value(json_object_get(line, "total_steps")),
-                         (long long)json_integer_value(json_object_get(line, "train_examples")));
-        const char *backend = NULL, *kernels = NULL;
-        json_int_t threads = 0;
-        if (n > 0 && (size_t)n < sizeof msg &&
-            !json_unpack(line, "{s:{s:s, s:s, s:I}}", "compute", "backend", &backend, "blas_kernels", &kernels,
-                         "cpu_threads", &threads))
-            snprintf(msg + n, sizeof msg - (size_t)n, " (%s backend; CPU: OpenBLAS %.32s kernels, %lld threads)",
-                     backend, kernels, (long long)threads);
-        job_event(s, c, id, "info", "%s", msg);
-    }
+    if (strcmp(type, "train") == 0) on_train_line(s, c, id, step, line);
+    else if (strcmp(type, "eval") == 0) on_eval_line(s, c, id, step, line);
+    else if (strcmp(type, "checkpoint") == 0) on_checkpoint_line(s, c, id, step, line);
+    else if (strcmp(type, "final") == 0) on_final_line(s, c, id, step, line);
+    else if (strcmp(type, "start") == 0) on_start_line(s, c, id, line);
 }
 
 static void on_agent_message(struct server *s, struct store_conn *c, const struct msg *m) {

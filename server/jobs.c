@@ -23,7 +23,7 @@
 #define JOBS_MAX_RETRIES 100
 #define JOBS_MAX_RUNTIME_SECONDS INT64_C(31536000) /* one year */
 #define JOBS_MAX_DEVICES 64
-#define JOBS_SUPERVISED_DEVICES 1
+#define JOBS_ONE_PROCESS_DEVICES 1 /* the trainers run on one process (no ZeRO yet) */
 
 bool jobs_status_final(const char *status) {
     return strcmp(status, "succeeded") == 0 || strcmp(status, "failed") == 0 ||
@@ -71,31 +71,65 @@ struct openai_hp {
     bool multiplies_default;
 };
 
-static const struct openai_hp OPENAI_HPS[] = {
-    {"n_epochs", "epochs", false},
-    {"batch_size", "batch_size", false},
-    {"learning_rate_multiplier", "learning_rate", true},
-};
-#define N_OPENAI_HPS ((int)(sizeof OPENAI_HPS / sizeof OPENAI_HPS[0]))
+#define OPENAI_COMMON_HPS \
+    {"n_epochs", "epochs", false}, {"batch_size", "batch_size", false}, \
+    {"learning_rate_multiplier", "learning_rate", true}
 
-static const struct openai_hp *openai_hp_named(const char *name) {
-    for (int i = 0; i < N_OPENAI_HPS; i++)
-        if (strcmp(OPENAI_HPS[i].name, name) == 0) return &OPENAI_HPS[i];
+static const struct openai_hp SUPERVISED_HPS[] = {OPENAI_COMMON_HPS};
+static const struct openai_hp DPO_HPS[] = {{"beta", "beta", false}, OPENAI_COMMON_HPS};
+
+/* A method smelt runs: the trainer's job type, the rows its files must hold, and the
+ * OpenAI hyperparameter names it takes (the job object shows them resolved). */
+struct job_method {
+    const char *type;      /* method.type, also the member of method holding its settings */
+    const char *spec_type; /* the job spec's type */
+    const char *data_kind; /* dataset_kind_name of its files' rows (the files table's kind) */
+    const char *rows;      /* the same, for messages */
+    const char *head;      /* what its model's head does (GET /v1/models' head) */
+    const struct openai_hp *hps;
+    int n_hps;
+};
+
+#define METHOD_HPS(t) (t), (int)(sizeof(t) / sizeof(t)[0])
+static const struct job_method METHODS[] = {
+    {"supervised", "sft", "sft", "SFT rows (messages or prompt/completion)", "lm", METHOD_HPS(SUPERVISED_HPS)},
+    {"dpo", "dpo", "preference", "preference rows (prompt, chosen, rejected)", "lm", METHOD_HPS(DPO_HPS)},
+};
+#define SUPERVISED (&METHODS[0]) /* a request without method; the legacy top-level hyperparameters' */
+/* Method types that exist (OpenAI's reinforcement, smelt's plans) but have no trainer yet. */
+static const char *const LATER_METHODS[] = {"reinforcement", "ppo", "grpo", "reward_model"};
+
+static const struct job_method *method_named(const char *type) {
+    for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++)
+        if (strcmp(METHODS[i].type, type) == 0) return &METHODS[i];
+    return NULL;
+}
+
+const char *jobs_method_head(const char *type) {
+    const struct job_method *m = method_named(type);
+    return m ? m->head : NULL;
+}
+
+static const struct openai_hp *openai_hp_named(const struct job_method *m, const char *name) {
+    for (int i = 0; i < m->n_hps; i++)
+        if (strcmp(m->hps[i].name, name) == 0) return &m->hps[i];
     return NULL;
 }
 
 /* The OpenAI name through which the request set a trainer field, or NULL. */
-static const struct openai_hp *openai_hp_for(const json_t *hp, const char *field) {
-    for (int i = 0; i < N_OPENAI_HPS; i++)
-        if (strcmp(OPENAI_HPS[i].field, field) == 0 && !is_auto(json_object_get(hp, OPENAI_HPS[i].name)))
-            return &OPENAI_HPS[i];
+static const struct openai_hp *openai_hp_for(const struct job_method *m, const json_t *hp, const char *field) {
+    for (int i = 0; i < m->n_hps; i++)
+        if (strcmp(m->hps[i].field, field) == 0 && !is_auto(json_object_get(hp, m->hps[i].name)))
+            return &m->hps[i];
     return NULL;
 }
 
-/* Where the request's hyperparameters are: the object (NULL when none) and its path. */
+/* The request's method and where its hyperparameters are: the object (NULL when none)
+ * and its path. */
 struct hp_source {
+    const struct job_method *method;
     const json_t *hp;
-    const char *where; /* "hyperparameters" or "method.supervised.hyperparameters" */
+    char where[64]; /* "hyperparameters" or "method.<type>.hyperparameters" */
 };
 
 /* Errors name fields relative to src->where (error_in_field adds it). */
@@ -121,7 +155,7 @@ static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, str
     const char *key;
     json_t *value;
     json_object_foreach((json_t *)src->hp, key, value) {
-        const struct openai_hp *o = openai_hp_named(key);
+        const struct openai_hp *o = openai_hp_named(src->method, key);
         int rc = o ? map_openai_hp(src, o, spec_hp, err) : set_member(spec_hp, key, json_incref(value), err);
         TRY(error_in_field(err, rc, src->where));
     }
@@ -130,8 +164,13 @@ static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, str
 
 /* A trainer field's path ("hyperparameters.epochs") as the request's ("method.supervised.
  * hyperparameters.n_epochs"): the one place the API knows the two namings differ. The
- * other sections (data, lora, eval, ...) have the same paths in both. */
+ * spec's type comes from method.type; the other sections (data, lora, eval, ...) have the
+ * same paths in both. */
 static void request_param(const char *spec_field, const struct hp_source *src, char *param, size_t cap) {
+    if (strcmp(spec_field, "type") == 0) {
+        snprintf(param, cap, "method.type");
+        return;
+    }
     const char *hp = "hyperparameters";
     size_t n = strlen(hp);
     if (strncmp(spec_field, hp, n) != 0 || (spec_field[n] != '.' && spec_field[n] != '\0')) {
@@ -139,11 +178,13 @@ static void request_param(const char *spec_field, const struct hp_source *src, c
         return;
     }
     const char *name = spec_field[n] ? spec_field + n + 1 : "";
-    const struct openai_hp *o = openai_hp_for(src->hp, name);
-    snprintf(param, cap, "%s%s%s", src->where, *name ? "." : "", o ? o->name : name);
+    const struct openai_hp *o = openai_hp_for(src->method, src->hp, name);
+    snprintf(param, cap, "%.48s%s%.64s", src->where, *name ? "." : "", o ? o->name : name);
 }
 
-static int file_path(struct store_conn *conn, const char *project, const char *param,
+/* The path of an uploaded file the method can train on: processed (its report says why
+ * not) and of the method's kind (files.kind, from the upload's validation). */
+static int file_path(struct store_conn *conn, const char *project, const struct job_method *m, const char *param,
                      const char *id, char *path, size_t cap, struct smelt_error *err) {
     json_t *row = NULL;
     int rc = store_query_one(conn, &row, err,
@@ -158,10 +199,9 @@ static int file_path(struct store_conn *conn, const char *project, const char *p
                              (long long)json_integer_value(json_object_get(first, "line")), field,
                              *field ? ": " : "",
                              json_string_value(json_object_get(first, "message")) ?: "invalid");
-    } else if (strcmp(json_string_value(json_object_get(row, "kind")), "sft") != 0) {
-        rc = error_set_field(err, SMELT_EINVAL, param, "%s: %s holds %s rows; a supervised job needs SFT rows "
-                             "(messages or prompt/completion)", param, id,
-                             json_string_value(json_object_get(row, "kind")));
+    } else if (strcmp(json_string_value(json_object_get(row, "kind")) ?: "", m->data_kind) != 0) {
+        rc = error_set_field(err, SMELT_EINVAL, param, "%s: %s holds %s rows; a %s job needs %s", param, id,
+                             json_string_value(json_object_get(row, "kind")) ?: "unknown", m->type, m->rows);
     } else {
         snprintf(path, cap, "%s", json_string_value(json_object_get(row, "path")));
     }
@@ -287,7 +327,7 @@ static int check_integrations(const json_t *request, struct smelt_error *err) {
 }
 
 static int read_resources(const json_t *request, struct job_plan *p, struct smelt_error *err) {
-    p->devices = JOBS_SUPERVISED_DEVICES;
+    p->devices = JOBS_ONE_PROCESS_DEVICES;
     json_t *v = json_object_get(request, "resources");
     if (!v || json_is_null(v)) return SMELT_OK;
     if (!json_is_object(v)) return error_set_field(err, SMELT_EINVAL, "resources", "resources: an object is expected");
@@ -295,9 +335,9 @@ static int read_resources(const json_t *request, struct job_plan *p, struct smel
     const char *key = json_unknown_key(v, keys);
     if (key) return error_set_field(err, SMELT_EINVAL, "resources", "resources.%.64s: unknown field (devices)", key);
     TRY(error_in_field(err, int_field(v, "devices", 1, 1, JOBS_MAX_DEVICES, &p->devices, err), "resources"));
-    if (p->devices != JOBS_SUPERVISED_DEVICES)
+    if (p->devices != JOBS_ONE_PROCESS_DEVICES)
         return error_set_field(err, SMELT_EINVAL, "resources.devices",
-                               "resources.devices: supervised jobs run on one device in this version of smelt");
+                               "resources.devices: jobs run on one device in this version of smelt");
     return SMELT_OK;
 }
 
@@ -309,54 +349,73 @@ static int read_scheduling(const json_t *request, struct job_plan *p, struct sme
     return read_resources(request, p, err);
 }
 
-static int check_method_type(const json_t *method, struct smelt_error *err) {
+/* method.type: a method smelt runs; the planned ones are refused by name. */
+static int read_method_type(const json_t *method, const struct job_method **out, struct smelt_error *err) {
     json_t *v = json_object_get(method, "type");
     if (!json_is_string(v))
         return error_set_field(err, SMELT_EINVAL, "method.type",
                                "method.type: one of supervised, dpo, reinforcement, ppo, grpo, reward_model");
     const char *type = json_string_value(v);
-    static const char *const later[] = {"dpo", "reinforcement", "ppo", "grpo", "reward_model"};
-    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
-        if (strcmp(type, later[i]) == 0)
+    for (size_t i = 0; i < sizeof LATER_METHODS / sizeof LATER_METHODS[0]; i++)
+        if (strcmp(type, LATER_METHODS[i]) == 0)
             return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%s' jobs are not available "
-                                   "in this version of smelt yet (supervised is)", type);
-    if (strcmp(type, "supervised") != 0)
+                                   "in this version of smelt yet: their trainer does not exist (supervised and "
+                                   "dpo are)", type);
+    if (!(*out = method_named(type)))
         return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%.40s' is not a method "
                                "(supervised, dpo, reinforcement, ppo, grpo, reward_model)", type);
     return SMELT_OK;
 }
 
-/* method.supervised.hyperparameters (NULL when not given). */
-static int method_hyperparameters(const json_t *method, const json_t **hp, struct smelt_error *err) {
+/* method.<type>.hyperparameters (NULL when not given); the method's settings are in the
+ * member named after its type, as OpenAI has them. */
+static int method_hyperparameters(const json_t *method, struct hp_source *src, const json_t **hp,
+                                  struct smelt_error *err) {
     *hp = NULL;
     if (!json_is_object(method)) return error_set_field(err, SMELT_EINVAL, "method", "method: an object is expected");
-    TRY(check_method_type(method, err));
-    static const char *const method_keys[] = {"type", "supervised", NULL}, *const supervised_keys[] = {
-        "hyperparameters", NULL};
+    TRY(read_method_type(method, &src->method, err));
+    const char *type = src->method->type;
+    const char *const method_keys[] = {"type", type, NULL};
+    static const char *const settings_keys[] = {"hyperparameters", NULL};
+    char field[64];
+    snprintf(field, sizeof field, "method.%s", type);
     const char *key = json_unknown_key(method, method_keys);
-    if (key) return error_set_field(err, SMELT_EINVAL, "method", "method.%.64s: unknown field", key);
-    json_t *sup = json_object_get(method, "supervised");
-    if (!sup || json_is_null(sup)) return SMELT_OK;
-    if (!json_is_object(sup))
-        return error_set_field(err, SMELT_EINVAL, "method.supervised", "method.supervised: an object is expected");
-    if ((key = json_unknown_key(sup, supervised_keys)))
-        return error_set_field(err, SMELT_EINVAL, "method.supervised", "method.supervised.%.64s: unknown field", key);
-    json_t *v = json_object_get(sup, "hyperparameters");
+    if (key) {
+        char unknown[SMELT_ERROR_FIELD_BYTES];
+        snprintf(unknown, sizeof unknown, "method.%.64s", key);
+        return error_set_field(err, SMELT_EINVAL, unknown, "%s: unknown field (a %s job's settings go in %s)",
+                               unknown, type, field);
+    }
+    json_t *settings = json_object_get(method, type);
+    if (!settings || json_is_null(settings)) return SMELT_OK;
+    if (!json_is_object(settings))
+        return error_set_field(err, SMELT_EINVAL, field, "%s: an object is expected", field);
+    if ((key = json_unknown_key(settings, settings_keys)))
+        return error_set_field(err, SMELT_EINVAL, field, "%s.%.64s: unknown field", field, key);
+    json_t *v = json_object_get(settings, "hyperparameters");
     *hp = v && !json_is_null(v) ? v : NULL;
     return SMELT_OK;
 }
 
-/* method.supervised.hyperparameters, or the legacy top-level hyperparameters. */
+/* The method (supervised when none is given) and its hyperparameters: in
+ * method.<type>.hyperparameters, or, for supervised jobs only, the legacy top level. */
 static int find_hyperparameters(const json_t *request, struct hp_source *src, struct smelt_error *err) {
     const json_t *top = json_object_get(request, "hyperparameters"), *in_method = NULL;
     if (top && json_is_null(top)) top = NULL;
+    src->method = SUPERVISED;
     const json_t *method = json_object_get(request, "method");
-    if (method && !json_is_null(method)) TRY(method_hyperparameters(method, &in_method, err));
+    if (method && !json_is_null(method)) TRY(method_hyperparameters(method, src, &in_method, err));
+    const char *type = src->method->type;
     if (top && in_method)
         return error_set_field(err, SMELT_EINVAL, "hyperparameters", "hyperparameters: give them in "
-                               "method.supervised.hyperparameters or at the top level, not both");
+                               "method.%s.hyperparameters or at the top level, not both", type);
+    if (top && src->method != SUPERVISED)
+        return error_set_field(err, SMELT_EINVAL, "hyperparameters", "hyperparameters: the top level is the "
+                               "legacy place of supervised jobs' hyperparameters; a %s job takes them in "
+                               "method.%s.hyperparameters", type, type);
     src->hp = in_method ? in_method : top;
-    src->where = in_method ? "method.supervised.hyperparameters" : "hyperparameters";
+    if (in_method) snprintf(src->where, sizeof src->where, "method.%s.hyperparameters", type);
+    else snprintf(src->where, sizeof src->where, "hyperparameters");
     if (src->hp && !json_is_object(src->hp))
         return error_set_field(err, SMELT_EINVAL, src->where, "%s: an object is expected", src->where);
     return SMELT_OK;
@@ -368,17 +427,18 @@ struct job_inputs {
 };
 
 static int resolve_inputs(struct server *s, struct store_conn *conn, const char *project,
-                          const struct job_plan *p, struct job_inputs *in, struct smelt_error *err) {
+                          const struct job_method *m, const struct job_plan *p, struct job_inputs *in,
+                          struct smelt_error *err) {
     char kind[16];
     int rc = models_resolve(s, conn, project, p->model, in->model, sizeof in->model, kind, sizeof kind, err);
     if (rc == SMELT_ENOTFOUND)
         return error_set_field(err, SMELT_EINVAL, "model", "model: no such model: %s (GET /v1/models lists them)",
                                p->model);
     TRY(rc);
-    TRY(file_path(conn, project, "training_file", p->training_file, in->train, sizeof in->train, err));
+    TRY(file_path(conn, project, m, "training_file", p->training_file, in->train, sizeof in->train, err));
     in->validation[0] = 0;
     if (!p->validation_file) return SMELT_OK;
-    return file_path(conn, project, "validation_file", p->validation_file, in->validation,
+    return file_path(conn, project, m, "validation_file", p->validation_file, in->validation,
                      sizeof in->validation, err);
 }
 
@@ -414,8 +474,8 @@ static int copy_trainer_fields(const json_t *request, json_t *spec, struct smelt
 
 static int build_spec(const json_t *request, const struct job_inputs *in, const char *job_dir,
                       const struct hp_source *src, struct job_plan *p, struct smelt_error *err) {
-    p->spec = json_pack("{s:s, s:s, s:{s:s}, s:{}, s:s, s:I, s:i}", "type", "sft", "model", in->model,
-                        "data", "train", in->train, "hyperparameters", "output_dir", job_dir,
+    p->spec = json_pack("{s:s, s:s, s:{s:s}, s:{}, s:s, s:I, s:i}", "type", src->method->spec_type, "model",
+                        in->model, "data", "train", in->train, "hyperparameters", "output_dir", job_dir,
                         "seed", (json_int_t)p->seed, "log_every_steps", 1);
     if (!p->spec) return error_set(err, SMELT_ENOMEM, "out of memory");
     if (in->validation[0])
@@ -424,21 +484,27 @@ static int build_spec(const json_t *request, const struct job_inputs *in, const 
     return copy_trainer_fields(request, p->spec, err);
 }
 
-/* The job object's hyperparameters under OpenAI's names, resolved from the parsed spec. */
-static int show_hyperparameters(const struct job_spec *js, struct job_plan *p, struct smelt_error *err) {
+/* The job object's hyperparameters under OpenAI's names, resolved from the parsed spec:
+ * {"type": T, T: {"hyperparameters": {...}}}, as OpenAI shows a job's method. */
+static int show_hyperparameters(const struct job_method *m, const struct job_spec *js, struct job_plan *p,
+                                struct smelt_error *err) {
     p->shown_hp = json_object();
     if (!p->shown_hp) return error_set(err, SMELT_ENOMEM, "out of memory");
-    for (int i = 0; i < N_OPENAI_HPS; i++) {
-        const struct openai_hp *o = &OPENAI_HPS[i];
+    for (int i = 0; i < m->n_hps; i++) {
+        const struct openai_hp *o = &m->hps[i];
         const struct job_hp_field *f = job_hp_field_find(o->field);
-        SMELT_ASSERT(f && (f->kind == JOB_FIELD_INT || f->kind == JOB_FIELD_NUMBER));
+        /* The trainer accepted the spec, so it runs this method; a table without the field
+         * is a trainer and smeltd out of step: the server's failure, not the caller's. */
+        if (!f || (f->kind != JOB_FIELD_INT && f->kind != JOB_FIELD_NUMBER))
+            return error_set(err, SMELT_EUNSUPPORTED, "the trainer has no numeric hyperparameter '%s' (for %s)",
+                             o->field, o->name);
         const void *value = (const char *)js + f->offset;
         json_t *shown = f->kind == JOB_FIELD_INT ? json_integer(*(const int64_t *)value)
                         : o->multiplies_default ? json_real(*(const double *)value / f->def)
                                                 : json_real(*(const double *)value);
         TRY(set_member(p->shown_hp, o->name, shown, err));
     }
-    p->method = json_pack("{s:s, s:{s:O}}", "type", "supervised", "supervised", "hyperparameters", p->shown_hp);
+    p->method = json_pack("{s:s, s:{s:O}}", "type", m->type, m->type, "hyperparameters", p->shown_hp);
     return p->method ? SMELT_OK : error_set(err, SMELT_ENOMEM, "out of memory");
 }
 
@@ -450,7 +516,7 @@ static int check_spec(const struct hp_source *src, struct job_plan *p, struct sm
     struct smelt_error spec_err = {0};
     int rc = job_spec_from_json(p->spec, where, &js, &spec_err);
     if (rc == SMELT_ENOMEM) return error_set(err, rc, "%s", spec_err.message);
-    if (rc == SMELT_OK) return show_hyperparameters(&js, p, err);
+    if (rc == SMELT_OK) return show_hyperparameters(src->method, &js, p, err);
     const char *message = spec_err.message;
     if (strncmp(message, where, strlen(where)) == 0 && strncmp(message + strlen(where), ": ", 2) == 0)
         message += strlen(where) + 2;
@@ -473,7 +539,7 @@ static int plan_job(struct server *s, struct store_conn *conn, const char *proje
     struct hp_source src = {0};
     TRY(find_hyperparameters(request, &src, err));
     struct job_inputs in;
-    TRY(resolve_inputs(s, conn, project, p, &in, err));
+    TRY(resolve_inputs(s, conn, project, src.method, p, &in, err));
     TRY(build_spec(request, &in, job_dir, &src, p, err));
     return check_spec(&src, p, err);
 }
@@ -599,7 +665,8 @@ static json_t *parse_text(json_t *row, const char *key) {
 json_t *jobs_object(struct server *s, json_t *row) {
     (void)s;
     json_t *method = parse_text(row, "method");
-    json_t *hp = json_object_get(json_object_get(method, "supervised"), "hyperparameters");
+    const char *type = json_string_value(json_object_get(method, "type")) ?: "supervised";
+    json_t *hp = json_object_get(json_object_get(method, type), "hyperparameters");
     json_t *spec = parse_text(row, "spec");
     json_t *o = json_pack(
         "{s:s, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O?, s:O, s:O?, s:O, s:O, s:[], s:[], s:n}",

@@ -80,6 +80,9 @@ int jobs_event(struct server *s, struct store_conn *conn, const char *job_id, co
                const char *type, json_t *data, struct smelt_error *err, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 bool jobs_status_final(const char *status);
+/* The head of the model a job of method.type `type` makes ("lm"; reward models will say
+ * "reward"), or NULL for a type smelt does not run. */
+const char *jobs_method_head(const char *type);
 
 /* ---- the control loop (server/control.c): agents, scheduling, cron ---- */
 

@@ -91,6 +91,9 @@ static const char *const MIGRATIONS[] = {
     "  id TEXT PRIMARY KEY, hostname TEXT NOT NULL, devices TEXT NOT NULL,"
     "  registered_at INTEGER NOT NULL, last_seen INTEGER NOT NULL, status TEXT NOT NULL);"
     "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+    /* 2: what a model's head does ("lm" generates; "reward" will score), beside its
+     * weights' form (kind). Every model made before was a supervised job's: "lm". */
+    "ALTER TABLE models ADD COLUMN head TEXT NOT NULL DEFAULT 'lm';",
 };
 #define N_MIGRATIONS ((int)(sizeof MIGRATIONS / sizeof MIGRATIONS[0]))
 

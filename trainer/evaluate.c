@@ -1,5 +1,6 @@
 /* Evaluation: mean token loss on the validation split, and greedy exact-match accuracy
- * (does the model, given an example's prompt, produce exactly its first trained span?). */
+ * (does the model, given an example's prompt, produce exactly its first trained span —
+ * for preference data, its chosen response?). */
 #include "trainer/trainer_internal.h"
 
 #include <math.h>
@@ -8,21 +9,36 @@
 
 #include "common/common.h"
 
-int run_forward_batch(struct trainer_run *r, const struct dataset_batch *b, double *nll,
-                      struct smelt_error *err) {
-    struct model_batch mb = {.n_tokens = b->n_tokens, .n_seqs = b->n_seqs, .ids = b->ids,
-                             .cu_seqlens = b->cu_seqlens, .targets = b->targets};
-    int64_t T = b->n_tokens;
-    struct tensor lp = tensor_make(r->logprobs.backend, DTYPE_F32, r->logprobs.data, 1, &T);
-    int rc = model_forward(r->model, r->acts, &mb, &lp, NULL, NULL, err);
-    if (rc) return rc;
-    struct tensor host = tensor_f32(r->host_logprobs, 1, &T);
-    rc = tensor_copy(&host, &lp, err);
-    if (rc) return rc;
-    double sum = 0;
-    for (int64_t t = 0; t < T; t++)
-        if (b->targets[t] >= 0) sum -= r->host_logprobs[t];
-    *nll = sum;
+int run_each_batch(struct trainer_run *r, const struct dataset *ds, run_batch_fn fn, void *ctx,
+                   struct smelt_error *err) {
+    struct dataset_loader_config lc = {.batch_size = (int)r->spec->hp.batch_size,
+                                       .max_tokens = r->spec->hp.batch_tokens, .shuffle = false};
+    struct dataset_loader *loader;
+    TRY(dataset_loader_create(ds, &lc, &loader, err));
+    int64_t n = dataset_loader_batches_in_epoch(loader, 0);
+    int rc = n < 0 ? error_set(err, SMELT_ENOMEM, "%s: out of memory", ds->path) : SMELT_OK;
+    if (r->lora) lora_set_training(r->lora, false);
+    for (int64_t i = 0; i < n && !rc; i++) {
+        const struct dataset_batch *b;
+        rc = dataset_loader_next(loader, &b, err);
+        if (!rc) rc = fn(r, b, ctx, err);
+    }
+    if (r->lora) lora_set_training(r->lora, true);
+    dataset_loader_free(loader);
+    return rc;
+}
+
+struct nll_sum {
+    double total;
+    int64_t count;
+};
+
+static int add_nll(struct trainer_run *r, const struct dataset_batch *b, void *ctx, struct smelt_error *err) {
+    struct nll_sum *sum = ctx;
+    double nll;
+    TRY(run_forward_batch(r, b, &nll, err));
+    sum->total += nll;
+    sum->count += b->n_targets;
     return SMELT_OK;
 }
 
@@ -30,28 +46,10 @@ int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct
     *loss = NAN;
     *n_tokens = 0;
     if (!r->val) return SMELT_OK;
-    const struct job_spec *s = r->spec;
-    struct dataset_loader_config lc = {.batch_size = (int)s->hp.batch_size,
-                                       .max_tokens = s->hp.batch_tokens, .shuffle = false};
-    struct dataset_loader *loader;
-    int rc = dataset_loader_create(r->val, &lc, &loader, err);
-    if (rc) return error_wrap(err, rc, "validation data");
-    if (r->lora) lora_set_training(r->lora, false);
-    double total = 0;
-    int64_t count = 0, n = dataset_loader_batches_in_epoch(loader, 0);
-    for (int64_t i = 0; i < n && !rc; i++) {
-        const struct dataset_batch *b;
-        double nll = 0;
-        rc = dataset_loader_next(loader, &b, err);
-        if (!rc) rc = run_forward_batch(r, b, &nll, err);
-        total += nll;
-        count += rc ? 0 : b->n_targets;
-    }
-    if (r->lora) lora_set_training(r->lora, true);
-    dataset_loader_free(loader);
-    if (rc) return error_wrap(err, rc, "validation loss");
-    *loss = count ? total / (double)count : NAN;
-    *n_tokens = count;
+    struct nll_sum sum = {0};
+    TRY(error_wrap(err, run_each_batch(r, r->val, add_nll, &sum, err), "validation loss"));
+    *loss = sum.count ? sum.total / (double)sum.count : NAN;
+    *n_tokens = sum.count;
     return SMELT_OK;
 }
 
@@ -81,8 +79,10 @@ int run_accuracy(struct trainer_run *r, int64_t n_examples, double *accuracy, in
     if (r->lora) lora_set_training(r->lora, false);
     int64_t correct = 0, done = 0;
     int rc = SMELT_OK;
+    /* Preference data: the chosen responses (examples 2i) are the ones to reproduce. */
+    int64_t stride = r->val->kind == DATASET_PREFERENCE ? 2 : 1;
     for (int64_t i = 0; i < r->val->n && done < n_examples && !rc; i++) {
-        const struct dataset_example *e = &r->val->examples[i];
+        const struct dataset_example *e = &r->val->examples[i * stride];
         int32_t end = reference_end(e), want = end - e->n_prompt;
         if (want <= 0 || e->n_prompt < 1) continue;
         int64_t limit = want < r->spec->eval.max_new_tokens ? want : r->spec->eval.max_new_tokens;

@@ -1,6 +1,6 @@
 /* The job spec: one JSON document, validated field by field before anything loads.
  * docs/job-spec.md is the reference; keep the two in step. */
-#include "trainer/trainer.h"
+#include "trainer/trainer_internal.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -94,6 +94,14 @@ static const char *lr_schedule_format(const void *value) {
     return lr_schedule_name(*(const enum lr_schedule_kind *)value);
 }
 
+static int pref_loss_parse(const char *name, void *value, struct smelt_error *err) {
+    return pref_loss_from_name(name, value, err);
+}
+
+static const char *pref_loss_format(const void *value) {
+    return pref_loss_name(*(const enum pref_loss_type *)value);
+}
+
 /* offsetof a hyperparameter, refusing at compile time a member whose type is not T (the
  * table's kind decides how the member is read and written). */
 #define HP_AT(member, T) \
@@ -124,6 +132,16 @@ const struct job_hp_field JOB_HP_FIELDS[] = {
     HP_NUMBER(eps, 1e-8, 1e-30, 1.0),
     HP_NUMBER(max_grad_norm, 1.0, 0.0, 1e9),
     HP_BOOL(recompute, false),
+    /* DPO. label_smoothing's table range is [0, 0.5]; a DPO job refuses 0.5 itself
+     * (pref_config_check: the loss's own rules). */
+    {.name = "beta", .kind = JOB_FIELD_NUMBER, .offset = HP_AT(beta, double), .def = 0.1, .min = 0.0,
+     .max = 1000.0, .min_excluded = true},
+    {.name = "loss_type", .kind = JOB_FIELD_NAME, .offset = HP_AT(loss_type, enum pref_loss_type),
+     .def_name = "sigmoid", .from_name = pref_loss_parse, .to_name = pref_loss_format},
+    HP_NUMBER(label_smoothing, 0.0, 0.0, 0.5),
+    HP_NUMBER(rpo_alpha, 0.0, 0.0, 1000.0),
+    HP_NUMBER(simpo_gamma, 0.5, -1000.0, 1000.0),
+    HP_BOOL(precompute_ref, true),
 };
 #define N_HP_FIELDS ((int)(sizeof JOB_HP_FIELDS / sizeof JOB_HP_FIELDS[0]))
 const int JOB_N_HP_FIELDS = N_HP_FIELDS;
@@ -208,14 +226,18 @@ static int parse_checkpoint(const json_t *obj, const char *where, struct job_spe
     return SMELT_OK;
 }
 
+static const char *const JOB_TYPE_NAMES[] = {[JOB_SFT] = "sft", [JOB_DPO] = "dpo"};
+
 /* type, model, model_init, tokenizer, chat_template. */
 static int parse_model(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
     const char *name;
     TRY(json_field_string(root, "type", true, NULL, &name, where, err));
-    if (strcmp(name, "sft") != 0)
-        return error_set_field(err, SMELT_EINVAL, "type", "%s: type: \"%s\" is not a job type this trainer runs (sft)",
-                               where, name);
-    s->type = JOB_SFT;
+    size_t t = 0;
+    while (t < sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES && strcmp(name, JOB_TYPE_NAMES[t]) != 0) t++;
+    if (t == sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES)
+        return error_set_field(err, SMELT_EINVAL, "type",
+                               "%s: type: \"%s\" is not a job type this trainer runs (sft, dpo)", where, name);
+    s->type = (enum job_type)t;
     TRY(string_field(root, "model", true, s->model, sizeof s->model, where, err));
     TRY(json_field_string(root, "model_init", false, "pretrained", &name, where, err));
     if (strcmp(name, "random") == 0) s->model_init_random = true;
@@ -253,6 +275,33 @@ static int parse_lora(const json_t *root, const char *where, struct job_spec *s,
     return SMELT_OK;
 }
 
+void job_pref_config(const struct job_spec *s, struct pref_config *out) {
+    *out = (struct pref_config){.type = s->hp.loss_type, .beta = s->hp.beta,
+                                .label_smoothing = s->hp.label_smoothing, .rpo_alpha = s->hp.rpo_alpha,
+                                .simpo_gamma = s->hp.simpo_gamma};
+}
+
+/* What a DPO job alone asks of its hyperparameters: the loss's own rules, and a
+ * reference it can compute. Per-batch reference logprobs need the reference's weights
+ * beside the policy's: a LoRA job has them (its base), a full fine-tune would need a
+ * second copy of the model, which smelt does not keep. */
+static int check_dpo(const struct job_spec *s, const char *where, struct smelt_error *err) {
+    if (s->type != JOB_DPO) return SMELT_OK;
+    struct pref_config c;
+    job_pref_config(s, &c);
+    int rc = pref_config_check(&c, err);
+    if (rc) {
+        error_wrap(err, rc, "%s: hyperparameters", where);
+        return error_in_field(err, rc, "hyperparameters");
+    }
+    if (!s->hp.precompute_ref && !s->has_lora && pref_loss_needs_reference(c.type))
+        return error_set_field(err, SMELT_EINVAL, "hyperparameters.precompute_ref",
+                               "%s: hyperparameters.precompute_ref: false (the reference recomputed every batch) "
+                               "needs the reference's weights beside the policy's: only a LoRA job has them (its "
+                               "base); a full fine-tune precomputes them (true)", where);
+    return SMELT_OK;
+}
+
 /* data, hyperparameters, lora, eval, checkpoint. */
 static int parse_sections(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
     const json_t *obj;
@@ -266,6 +315,7 @@ static int parse_sections(const json_t *root, const char *where, struct job_spec
                                "%s: hyperparameters.batch_tokens: %lld is below data.max_seq_len %lld", where,
                                (long long)s->hp.batch_tokens, (long long)s->data.max_seq_len);
     TRY(parse_lora(root, where, s, err));
+    TRY(check_dpo(s, where, err));
     TRY(parse_section(root, "eval", where, s, parse_eval, err));
     return parse_section(root, "checkpoint", where, s, parse_checkpoint, err);
 }
@@ -326,7 +376,7 @@ int job_spec_to_json(const struct job_spec *s, void **out, struct smelt_error *e
     json_t *root = json_object(), *data = json_object(), *hp = json_object(), *ev = json_object(),
            *ck = json_object();
     int bad = !root || !data || !hp || !ev || !ck;
-    bad |= set(root, "type", json_string("sft"));
+    bad |= set(root, "type", json_string(JOB_TYPE_NAMES[s->type]));
     bad |= set(root, "model", json_string(s->model));
     bad |= set(root, "model_init", json_string(s->model_init_random ? "random" : "pretrained"));
     bad |= set(root, "tokenizer", string_or_null(s->tokenizer));

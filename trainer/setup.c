@@ -95,6 +95,22 @@ static int load_tokenizer(struct trainer_run *r, struct smelt_error *err) {
     return SMELT_OK;
 }
 
+/* One data file, refused when it holds rows of another kind than the job trains on (the
+ * loader decides a file's kind by its first row). */
+static int load_file(const struct trainer_run *r, const char *path, const char *field,
+                     const struct dataset_format *f, struct dataset **out, struct smelt_error *err) {
+    enum dataset_kind want = r->spec->type == JOB_DPO ? DATASET_PREFERENCE : DATASET_SFT;
+    TRY(dataset_load(path, DATASET_AUTO, f, out, NULL, err));
+    if ((*out)->kind == want) return SMELT_OK;
+    int rc = error_set_field(err, SMELT_EINVAL, field,
+                             "%s: %s holds %s rows; a%s %s job trains on %s rows (datasets/datasets.h)", field,
+                             path, dataset_kind_name((*out)->kind), want == DATASET_SFT ? "n" : "",
+                             r->spec->type == JOB_DPO ? "dpo" : "sft", dataset_kind_name(want));
+    dataset_free(*out);
+    *out = NULL;
+    return rc;
+}
+
 static int load_data(struct trainer_run *r, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     int64_t ctx = r->model->config.max_seq_len;
@@ -108,8 +124,8 @@ static int load_data(struct trainer_run *r, struct smelt_error *err) {
     struct dataset_format f = {.tok = r->tok, .chat = r->has_chat ? &r->chat : NULL,
                                .max_seq_len = max_len, .truncation = s->data.truncation,
                                .loss_on = s->data.loss_on, .add_bos = s->data.add_bos};
-    TRY(dataset_load(s->data.train, DATASET_SFT, &f, &r->train, NULL, err));
-    if (s->data.validation[0]) TRY(dataset_load(s->data.validation, DATASET_SFT, &f, &r->val, NULL, err));
+    TRY(load_file(r, s->data.train, "data.train", &f, &r->train, err));
+    if (s->data.validation[0]) TRY(load_file(r, s->data.validation, "data.validation", &f, &r->val, err));
     else if (s->data.validation_fraction > 0)
         TRY(dataset_split(r->train, s->data.validation_fraction, s->seed ^ 0x5eed5917u, &r->val, err));
     struct dataset_loader_config lc = {.batch_size = (int)s->hp.batch_size,
@@ -124,13 +140,19 @@ static int cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
+static int seqs_per_row(const struct dataset *ds) { return ds->kind == DATASET_PREFERENCE ? 2 : 1; }
+
 /* The most tokens one micro-batch can hold: batch_tokens when packing, else the
- * batch_size longest examples together. */
+ * batch_size longest rows (examples, or chosen/rejected pairs) together. */
 static int64_t longest_batch(const struct dataset *ds, int64_t batch_size) {
     if (!ds) return 0;
     int32_t *len = malloc((size_t)ds->n * sizeof *len);
     if (!len) return -1;
-    for (int64_t i = 0; i < ds->n; i++) len[i] = ds->examples[i].n;
+    int per = seqs_per_row(ds);
+    for (int64_t i = 0; i < ds->n; i++) {
+        len[i] = 0;
+        for (int k = 0; k < per; k++) len[i] += ds->examples[i * per + k].n;
+    }
     qsort(len, (size_t)ds->n, sizeof *len, cmp_desc);
     int64_t total = 0;
     for (int64_t i = 0; i < ds->n && i < batch_size; i++) total += len[i];
@@ -171,7 +193,8 @@ static int plan(struct trainer_run *r, struct smelt_error *err) {
     double C = (double)c->hidden_size, F = (double)c->intermediate_size;
     double mlp = c->mlp == MODEL_MLP_SWIGLU ? 3 * C * F : 2 * C * F;
     linear = (double)c->n_layers * (C * qd + 2 * C * kd + qd * C + mlp) + (double)c->vocab_size * C;
-    double mean_len = r->train->report.n_tokens > 0 ? (double)r->train->report.n_tokens / (double)r->train->n : 0;
+    int64_t n_seqs = r->train->n * seqs_per_row(r->train);
+    double mean_len = r->train->report.n_tokens > 0 ? (double)r->train->report.n_tokens / (double)n_seqs : 0;
     double attn = (double)c->n_layers * 2.0 * qd * mean_len; /* QK^T and PV, causal half */
     r->flops_per_token = 3.0 * (2.0 * linear + attn);
     return SMELT_OK;
@@ -215,6 +238,7 @@ int run_setup(struct trainer_run *r, struct smelt_error *err) {
 
 void run_teardown(struct trainer_run *r) {
     run_metrics_close(r);
+    dpo_state_free(r->dpo);
     free(r->host_logprobs);
     tensor_free(&r->logprobs);
     tensor_free(&r->dlogprobs);

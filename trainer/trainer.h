@@ -1,5 +1,5 @@
 /* trainer/: the job spec, the optimizer, learning-rate schedules, checkpoints and the
- * training loops (SFT now; DPO, reward model, PPO and GRPO come later), run by the
+ * training loops (SFT and DPO now; reward model, PPO and GRPO come later), run by the
  * `smelt-trainer` program. docs/job-spec.md documents the spec and the job directory.
  *
  * Ownership: a struct job_spec is a plain value (fixed-size strings, no heap). The
@@ -15,6 +15,7 @@
 #include "datasets/datasets.h"
 #include "kernels/ops.h"
 #include "lora/lora.h"
+#include "trainer/preference_loss.h" /* enum pref_loss_type, in the spec */
 
 #define JOB_PATH_BYTES 1024
 
@@ -39,7 +40,7 @@ double lr_at(const struct lr_schedule *s, int64_t step);
 
 /* ---- the job spec ---- */
 
-enum job_type { JOB_SFT };
+enum job_type { JOB_SFT, JOB_DPO };
 
 struct job_spec {
     enum job_type type;
@@ -64,6 +65,11 @@ struct job_spec {
         int64_t warmup_steps;
         double min_lr_ratio, weight_decay, beta1, beta2, eps, max_grad_norm;
         bool recompute;
+        /* DPO only (docs/job-spec.md); parsed, and ignored, in any job */
+        double beta;
+        enum pref_loss_type loss_type;
+        double label_smoothing, rpo_alpha, simpo_gamma;
+        bool precompute_ref;
     } hp;
     bool has_lora;
     struct lora_config lora;

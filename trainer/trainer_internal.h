@@ -8,8 +8,12 @@
 #include "model/model.h"
 #include "trainer/trainer.h"
 
+struct run_algo;
+struct dpo_state;
+
 struct trainer_run {
     const struct job_spec *spec;
+    const struct run_algo *algo;         /* SFT or DPO: what a step and an evaluation do */
     char base_path[JOB_PATH_BYTES];      /* the full model's directory ("" for random init) */
     char tokenizer_dir[JOB_PATH_BYTES];  /* where the tokenizer files came from */
     struct tokenizer *tok;
@@ -36,7 +40,54 @@ struct trainer_run {
     uint64_t base_hash;                  /* LoRA: hash of the frozen base weights */
     FILE *metrics;
     bool quiet;
+    struct dpo_state *dpo;               /* DPO: reference logprobs and per-batch scratch */
 };
+
+/* What one optimizer step reports. metrics: a jansson object of the algorithm's own
+ * numbers (NULL: none), added to the step's train line, or freed when none is logged. */
+struct step_stats {
+    double loss, grad_norm, lr;
+    int64_t tokens, trained;
+    void *metrics;
+};
+
+/* A training algorithm, as run.c drives it. */
+struct run_algo {
+    /* After the setup, before a checkpoint is restored (so it sees the starting
+     * weights); NULL: nothing to do. */
+    int (*prepare)(struct trainer_run *r, struct smelt_error *err);
+    int (*step)(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err);
+    /* The validation metrics as a jansson object ("val_loss" first; NULL without
+     * validation data) and the validation loss (NAN without). */
+    int (*validate)(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err);
+};
+
+extern const struct run_algo SFT_ALGO, DPO_ALGO;
+
+/* run.c */
+/* The LoRA dropout seed of micro-batch `micro` of the coming step: a pure function of
+ * (seed, step, micro), which is what makes a resumed run exact. */
+uint64_t run_dropout_seed(const struct trainer_run *r, int64_t micro);
+/* AdamW on the accumulated gradients times grad_scale, at the schedule's rate; fills
+ * st->lr and st->grad_norm, counts the step and st->tokens. */
+int run_optimizer_step(struct trainer_run *r, double grad_scale, struct step_stats *st,
+                       struct smelt_error *err);
+
+/* job_spec.c */
+void job_pref_config(const struct job_spec *s, struct pref_config *out);
+
+/* dpo.c */
+/* Sums over the pairs of one or more micro-batches: what the DPO metrics average. */
+struct pref_totals {
+    int64_t pairs;
+    double loss, reward_chosen, reward_rejected, correct, margin, logp_chosen, logp_rejected;
+};
+/* One micro-batch of pairs from the training split (train: the reference logprobs of
+ * the training pairs, and the backward: gradients accumulate unscaled, the step divides
+ * by its pairs) or the validation split (forward only). */
+int dpo_micro_batch(struct trainer_run *r, const struct dataset_batch *b, bool train, struct pref_totals *tot,
+                    struct smelt_error *err);
+void dpo_state_free(struct dpo_state *d);
 
 /* setup.c */
 int run_setup(struct trainer_run *r, struct smelt_error *err);
@@ -44,11 +95,24 @@ void run_teardown(struct trainer_run *r);
 int run_hash_weights(const struct tensor *t, uint64_t *out, struct smelt_error *err);
 int run_copy_tokenizer_files(const struct trainer_run *r, const char *dir, struct smelt_error *err);
 
-/* evaluate.c */
-/* Forward of one batch: *nll = -sum of the trained tokens' logprobs (in double). */
+/* batch.c */
+/* Forward of one batch: the trained tokens' logprobs into host_logprobs, and *nll = -their
+ * sum (in double). */
 int run_forward_batch(struct trainer_run *r, const struct dataset_batch *b, double *nll,
                       struct smelt_error *err);
+/* Backward of the last forward: dL/dlogprob = coef[s] on every trained token of sequence
+ * s (-1 for all when coef is NULL: SFT), 0 elsewhere. Overwrites host_logprobs. */
+int run_backward_batch(struct trainer_run *r, const struct dataset_batch *b, const double *coef,
+                       struct smelt_error *err);
+
+/* evaluate.c */
 int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct smelt_error *err);
+/* fn on every batch of ds, in file order with the job's batch shape and LoRA dropout
+ * off (evaluation, reference passes); stops at the first failure. */
+typedef int (*run_batch_fn)(struct trainer_run *r, const struct dataset_batch *b, void *ctx,
+                            struct smelt_error *err);
+int run_each_batch(struct trainer_run *r, const struct dataset *ds, run_batch_fn fn, void *ctx,
+                   struct smelt_error *err);
 int run_accuracy(struct trainer_run *r, int64_t n_examples, double *accuracy, int64_t *n_done,
                  struct smelt_error *err);
 

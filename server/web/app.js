@@ -357,10 +357,17 @@ function renderCluster(c) {
 
 /* Which metric names feed which curve. Training lines use `loss`/`lr` (metrics.jsonl), the
  * events use `train_loss`/`learning_rate`; the RL names are the ones the RL trainers are
- * expected to report, and their charts stay hidden until such a value arrives. */
+ * expected to report, and their charts stay hidden until such a value arrives. A DPO job's
+ * reward margin and preference accuracy (TRL's names on train lines and step events, after
+ * `val_` on eval lines and events) share the loss chart on a second axis (`axis: 'y2'`):
+ * they are read against the loss, step by step. */
 const SERIES = [
   {chart: 'loss', name: 'train', keys: ['train_loss', 'loss'], types: ['train', undefined]},
   {chart: 'loss', name: 'validation', keys: ['valid_loss', 'val_loss']},
+  {chart: 'loss', name: 'reward margin', keys: ['rewards/margins'], axis: 'y2'},
+  {chart: 'loss', name: 'preference accuracy', keys: ['rewards/accuracies'], axis: 'y2'},
+  {chart: 'loss', name: 'val. reward margin', keys: ['val_rewards/margins'], axis: 'y2'},
+  {chart: 'loss', name: 'val. preference accuracy', keys: ['val_rewards/accuracies'], axis: 'y2'},
   {chart: 'lr', name: 'learning rate', keys: ['learning_rate', 'lr']},
   {chart: 'grad', name: 'grad norm', keys: ['grad_norm']},
   {chart: 'tps', name: 'tokens/s', keys: ['tokens_per_s']},
@@ -370,7 +377,7 @@ const SERIES = [
 ];
 const CHARTS = ['loss', 'lr', 'grad', 'tps', 'reward', 'kl', 'length'];
 const OPTIONAL_CHARTS = new Set(['reward', 'kl', 'length']);
-const COLORS = ['#2563eb', '#dc2626', '#059669', '#d97706'];
+const COLORS = ['#2563eb', '#dc2626', '#059669', '#d97706', '#7c3aed', '#0891b2', '#65a30d', '#db2777'];
 
 const charts = {};        // chart name -> {chart (Chart or null), series: [{name, points: Map step->value}]}
 let chartsDirty = false;
@@ -409,6 +416,9 @@ function ensureChart(name) {
       scales: {
         x: {type: 'linear', title: {display: true, text: 'step'}, ticks: {precision: 0}},
         y: {type: 'linear', ticks: {callback: (v) => fmtNumber(v)}},
+        // shown only while a series is drawn on it (DPO's margin and accuracy)
+        y2: {type: 'linear', position: 'right', display: 'auto', grid: {drawOnChartArea: false},
+             title: {display: true, text: 'margin / accuracy'}, ticks: {callback: (v) => fmtNumber(v)}},
       },
     },
   });
@@ -424,7 +434,7 @@ function absorbMetrics(step, record) {
     const c = charts[s.chart];
     let series = c.series.find((x) => x.name === s.name);
     if (!series) {
-      series = {name: s.name, points: new Map()};
+      series = {name: s.name, axis: s.axis || 'y', points: new Map()};
       c.series.push(series);
     }
     series.points.set(step, record[key]);  // keyed by step: history and stream may overlap
@@ -458,8 +468,8 @@ function drawCharts() {
       const data = [...s.points.entries()].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({x, y}));
       total += data.length;
       if (data.length) lastBits.push((c.series.length > 1 ? s.name + ' ' : '') + fmtNumber(data[data.length - 1].y));
-      return {label: s.name, data, borderColor: COLORS[i % COLORS.length], backgroundColor: COLORS[i % COLORS.length],
-              pointRadius: data.length < 40 ? 2 : 0};
+      return {label: s.name, data, yAxisID: s.axis, borderColor: COLORS[i % COLORS.length],
+              backgroundColor: COLORS[i % COLORS.length], pointRadius: data.length < 40 ? 2 : 0};
     });
     $(name + '-chart').dataset.points = String(total);
     setText(name + '-chart-last', lastBits.length ? '(last: ' + lastBits.join(', ') + ')' : '');

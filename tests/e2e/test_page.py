@@ -315,6 +315,28 @@ def test_rl_charts_appear_with_rl_metrics(browser, smeltd):
     assert browser.find_element(By.ID, "loss-chart").get_attribute("data-points") == "2"
 
 
+def test_dpo_metrics_share_the_loss_chart(browser, smeltd):
+    """A DPO job's reward margin and preference accuracy (train lines / step events, and
+    val_ on evaluations) are drawn on the loss chart, against a second axis."""
+    open_page(browser, smeltd)
+    browser.execute_script(
+        "absorbMetrics(1, {type: 'train', loss: 0.69, 'rewards/margins': 0.0, 'rewards/accuracies': 0.375});"
+        "absorbMetrics(2, {step: 2, train_loss: 0.71, 'rewards/margins': -0.03, 'rewards/accuracies': 0.5});"
+        "absorbMetrics(3, {step: 3, valid_loss: 0.68, 'val_rewards/margins': 0.04, 'val_rewards/accuracies': 0.625});")
+    # train loss 2, margin 2, accuracy 2, validation loss 1, its margin 1 and accuracy 1
+    wait_for(browser, lambda d: d.find_element(By.ID, "loss-chart").get_attribute("data-points") == "9", 5,
+             "nine points on the loss chart")
+    last = browser.find_element(By.ID, "loss-chart-last").get_attribute("textContent")
+    assert "reward margin " in last and "preference accuracy " in last, last
+    axes = browser.execute_script(
+        "const c = charts.loss.chart; return c && c.data.datasets.map((d) => [d.label, d.yAxisID]);")
+    if axes is not None:  # Chart.js loaded: the margin and accuracy use the second axis
+        assert dict(axes) == {"train": "y", "validation": "y", "reward margin": "y2", "preference accuracy": "y2",
+                              "val. reward margin": "y2", "val. preference accuracy": "y2"}, axes
+    assert all(browser.find_element(By.ID, f).get_property("hidden")
+               for f in ("reward-chart-figure", "kl-chart-figure")), "the RL charts stay hidden"
+
+
 def test_page_works_without_chartjs(browser, smeltd, training_job):
     browser.execute_cdp_cmd("Network.enable", {})
     browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*vendor/chart.js"]})

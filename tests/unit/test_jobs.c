@@ -14,6 +14,7 @@
 
 #define PROJECT "default"
 #define TRAIN_FILE "file-train"
+#define PREF_FILE "file-pref" /* preference rows (prompt, chosen, rejected) */
 
 static struct server g_s;
 
@@ -41,7 +42,9 @@ static void jobs_setup(void) {
     cr_assert(conn, "%s", err.message);
     int rc = store_exec(conn, &err, "INSERT INTO files (id, project_id, filename, purpose, bytes, created_at, "
                         "path, status, kind, report) VALUES (?, ?, 'train.jsonl', 'fine-tune', 1, 0, "
-                        "'/nowhere/train.jsonl', 'processed', 'sft', '{}')", "ss", TRAIN_FILE, PROJECT);
+                        "'/nowhere/train.jsonl', 'processed', 'sft', '{}'), (?, ?, 'pref.jsonl', 'fine-tune', 1, "
+                        "0, '/nowhere/pref.jsonl', 'processed', 'preference', '{}')", "ssss", TRAIN_FILE, PROJECT,
+                        PREF_FILE, PROJECT);
     cr_assert(rc >= 0, "%s", err.message);
     store_release(g_s.store, conn);
 }
@@ -293,4 +296,206 @@ Test(jobs, params_name_the_request_field) {
                          error_message(error));
         json_decref(error);
     }
+}
+
+/* ---- method dpo: OpenAI's shape, the trainer's DPO fields beside OpenAI's ---- */
+
+#define DPO_WHERE "method.dpo.hyperparameters"
+
+/* {"model": "tiny", "training_file": PREF_FILE, "method": {"type": "dpo", "dpo":
+ * {"hyperparameters": hp}}} (takes hp; none when NULL). */
+static json_t *dpo_request(json_t *hp) {
+    json_t *r = json_pack("{s:s, s:s, s:{s:s, s:{}}}", "model", "tiny", "training_file", PREF_FILE, "method", "type",
+                          "dpo", "dpo");
+    cr_assert(r);
+    if (hp) json_object_set_new(json_object_get(json_object_get(r, "method"), "dpo"), "hyperparameters", hp);
+    return r;
+}
+
+/* jobs_create's job object for request (taken); fails the test on a refusal. */
+static json_t *create(json_t *request) {
+    struct http_response res = {0};
+    json_t *job = NULL;
+    int rc = jobs_create(&g_s, PROJECT, request, NULL, NULL, &job, &res);
+    cr_assert_eq(rc, 0, "refused: %.*s", (int)res.body_len, res.body ? res.body : "");
+    json_decref(request);
+    free(res.body);
+    return job;
+}
+
+static double field_default(const char *name) {
+    const struct job_hp_field *f = job_hp_field_find(name);
+    cr_assert(f, "the trainer has a field %s", name);
+    return f->def;
+}
+
+Test(jobs, dpo_takes_openais_fields_and_shows_them_resolved) {
+    json_t *job = create(dpo_request(json_pack("{s:f, s:i, s:i, s:f}", "beta", 0.25, "n_epochs", 2, "batch_size", 4,
+                                               "learning_rate_multiplier", 0.5)));
+    json_t *method = json_object_get(job, "method");
+    cr_expect_str_eq(json_string_value(json_object_get(method, "type")), "dpo");
+    json_t *hp = json_object_get(json_object_get(method, "dpo"), "hyperparameters");
+    cr_expect_float_eq(json_number_value(json_object_get(hp, "beta")), 0.25, 1e-12);
+    cr_expect_eq(json_integer_value(json_object_get(hp, "n_epochs")), 2);
+    cr_expect_eq(json_integer_value(json_object_get(hp, "batch_size")), 4);
+    cr_expect_float_eq(json_number_value(json_object_get(hp, "learning_rate_multiplier")), 0.5, 1e-12);
+    cr_expect(json_equal(hp, json_object_get(job, "hyperparameters")), "the top-level copy is the same");
+    json_t *spec = json_object_get(job, "spec");
+    cr_expect_str_eq(json_string_value(json_object_get(spec, "type")), "dpo");
+    json_t *spec_hp = json_object_get(spec, "hyperparameters");
+    cr_expect_float_eq(json_number_value(json_object_get(spec_hp, "beta")), 0.25, 1e-12);
+    cr_expect_eq(json_integer_value(json_object_get(spec_hp, "epochs")), 2);
+    cr_expect_float_eq(json_number_value(json_object_get(spec_hp, "learning_rate")),
+                       0.5 * field_default("learning_rate"), 1e-15);
+    json_decref(job);
+}
+
+/* "auto" beta is the trainer's default: left out of the spec, shown resolved. */
+Test(jobs, dpo_auto_is_the_trainers_default) {
+    json_t *job = create(dpo_request(json_pack("{s:s, s:s, s:s, s:s}", "beta", "auto", "n_epochs", "auto",
+                                               "batch_size", "auto", "learning_rate_multiplier", "auto")));
+    json_t *hp = json_object_get(json_object_get(json_object_get(job, "method"), "dpo"), "hyperparameters");
+    cr_expect_float_eq(json_number_value(json_object_get(hp, "beta")), field_default("beta"), 1e-15);
+    cr_expect_eq(json_integer_value(json_object_get(hp, "n_epochs")), (json_int_t)field_default("epochs"));
+    cr_expect_float_eq(json_number_value(json_object_get(hp, "learning_rate_multiplier")), 1.0, 1e-15);
+    cr_expect_eq(json_object_size(json_object_get(json_object_get(job, "spec"), "hyperparameters")), 0,
+                 "\"auto\" leaves every field to the trainer");
+    json_decref(job);
+    job = create(dpo_request(NULL)); /* no hyperparameters at all */
+    hp = json_object_get(json_object_get(json_object_get(job, "method"), "dpo"), "hyperparameters");
+    cr_expect_float_eq(json_number_value(json_object_get(hp, "beta")), field_default("beta"), 1e-15);
+    json_decref(job);
+}
+
+/* smelt's extra DPO hyperparameters sit beside OpenAI's and reach the spec as given. */
+Test(jobs, dpo_takes_the_trainers_preference_fields) {
+    json_t *job = create(dpo_request(json_pack("{s:f, s:s, s:f, s:f, s:f, s:b, s:I}", "beta", 0.1, "loss_type", "ipo",
+                                               "label_smoothing", 0.1, "rpo_alpha", 0.5, "simpo_gamma", 1.0,
+                                               "precompute_ref", 1, "max_steps", (json_int_t)3)));
+    json_t *spec_hp = json_object_get(json_object_get(job, "spec"), "hyperparameters");
+    cr_expect_str_eq(json_string_value(json_object_get(spec_hp, "loss_type")), "ipo");
+    cr_expect_float_eq(json_number_value(json_object_get(spec_hp, "label_smoothing")), 0.1, 1e-15);
+    cr_expect_float_eq(json_number_value(json_object_get(spec_hp, "rpo_alpha")), 0.5, 1e-15);
+    cr_expect(json_is_true(json_object_get(spec_hp, "precompute_ref")));
+    cr_expect_eq(json_integer_value(json_object_get(spec_hp, "max_steps")), 3);
+    json_decref(job);
+}
+
+/* Every field of the trainer's table, out of range under method.dpo: the trainer's own
+ * error, param the request's path. */
+Test(jobs, dpo_refusals_name_the_request_path) {
+    for (int i = 0; i < JOB_N_HP_FIELDS; i++) {
+        const struct job_hp_field *f = &JOB_HP_FIELDS[i];
+        json_t *values[2];
+        int n = refused_values(f, values);
+        for (int k = 0; k < n; k++) {
+            char *text = json_dumps(values[k], JSON_ENCODE_ANY);
+            char want_message[SMELT_ERROR_MESSAGE_BYTES], want_param[128];
+            trainer_refusal(f->name, values[k], want_message, sizeof want_message);
+            snprintf(want_param, sizeof want_param, DPO_WHERE ".%s", f->name);
+            int status;
+            json_t *error = validate(dpo_request(json_pack("{s:O}", f->name, values[k])), &status);
+            cr_assert(error, "dpo %s = %s accepted", f->name, text);
+            cr_expect_eq(status, 400);
+            cr_expect_str_eq(error_param(error) ?: "(null)", want_param, "%s = %s", f->name, text);
+            cr_expect(strstr(error_message(error), want_message) != NULL, "%s = %s: '%s' lacks '%s'", f->name, text,
+                      error_message(error), want_message);
+            json_decref(error);
+            json_decref(values[k]);
+            free(text);
+        }
+    }
+}
+
+/* Refusals of the method's shape and of DPO's own rules, each with its param. */
+Test(jobs, dpo_method_params) {
+    static const struct { const char *method, *param, *says; } cases[] = {
+        {"{\"type\": \"dpo\", \"dpo\": {\"hyperparameters\": {\"beta\": 0}}}", DPO_WHERE ".beta", "beta"},
+        {"{\"type\": \"dpo\", \"dpo\": {\"hyperparameters\": {\"beta\": \"high\"}}}", DPO_WHERE ".beta", "beta"},
+        {"{\"type\": \"dpo\", \"dpo\": {\"hyperparameters\": {\"label_smoothing\": 0.5}}}",
+         DPO_WHERE ".label_smoothing", "label_smoothing"},
+        {"{\"type\": \"dpo\", \"dpo\": {\"hyperparameters\": {\"loss_type\": \"bogus\"}}}", DPO_WHERE ".loss_type",
+         "loss_type"},
+        {"{\"type\": \"dpo\", \"dpo\": {\"hyperparameters\": {\"n_epochs\": 0}}}", DPO_WHERE ".n_epochs", "epochs"},
+        {"{\"type\": \"dpo\", \"dpo\": {\"hyperparameters\": {\"momentum\": 1}}}", DPO_WHERE ".momentum", "momentum"},
+        {"{\"type\": \"dpo\", \"dpo\": {\"hyperparameters\": 3}}", DPO_WHERE, "object"},
+        {"{\"type\": \"dpo\", \"dpo\": 3}", "method.dpo", "object"},
+        {"{\"type\": \"dpo\", \"dpo\": {\"beta\": 0.1}}", "method.dpo", "unknown"},
+        {"{\"type\": \"dpo\", \"supervised\": {}}", "method.supervised", "method.dpo"},
+        {"{\"type\": \"ppo\"}", "method.type", "not available"},
+        {"{\"type\": \"grpo\"}", "method.type", "not available"},
+        {"{\"type\": \"reward_model\"}", "method.type", "not available"},
+        {"{\"type\": \"reinforcement\"}", "method.type", "not available"},
+        {"{\"type\": \"dpo!\"}", "method.type", "not a method"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        json_t *r = dpo_request(NULL), *method = json_loads(cases[c].method, 0, NULL);
+        cr_assert(method, "%s", cases[c].method);
+        json_object_set_new(r, "method", method);
+        int status;
+        json_t *error = validate(r, &status);
+        cr_assert(error, "%s accepted", cases[c].method);
+        cr_expect_eq(status, 400);
+        cr_expect_str_eq(error_param(error) ?: "(null)", cases[c].param, "%s: %s", cases[c].method,
+                         error_message(error));
+        cr_expect(strstr(error_message(error), cases[c].says), "%s: '%s' lacks '%s'", cases[c].method,
+                  error_message(error), cases[c].says);
+        json_decref(error);
+    }
+}
+
+/* The top level is the legacy place of supervised jobs' hyperparameters only. */
+Test(jobs, dpo_refuses_top_level_hyperparameters) {
+    json_t *r = dpo_request(NULL);
+    json_object_set_new(r, "hyperparameters", json_pack("{s:f}", "beta", 0.1));
+    int status;
+    json_t *error = validate(r, &status);
+    cr_assert(error);
+    cr_expect_str_eq(error_param(error), "hyperparameters");
+    cr_expect(strstr(error_message(error), DPO_WHERE), "%s", error_message(error));
+    json_decref(error);
+}
+
+/* A file's kind (stored at upload) must be the method's: refused at create, naming the
+ * file, its field and its kind. */
+Test(jobs, a_file_of_the_wrong_kind_is_refused) {
+    static const struct { const char *type, *train, *validation, *param, *says; } cases[] = {
+        {"dpo", TRAIN_FILE, NULL, "training_file", TRAIN_FILE " holds sft rows; a dpo job needs preference rows"},
+        {"dpo", PREF_FILE, TRAIN_FILE, "validation_file", TRAIN_FILE " holds sft rows"},
+        {"supervised", PREF_FILE, NULL, "training_file", PREF_FILE " holds preference rows; a supervised job needs "
+                                                         "SFT rows"},
+        {"supervised", TRAIN_FILE, PREF_FILE, "validation_file", PREF_FILE " holds preference rows"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        json_t *r = json_pack("{s:s, s:s, s:{s:s}}", "model", "tiny", "training_file", cases[c].train, "method",
+                              "type", cases[c].type);
+        if (cases[c].validation) json_object_set_new(r, "validation_file", json_string(cases[c].validation));
+        int status;
+        json_t *error = validate(r, &status);
+        cr_assert(error, "case %zu accepted", c);
+        cr_expect_eq(status, 400);
+        cr_expect_str_eq(error_param(error) ?: "(null)", cases[c].param);
+        cr_expect(strstr(error_message(error), cases[c].says), "'%s' lacks '%s'", error_message(error),
+                  cases[c].says);
+        json_decref(error);
+    }
+}
+
+/* GET /v1/models' head: what a job's method makes, and "lm" for the rows written before
+ * the column existed (the migration's default: every earlier model was an SFT output). */
+Test(jobs, model_heads) {
+    cr_expect_str_eq(jobs_method_head("supervised"), "lm");
+    cr_expect_str_eq(jobs_method_head("dpo"), "lm");
+    cr_expect_null(jobs_method_head("ppo"), "no trainer, no model");
+    struct smelt_error err = {0};
+    struct store_conn *conn = store_acquire(g_s.store, &err);
+    cr_assert(conn, "%s", err.message);
+    int rc = store_exec(conn, &err, "INSERT INTO models (id, project_id, job_id, path, kind, base_model, created_at) "
+                        "VALUES ('ft:tiny:old:1', ?, 'ftjob-1', '/nowhere', 'full', 'tiny', 0)", "s", PROJECT);
+    cr_assert(rc >= 0, "%s", err.message);
+    json_t *row = NULL;
+    TEST_OK(store_query_one(conn, &row, &err, "SELECT head FROM models WHERE id = 'ft:tiny:old:1'", ""), &err);
+    cr_expect_str_eq(json_string_value(json_object_get(row, "head")), "lm");
+    json_decref(row);
+    store_release(g_s.store, conn);
 }

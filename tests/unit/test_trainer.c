@@ -178,34 +178,6 @@ Test(trainer, hp_table_round_trip) {
 
 /* ---- whole runs on a tiny model ---- */
 
-static void write_text(const char *path, const char *text) {
-    struct smelt_error err = {0};
-    TEST_OK(file_write_atomic(path, text, strlen(text), &err), &err);
-}
-
-/* dir/{config.json, tokenizer.json} (and weights when pretrained), from
- * tests/data/tiny. */
-static void make_model_dir(const char *dir, bool with_weights) {
-    struct smelt_error err = {0};
-    struct model_config c;
-    TEST_OK(model_config_load("tests/data/tiny/config.json", &c, &err), &err);
-    TEST_OK(dir_create_all(dir, &err), &err);
-    if (with_weights) {
-        struct model *m;
-        TEST_OK(model_init_random(&c, 99, BACKEND_CPU, &m, &err), &err);
-        TEST_OK(model_save(m, dir, false, &err), &err);
-        model_free(m);
-    } else {
-        TEST_OK(model_config_save(&c, dir, &err), &err);
-    }
-    struct tokenizer *tok;
-    TEST_OK(tokenizer_create_bytes(NULL, 0, &tok, &err), &err);
-    char p[512];
-    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    TEST_OK(tokenizer_save(tok, p, &err), &err);
-    tokenizer_free(tok);
-}
-
 /* Reversal of short strings: a task a tiny model learns in under two hundred steps. */
 static void make_data(const char *path, int n, int offset) {
     FILE *f = fopen(path, "w");
@@ -217,23 +189,13 @@ static void make_data(const char *path, int n, int offset) {
     fclose(f);
 }
 
-struct run_paths {
-    char model[512], train[512], val[512], out[512], spec[512];
-};
-
-static void setup_run(struct run_paths *p, bool pretrained) {
-    test_tmp_setup();
-    test_tmp_path(p->model, sizeof p->model, "model");
-    test_tmp_path(p->train, sizeof p->train, "train.jsonl");
-    test_tmp_path(p->val, sizeof p->val, "val.jsonl");
-    test_tmp_path(p->out, sizeof p->out, "run");
-    test_tmp_path(p->spec, sizeof p->spec, "spec.json");
-    make_model_dir(p->model, pretrained);
+static void setup_run(struct test_run_paths *p, bool pretrained) {
+    test_run_paths_init(p, pretrained);
     make_data(p->train, 96, 0);
     make_data(p->val, 16, 3);
 }
 
-static void load_spec(const struct run_paths *p, const char *model, const char *out, const char *extra,
+static void load_spec(const struct test_run_paths *p, const char *model, const char *out, const char *extra,
                       struct job_spec *spec) {
     char text[4096];
     snprintf(text, sizeof text,
@@ -241,14 +203,14 @@ static void load_spec(const struct run_paths *p, const char *model, const char *
              "\"output_dir\":\"%s\",\"seed\":5}",
              model, extra, p->train, p->val, out);
     struct smelt_error err = {0};
-    write_text(p->spec, text);
+    test_write_text(p->spec, text);
     TEST_OK(job_spec_load(p->spec, spec, &err), &err);
 }
 
 /* The train losses of metrics.jsonl, by step (1-based; [0] unused). */
 /* Runs the spec uninterrupted into p->out, then stopped after stop_at and resumed into
  * out2; expects the same n losses to the bit. */
-static void expect_resume_identical(const struct run_paths *p, const char *hp, int n, int stop_at,
+static void expect_resume_identical(const struct test_run_paths *p, const char *hp, int n, int stop_at,
                                     char *out2, size_t out2_cap, double *straight) {
     struct smelt_error err = {0};
     struct job_spec spec;
@@ -281,7 +243,7 @@ static const char *const full_hp =
     "\"learning_rate\":0.01,\"warmup_steps\":2},\"checkpoint\":{\"every_steps\":3},";
 
 Test(trainer, full_run_resumes_bit_identically) {
-    struct run_paths p;
+    struct test_run_paths p;
     setup_run(&p, false);
     struct smelt_error err = {0};
     struct job_spec spec;
@@ -340,7 +302,7 @@ static double first_eval_loss(const char *out_dir) {
  * This run scored 15/16 or 16/16 with each of seeds 1..9 and its losses fell about
  * 100-fold, so the margins below survive a change of seed or summation order. */
 Test(trainer, the_example_task_is_learned) {
-    struct run_paths p;
+    struct test_run_paths p;
     setup_run(&p, false);
     struct smelt_error err = {0};
     struct job_spec spec;
@@ -372,7 +334,7 @@ static const char *const lora_hp =
     "\"checkpoint\":{\"every_steps\":2},\"save_merged\":true,";
 
 Test(trainer, lora_run_resumes_bit_identically_and_keeps_the_base) {
-    struct run_paths p;
+    struct test_run_paths p;
     setup_run(&p, true);
     struct smelt_error err = {0};
     struct job_spec spec;
@@ -406,9 +368,9 @@ Test(trainer, lora_run_resumes_bit_identically_and_keeps_the_base) {
 }
 
 Test(trainer, invalid_data_stops_the_job_before_training) {
-    struct run_paths p;
+    struct test_run_paths p;
     setup_run(&p, false);
-    write_text(p.train, "{\"prompt\": \"ab>\", \"completion\": \"ba\"}\n"
+    test_write_text(p.train, "{\"prompt\": \"ab>\", \"completion\": \"ba\"}\n"
                         "{\"prompt\": \"cd>\", \"completion\": \"\"}\n");
     struct smelt_error err = {0};
     struct job_spec spec;

@@ -1,4 +1,5 @@
-/* Helpers for tests that run the trainer: reading what it wrote. */
+/* Helpers for tests that run the trainer: a tiny model directory to train, and reading
+ * what the trainer wrote. */
 #ifndef SMELT_TESTS_TRAINER_TESTUTIL_H
 #define SMELT_TESTS_TRAINER_TESTUTIL_H
 
@@ -7,29 +8,90 @@
 #include <stdio.h>
 #include <string.h>
 
-/* loss[step] for every "train" line of out_dir/metrics.jsonl (steps 1.. in order, below
- * cap); returns the last step. */
-static inline int test_read_losses(const char *out_dir, double *loss, int cap) {
-    char path[700], line[4096];
+#include "common/common.h"
+#include "model/model.h"
+#include "testutil.h"
+#include "tokenizer/tokenizer.h"
+
+static inline void test_write_text(const char *path, const char *text) {
+    struct smelt_error err = {0};
+    TEST_OK(file_write_atomic(path, text, strlen(text), &err), &err);
+}
+
+/* dir/{config.json, tokenizer.json} (and weights when pretrained), from
+ * tests/data/tiny. */
+static inline void test_make_model_dir(const char *dir, bool with_weights) {
+    struct smelt_error err = {0};
+    struct model_config c;
+    TEST_OK(model_config_load("tests/data/tiny/config.json", &c, &err), &err);
+    TEST_OK(dir_create_all(dir, &err), &err);
+    if (with_weights) {
+        struct model *m;
+        TEST_OK(model_init_random(&c, 99, BACKEND_CPU, &m, &err), &err);
+        TEST_OK(model_save(m, dir, false, &err), &err);
+        model_free(m);
+    } else {
+        TEST_OK(model_config_save(&c, dir, &err), &err);
+    }
+    struct tokenizer *tok;
+    TEST_OK(tokenizer_create_bytes(NULL, 0, &tok, &err), &err);
+    char p[512];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    TEST_OK(tokenizer_save(tok, p, &err), &err);
+    tokenizer_free(tok);
+}
+
+/* A run's files in a fresh temporary directory, with the tiny model (weights when
+ * pretrained) in model/; the data files are the test's to write. */
+struct test_run_paths {
+    char model[512], train[512], val[512], out[512], spec[512];
+};
+
+static inline void test_run_paths_init(struct test_run_paths *p, bool pretrained) {
+    test_tmp_setup();
+    test_tmp_path(p->model, sizeof p->model, "model");
+    test_tmp_path(p->train, sizeof p->train, "train.jsonl");
+    test_tmp_path(p->val, sizeof p->val, "val.jsonl");
+    test_tmp_path(p->out, sizeof p->out, "run");
+    test_tmp_path(p->spec, sizeof p->spec, "spec.json");
+    test_make_model_dir(p->model, pretrained);
+}
+
+/* key of every line of type `type` in out_dir/metrics.jsonl, in order (at most cap),
+ * into values, and their steps into steps (may be NULL); returns how many. */
+static inline int test_read_metric(const char *out_dir, const char *type, const char *key, double *values,
+                                   int *steps, int cap) {
+    char path[700], line[8192];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
     FILE *f = fopen(path, "r");
     cr_assert(f, "no %s", path);
-    int last = 0;
+    int n = 0;
     while (fgets(line, sizeof line, f)) {
         json_t *j = json_loads(line, 0, NULL);
         cr_assert(j, "bad metrics line %s", line);
-        const char *type = json_string_value(json_object_get(j, "type"));
-        if (type && strcmp(type, "train") == 0) {
-            int step = (int)json_integer_value(json_object_get(j, "step"));
-            cr_assert(step > 0 && step < cap);
-            cr_expect(step == last + 1, "steps out of order: %d after %d", step, last);
-            loss[step] = json_real_value(json_object_get(j, "loss"));
-            last = step;
+        const char *t = json_string_value(json_object_get(j, "type"));
+        if (t && strcmp(t, type) == 0) {
+            json_t *v = json_object_get(j, key);
+            cr_assert(n < cap, "more than %d %s lines", cap, type);
+            cr_assert(json_is_number(v), "a %s line without a number %s: %s", type, key, line);
+            values[n] = json_number_value(v);
+            if (steps) steps[n] = (int)json_integer_value(json_object_get(j, "step"));
+            n++;
         }
         json_decref(j);
     }
     fclose(f);
-    return last;
+    return n;
+}
+
+/* loss[step] for every "train" line of out_dir/metrics.jsonl (steps 1.. in order, below
+ * cap); returns the last step. */
+static inline int test_read_losses(const char *out_dir, double *loss, int cap) {
+    int steps[1024];
+    cr_assert(cap <= 1024);
+    int n = test_read_metric(out_dir, "train", "loss", loss + 1, steps, cap - 1);
+    for (int i = 0; i < n; i++) cr_expect(steps[i] == i + 1, "steps out of order: %d after %d", steps[i], i);
+    return n;
 }
 
 #endif

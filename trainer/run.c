@@ -1,0 +1,244 @@
+/* A run from its start to its end, whatever it trains: setup and resume, the loop of
+ * optimizer steps (the algorithm's own, struct run_algo: sft.c, dpo.c), metrics lines,
+ * evaluation, checkpoints, stopping on a signal, and the outputs. */
+#include "trainer/trainer_internal.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/common.h"
+
+/* Set from smelt-trainer's signal handler, which may run on an OpenMP thread
+ * rather than the training one: a lock-free atomic, which a handler may write (C11
+ * 7.14.1.1), not a volatile sig_atomic_t, which orders nothing between threads. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "signal handlers need a lock-free atomic_int");
+static atomic_int stop_requested;
+
+void trainer_request_stop(void) { atomic_store(&stop_requested, 1); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t mix(uint64_t a, uint64_t b) {
+    return rng_mix64(a ^ (b + RNG_GOLDEN + (a << 6) + (a >> 2)));
+}
+
+uint64_t run_dropout_seed(const struct trainer_run *r, int64_t micro) {
+    return mix(mix(r->spec->seed, (uint64_t)r->step + 1), (uint64_t)micro);
+}
+
+int run_optimizer_step(struct trainer_run *r, double grad_scale, struct step_stats *st,
+                       struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    st->lr = lr_at(&r->schedule, r->step + 1);
+    TRY(optimizer_step(&r->opt, r->params, r->grads, grad_scale, s->hp.max_grad_norm, st->lr, s->hp.beta1,
+                       s->hp.beta2, s->hp.eps, s->hp.weight_decay, &st->grad_norm, err));
+    r->step++;
+    r->tokens_done += st->tokens;
+    return SMELT_OK;
+}
+
+static json_t *number_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+/* {"type": type, "step": step} followed by metrics (stolen; may be NULL). */
+static json_t *metrics_line(const char *type, int64_t step, json_t *metrics) {
+    json_t *line = json_pack("{s:s, s:I}", "type", type, "step", (json_int_t)step);
+    if (line && metrics) json_object_update_new(line, metrics);
+    else json_decref(metrics);
+    return line;
+}
+
+static void emit_train(struct trainer_run *r, struct step_stats *st, int64_t tokens, double seconds) {
+    struct dataset_cursor c = dataset_loader_cursor(r->loader);
+    double epoch = (double)c.epoch + (r->train->n ? (double)c.index / (double)r->train->n : 0);
+    double tps = seconds > 0 ? (double)tokens / seconds : 0;
+    double flops = tps * r->flops_per_token;
+    /* MFU needs the device's peak; the CPU has none we can trust, so it is reported only
+     * when SMELT_PEAK_FLOPS says what it is. */
+    const char *peak_env = getenv("SMELT_PEAK_FLOPS");
+    double peak = peak_env ? strtod(peak_env, NULL) : 0;
+    json_t *line = json_pack("{s:s, s:I, s:f, s:o, s:f, s:o, s:I, s:I, s:f, s:f, s:o, s:f}",
+                             "type", "train", "step", (json_int_t)r->step, "epoch", epoch,
+                             "loss", number_or_null(st->loss), "lr", st->lr,
+                             "grad_norm", number_or_null(st->grad_norm),
+                             "tokens", (json_int_t)st->tokens, "trained_tokens", (json_int_t)st->trained,
+                             "tokens_per_s", tps, "flops_per_s", flops,
+                             "mfu", peak > 0 ? json_real(flops / peak) : json_null(),
+                             "elapsed_s", r->elapsed_s);
+    if (line && st->metrics) json_object_update_new(line, st->metrics);
+    else json_decref(st->metrics);
+    st->metrics = NULL;
+    run_metrics_emit(r, line);
+}
+
+static int evaluate(struct trainer_run *r, struct smelt_error *err) {
+    void *metrics;
+    double loss;
+    TRY(r->algo->validate(r, &metrics, &loss, err));
+    if (metrics) run_metrics_emit(r, metrics_line("eval", r->step, metrics));
+    return SMELT_OK;
+}
+
+static int save_outputs(struct trainer_run *r, struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    char out[JOB_PATH_BYTES + 64], merged[JOB_PATH_BYTES + 64];
+    TRY(path_join(out, sizeof out, s->output_dir, "output", err));
+    TRY(dir_remove_all(out, err));
+    TRY(dir_create_all(out, err));
+    if (r->lora) {
+        TRY(lora_save(r->lora, out, r->base_path, err));
+        TRY(run_copy_tokenizer_files(r, out, err));
+        if (s->save_merged) {
+            TRY(path_join(merged, sizeof merged, out, "merged", err));
+            lora_detach(r->lora);
+            TRY(lora_merge(r->lora, err));
+            TRY(model_save(r->model, merged, s->save_bf16, err));
+            TRY(run_copy_tokenizer_files(r, merged, err));
+        }
+    } else {
+        TRY(model_save(r->model, out, s->save_bf16, err));
+        TRY(run_copy_tokenizer_files(r, out, err));
+    }
+    return SMELT_OK;
+}
+
+/* The final line: the validation metrics ({"val_loss": null} without validation data)
+ * and the greedy accuracy. */
+static int emit_final(struct trainer_run *r, struct trainer_result *res, struct smelt_error *err) {
+    void *metrics;
+    TRY(r->algo->validate(r, &metrics, &res->val_loss, err));
+    int rc = run_accuracy(r, r->spec->eval.accuracy_examples, &res->accuracy, &res->accuracy_examples, err);
+    if (rc) {
+        json_decref(metrics);
+        return rc;
+    }
+    json_t *line = metrics_line("final", r->step, metrics ? metrics : json_pack("{s:n}", "val_loss"));
+    if (line) {
+        json_object_set_new(line, "accuracy", number_or_null(res->accuracy));
+        json_object_set_new(line, "accuracy_examples", json_integer((json_int_t)res->accuracy_examples));
+    }
+    run_metrics_emit(r, line);
+    return SMELT_OK;
+}
+
+static int finish(struct trainer_run *r, struct trainer_result *res, struct smelt_error *err) {
+    TRY(emit_final(r, res, err));
+    if (r->lora) {
+        uint64_t hash;
+        TRY(run_hash_weights(&r->model->weights, &hash, err));
+        res->base_unchanged = hash == r->base_hash;
+        if (!res->base_unchanged) return error_set(err, SMELT_EBACKEND, "LoRA training changed the frozen base weights");
+    }
+    TRY(save_outputs(r, err));
+    TRY(path_join(res->output, sizeof res->output, r->spec->output_dir, "output", err));
+    return SMELT_OK;
+}
+
+static int start(struct trainer_run *r, const struct trainer_options *o, struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    TRY(dir_create_all(s->output_dir, err));
+    char ckpt[JOB_PATH_BYTES + 128];
+    struct smelt_error ignore = {0};
+    bool have_ckpt = trainer_checkpoint_latest(s->output_dir, ckpt, sizeof ckpt, &ignore) == SMELT_OK;
+    if (!o->resume && have_ckpt)
+        return error_set(err, SMELT_EINVAL, "%s holds checkpoints (%s); resume it (--resume) or choose another output_dir",
+                         s->output_dir, ckpt);
+    TRY(run_setup(r, err));
+    if (r->algo->prepare) TRY(r->algo->prepare(r, err));
+    int64_t resumed = -1;
+    if (o->resume) {
+        TRY(run_checkpoint_restore(r, o->resume, &resumed, err));
+        log_info("resumed from step %lld of %lld", (long long)resumed, (long long)r->total_steps);
+    } else {
+        void *spec_json;
+        char p[JOB_PATH_BYTES + 64];
+        TRY(job_spec_to_json(s, &spec_json, err));
+        int rc = path_join(p, sizeof p, s->output_dir, "spec.json", err);
+        if (!rc) rc = json_save_atomic(spec_json, JSON_INDENT(2) | JSON_PRESERVE_ORDER, p, err);
+        json_decref(spec_json);
+        TRY(rc);
+    }
+    TRY(run_metrics_open(r, resumed, err));
+    run_metrics_emit(r, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:s, s:s, s:i}}", "type", "start",
+                                  "step", (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps,
+                                  "trainable_params", (json_int_t)tensor_numel(r->params),
+                                  "model_params", (json_int_t)r->model->n_weights,
+                                  "train_examples", (json_int_t)r->train->n,
+                                  "val_examples", (json_int_t)(r->val ? r->val->n : 0),
+                                  "train_tokens", (json_int_t)r->train->report.n_tokens,
+                                  "compute", "backend", backend_name(s->backend), "blas_kernels",
+                                  backend_cpu_blas_kernels(), "cpu_threads", backend_cpu_threads()));
+    return SMELT_OK;
+}
+
+/* One step, timed, and its train line when one is due. */
+static int timed_step(struct trainer_run *r, struct trainer_result *res, int64_t *since_tokens, double *since_s,
+                      struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    int64_t n_micro = s->hp.grad_accum;
+    if (s->hp.max_steps == 0 && r->total_micro - r->micro_done < n_micro) n_micro = r->total_micro - r->micro_done;
+    struct step_stats st = {0};
+    double t0 = now_s();
+    TRY(r->algo->step(r, n_micro, &st, err));
+    double dt = now_s() - t0;
+    r->elapsed_s += dt;
+    *since_s += dt;
+    *since_tokens += st.tokens;
+    res->last_loss = st.loss;
+    if (r->step % s->log_every_steps == 0 || r->step == r->total_steps) {
+        emit_train(r, &st, *since_tokens, *since_s);
+        *since_tokens = 0;
+        *since_s = 0;
+    }
+    json_decref(st.metrics);
+    return SMELT_OK;
+}
+
+static int loop(struct trainer_run *r, const struct trainer_options *o, struct trainer_result *res,
+                struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    int64_t since_tokens = 0;
+    double since_s = 0;
+    bool saved_at_step = false;
+    while (r->step < r->total_steps) {
+        TRY(timed_step(r, res, &since_tokens, &since_s, err));
+        bool last = r->step == r->total_steps;
+        saved_at_step = false;
+        if (!last && s->eval.every_steps && r->step % s->eval.every_steps == 0) TRY(evaluate(r, err));
+        if (!last && s->checkpoint.every_steps && r->step % s->checkpoint.every_steps == 0) {
+            TRY(run_checkpoint_save(r, err));
+            saved_at_step = true;
+        }
+        if (!last && (atomic_load(&stop_requested) || (o->stop_after_step > 0 && r->step >= o->stop_after_step))) {
+            if (!saved_at_step) TRY(run_checkpoint_save(r, err));
+            res->stopped = true;
+            log_info("stopped after step %lld; continue with --resume", (long long)r->step);
+            return SMELT_OK;
+        }
+    }
+    return run_checkpoint_save(r, err);
+}
+
+int trainer_run(const struct job_spec *spec, const struct trainer_options *options,
+                struct trainer_result *result, struct smelt_error *err) {
+    static const struct trainer_options defaults = {0};
+    const struct trainer_options *o = options ? options : &defaults;
+    memset(result, 0, sizeof *result);
+    result->val_loss = result->accuracy = result->last_loss = NAN;
+    struct trainer_run r = {.spec = spec, .quiet = o->quiet,
+                            .algo = spec->type == JOB_DPO ? &DPO_ALGO : &SFT_ALGO};
+    atomic_store(&stop_requested, 0);
+    int rc = start(&r, o, err);
+    if (!rc) rc = loop(&r, o, result, err);
+    if (!rc && !result->stopped) rc = finish(&r, result, err);
+    result->steps = r.step;
+    run_teardown(&r);
+    return rc;
+}
