@@ -5,9 +5,11 @@
  *   SFT         {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
  *               {"prompt": "...", "completion": "..."}
  *               {"prompt": [messages], "completion": [assistant turn(s)]}
- *   preference  {"prompt": P, "chosen": R, "rejected": R}
+ *   preference  {"prompt": P, "chosen": R, "rejected": R, "margin": x (optional)}
  *               P: a string or a message list; R: a string, or a message list holding
- *               the assistant turn(s) that follow the prompt
+ *               the assistant turn(s) that follow the prompt; margin: a finite number,
+ *               |x| <= 1e6, what a reward model's loss subtracts (TRL RewardTrainer's
+ *               margin column); other preference losses ignore it
  *   prompts     {"prompt": P, "answer": "..." (optional), "metadata": {...} (optional)}
  * Any other key is refused, naming it. A file holds one kind: a row of another kind is
  * an error. Every problem is reported as "<file>:<line>: <field>: <what>" (field like
@@ -103,6 +105,7 @@ struct dataset_example {
     int32_t n;
     int32_t n_prompt;
     int64_t line;
+    double margin;                /* preference: the row's margin (0 without), both sides */
 };
 
 /* A prompt for RL: ids of the rendered prompt (chat template with generation prompt for

@@ -57,6 +57,7 @@ struct dataset_row {
     struct row_turns prompt;
     struct row_turns response;      /* SFT completion, preference chosen */
     struct row_turns rejected;      /* preference */
+    double margin;                  /* preference: "margin", 0 when absent */
     const char *answer;             /* prompts; NULL when absent */
     const json_t *metadata;         /* prompts; NULL when absent */
 };

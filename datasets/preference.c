@@ -15,6 +15,7 @@ int preference_row_examples(const struct dataset_format *format, const struct da
         rc = tokenize_turns(format, &row->prompt, responses[s], sides[s], &pair[s], issue, err);
         if (!rc) rc = example_fit(format, &pair[s], false, sides[s], &side_fit, issue);
         pair[s].line = row->line;
+        pair[s].margin = row->margin;
         /* A pair lives or dies whole: dropping either side drops both (the enum is
          * ordered FITS < TRUNCATED < DROPPED). */
         if (!rc && side_fit > *fit) *fit = side_fit;

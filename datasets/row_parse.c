@@ -5,12 +5,13 @@
 
 #include "common/json.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *const SFT_MESSAGES_KEYS[] = {"messages", NULL};
 static const char *const SFT_PAIR_KEYS[] = {"prompt", "completion", NULL};
-static const char *const PREFERENCE_KEYS[] = {"prompt", "chosen", "rejected", NULL};
+static const char *const PREFERENCE_KEYS[] = {"prompt", "chosen", "rejected", "margin", NULL};
 static const char *const PROMPTS_KEYS[] = {"prompt", "answer", "metadata", NULL};
 static const char *const MESSAGE_KEYS[] = {"role", "content", NULL};
 
@@ -164,7 +165,17 @@ static int parse_preference(const json_t *obj, struct dataset_row *row,
     if (!rc) rc = parse_prompt(obj, &row->prompt, issue, err);
     if (!rc) rc = parse_response(obj, "chosen", &row->prompt, &row->response, issue, err);
     if (!rc) rc = parse_response(obj, "rejected", &row->prompt, &row->rejected, issue, err);
-    return rc;
+    if (rc) return rc;
+    /* TRL RewardTrainer's optional margin column: how far chosen should beat rejected.
+     * Only the reward model's loss reads it. */
+    const json_t *margin = json_object_get(obj, "margin");
+    if (!margin || json_is_null(margin)) return SMELT_OK;
+    if (!json_is_number(margin))
+        return issue_set(issue, "margin", "expected a number, got %s", json_kind_name(margin));
+    row->margin = json_number_value(margin);
+    if (!isfinite(row->margin) || fabs(row->margin) > 1e6)
+        return issue_set(issue, "margin", "must be a finite number of at most 1e6 in magnitude");
+    return SMELT_OK;
 }
 
 static int parse_prompts(const json_t *obj, struct dataset_row *row, struct dataset_issue *issue,

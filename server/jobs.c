@@ -75,7 +75,7 @@ struct openai_hp {
     {"n_epochs", "epochs", false}, {"batch_size", "batch_size", false}, \
     {"learning_rate_multiplier", "learning_rate", true}
 
-static const struct openai_hp SUPERVISED_HPS[] = {OPENAI_COMMON_HPS};
+static const struct openai_hp COMMON_HPS[] = {OPENAI_COMMON_HPS};
 static const struct openai_hp DPO_HPS[] = {{"beta", "beta", false}, OPENAI_COMMON_HPS};
 
 /* A method smelt runs: the trainer's job type, the rows its files must hold, and the
@@ -92,12 +92,14 @@ struct job_method {
 
 #define METHOD_HPS(t) (t), (int)(sizeof(t) / sizeof(t)[0])
 static const struct job_method METHODS[] = {
-    {"supervised", "sft", "sft", "SFT rows (messages or prompt/completion)", "lm", METHOD_HPS(SUPERVISED_HPS)},
+    {"supervised", "sft", "sft", "SFT rows (messages or prompt/completion)", "lm", METHOD_HPS(COMMON_HPS)},
     {"dpo", "dpo", "preference", "preference rows (prompt, chosen, rejected)", "lm", METHOD_HPS(DPO_HPS)},
+    {"reward_model", "reward_model", "preference", "preference rows (prompt, chosen, rejected, optional margin)",
+     "reward", METHOD_HPS(COMMON_HPS)},
 };
 #define SUPERVISED (&METHODS[0]) /* a request without method; the legacy top-level hyperparameters' */
 /* Method types that exist (OpenAI's reinforcement, smelt's plans) but have no trainer yet. */
-static const char *const LATER_METHODS[] = {"reinforcement", "ppo", "grpo", "reward_model"};
+static const char *const LATER_METHODS[] = {"reinforcement", "ppo", "grpo"};
 
 static const struct job_method *method_named(const char *type) {
     for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++)
@@ -359,8 +361,8 @@ static int read_method_type(const json_t *method, const struct job_method **out,
     for (size_t i = 0; i < sizeof LATER_METHODS / sizeof LATER_METHODS[0]; i++)
         if (strcmp(type, LATER_METHODS[i]) == 0)
             return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%s' jobs are not available "
-                                   "in this version of smelt yet: their trainer does not exist (supervised and "
-                                   "dpo are)", type);
+                                   "in this version of smelt yet: their trainer does not exist (supervised, "
+                                   "dpo and reward_model are)", type);
     if (!(*out = method_named(type)))
         return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%.40s' is not a method "
                                "(supervised, dpo, reinforcement, ppo, grpo, reward_model)", type);

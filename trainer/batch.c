@@ -3,10 +3,14 @@
  * the shape every token-logprob objective takes (docs/architecture.md §4). */
 #include "trainer/trainer_internal.h"
 
+struct model_batch run_model_batch(const struct dataset_batch *b) {
+    return (struct model_batch){.n_tokens = b->n_tokens, .n_seqs = b->n_seqs, .ids = b->ids,
+                                .cu_seqlens = b->cu_seqlens, .targets = b->targets};
+}
+
 int run_forward_batch(struct trainer_run *r, const struct dataset_batch *b, double *nll,
                       struct smelt_error *err) {
-    struct model_batch mb = {.n_tokens = b->n_tokens, .n_seqs = b->n_seqs, .ids = b->ids,
-                             .cu_seqlens = b->cu_seqlens, .targets = b->targets};
+    struct model_batch mb = run_model_batch(b);
     int64_t T = b->n_tokens;
     struct tensor lp = tensor_make(r->logprobs.backend, DTYPE_F32, r->logprobs.data, 1, &T);
     int rc = model_forward(r->model, r->acts, &mb, &lp, NULL, NULL, err);

@@ -12,8 +12,6 @@
  * ORPO have none. */
 #include "trainer/trainer_internal.h"
 
-#include <jansson.h>
-#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -146,61 +144,12 @@ int dpo_micro_batch(struct trainer_run *r, const struct dataset_batch *b, bool t
     return train ? run_backward_batch(r, b, d->coef, err) : SMELT_OK;
 }
 
-/* The TRL names of the DPO metrics, means over the pairs in tot, each name after prefix. */
-static json_t *totals_json(const struct pref_totals *t, const char *prefix) {
-    static const char *const names[] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
-                                        "rewards/margins", "logps/chosen", "logps/rejected"};
-    const double sums[] = {t->reward_chosen, t->reward_rejected, t->correct, t->margin, t->logp_chosen,
-                           t->logp_rejected};
-    json_t *obj = json_object();
-    for (size_t i = 0; obj && i < sizeof names / sizeof *names; i++) {
-        double mean = sums[i] / (double)t->pairs;
-        char key[64];
-        snprintf(key, sizeof key, "%s%s", prefix, names[i]);
-        json_object_set_new(obj, key, isfinite(mean) ? json_real(mean) : json_null());
-    }
-    return obj;
-}
-
 static int dpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {
-    TRY(tensor_zero(r->grads, err));
-    struct pref_totals tot = {0};
-    for (int64_t i = 0; i < n_micro; i++) {
-        const struct dataset_batch *b;
-        TRY(dataset_loader_next(r->loader, &b, err));
-        if (r->lora) lora_set_dropout_seed(r->lora, run_dropout_seed(r, i));
-        TRY(dpo_micro_batch(r, b, true, &tot, err));
-        st->tokens += b->n_tokens;
-        st->trained += b->n_targets;
-        r->micro_done++;
-    }
-    if (tot.pairs == 0) return error_set(err, SMELT_EINVAL, "step %lld has no pair", (long long)r->step + 1);
-    st->loss = tot.loss / (double)tot.pairs;
-    /* The loss is the mean over the step's pairs: 1/pairs scales the summed gradients. */
-    TRY(run_optimizer_step(r, 1.0 / (double)tot.pairs, st, err));
-    st->metrics = totals_json(&tot, "");
-    return SMELT_OK;
+    return pref_step(r, n_micro, dpo_micro_batch, PREF_METRICS_DPO, st, err);
 }
 
-static int add_validation(struct trainer_run *r, const struct dataset_batch *b, void *ctx,
-                          struct smelt_error *err) {
-    return dpo_micro_batch(r, b, false, ctx, err);
-}
-
-/* Over the validation pairs, without dropout: "val_loss", "val_pairs" and the metrics
- * of a train line prefixed "val_". */
 static int dpo_validate(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err) {
-    *metrics = NULL;
-    *val_loss = NAN;
-    if (!r->val) return SMELT_OK;
-    struct pref_totals tot = {0};
-    TRY(error_wrap(err, run_each_batch(r, r->val, add_validation, &tot, err), "validation"));
-    *val_loss = tot.loss / (double)tot.pairs;
-    json_t *obj = json_pack("{s:o, s:I}", "val_loss", isfinite(*val_loss) ? json_real(*val_loss) : json_null(),
-                            "val_pairs", (json_int_t)tot.pairs);
-    if (obj) json_object_update_new(obj, totals_json(&tot, "val_"));
-    *metrics = obj;
-    return obj ? SMELT_OK : error_set(err, SMELT_ENOMEM, "metrics: out of memory");
+    return pref_validate(r, dpo_micro_batch, PREF_METRICS_DPO, metrics, val_loss, err);
 }
 
 const struct run_algo DPO_ALGO = {.prepare = dpo_prepare, .step = dpo_step, .validate = dpo_validate};

@@ -142,6 +142,8 @@ const struct job_hp_field JOB_HP_FIELDS[] = {
     HP_NUMBER(rpo_alpha, 0.0, 0.0, 1000.0),
     HP_NUMBER(simpo_gamma, 0.5, -1000.0, 1000.0),
     HP_BOOL(precompute_ref, true),
+    /* Reward model (TRL RewardTrainer; 0 = off, TRL's None). */
+    HP_NUMBER(center_rewards_coefficient, 0.0, 0.0, 1000.0),
 };
 #define N_HP_FIELDS ((int)(sizeof JOB_HP_FIELDS / sizeof JOB_HP_FIELDS[0]))
 const int JOB_N_HP_FIELDS = N_HP_FIELDS;
@@ -226,7 +228,9 @@ static int parse_checkpoint(const json_t *obj, const char *where, struct job_spe
     return SMELT_OK;
 }
 
-static const char *const JOB_TYPE_NAMES[] = {[JOB_SFT] = "sft", [JOB_DPO] = "dpo"};
+static const char *const JOB_TYPE_NAMES[] = {[JOB_SFT] = "sft", [JOB_DPO] = "dpo", [JOB_REWARD] = "reward_model"};
+
+const char *job_type_name(enum job_type type) { return JOB_TYPE_NAMES[type]; }
 
 /* type, model, model_init, tokenizer, chat_template. */
 static int parse_model(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
@@ -236,7 +240,7 @@ static int parse_model(const json_t *root, const char *where, struct job_spec *s
     while (t < sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES && strcmp(name, JOB_TYPE_NAMES[t]) != 0) t++;
     if (t == sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES)
         return error_set_field(err, SMELT_EINVAL, "type",
-                               "%s: type: \"%s\" is not a job type this trainer runs (sft, dpo)", where, name);
+                               "%s: type: \"%s\" is not a job type this trainer runs (sft, dpo, reward_model)", where, name);
     s->type = (enum job_type)t;
     TRY(string_field(root, "model", true, s->model, sizeof s->model, where, err));
     TRY(json_field_string(root, "model_init", false, "pretrained", &name, where, err));
@@ -302,6 +306,16 @@ static int check_dpo(const struct job_spec *s, const char *where, struct smelt_e
     return SMELT_OK;
 }
 
+/* A reward model trains its score head with the body. Under LoRA the head would have to
+ * train beside the adapter and be saved with it, and lora/ writes adapters only (no
+ * PEFT modules_to_save): refused until it does, rather than an output without its head. */
+static int check_reward(const struct job_spec *s, const char *where, struct smelt_error *err) {
+    if (s->type != JOB_REWARD || !s->has_lora) return SMELT_OK;
+    return error_set_field(err, SMELT_EINVAL, "lora",
+                           "%s: lora: a reward_model job is a full fine-tune (the score head trains with the "
+                           "body; a LoRA adapter cannot carry the head yet): remove \"lora\"", where);
+}
+
 /* data, hyperparameters, lora, eval, checkpoint. */
 static int parse_sections(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
     const json_t *obj;
@@ -316,6 +330,7 @@ static int parse_sections(const json_t *root, const char *where, struct job_spec
                                (long long)s->hp.batch_tokens, (long long)s->data.max_seq_len);
     TRY(parse_lora(root, where, s, err));
     TRY(check_dpo(s, where, err));
+    TRY(check_reward(s, where, err));
     TRY(parse_section(root, "eval", where, s, parse_eval, err));
     return parse_section(root, "checkpoint", where, s, parse_checkpoint, err);
 }

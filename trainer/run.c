@@ -110,11 +110,13 @@ static int save_outputs(struct trainer_run *r, struct smelt_error *err) {
 }
 
 /* The final line: the validation metrics ({"val_loss": null} without validation data)
- * and the greedy accuracy. */
+ * and the greedy accuracy (null for a reward model, which has no lm_head to generate
+ * with: its val_rewards/accuracies is the accuracy that means something). */
 static int emit_final(struct trainer_run *r, struct trainer_result *res, struct smelt_error *err) {
     void *metrics;
     TRY(r->algo->validate(r, &metrics, &res->val_loss, err));
-    int rc = run_accuracy(r, r->spec->eval.accuracy_examples, &res->accuracy, &res->accuracy_examples, err);
+    int64_t n_generate = r->model->config.score_head ? 0 : r->spec->eval.accuracy_examples;
+    int rc = run_accuracy(r, n_generate, &res->accuracy, &res->accuracy_examples, err);
     if (rc) {
         json_decref(metrics);
         return rc;
@@ -233,7 +235,9 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
     memset(result, 0, sizeof *result);
     result->val_loss = result->accuracy = result->last_loss = NAN;
     struct trainer_run r = {.spec = spec, .quiet = o->quiet,
-                            .algo = spec->type == JOB_DPO ? &DPO_ALGO : &SFT_ALGO};
+                            .algo = spec->type == JOB_DPO      ? &DPO_ALGO
+                                    : spec->type == JOB_REWARD ? &REWARD_ALGO
+                                                               : &SFT_ALGO};
     atomic_store(&stop_requested, 0);
     int rc = start(&r, o, err);
     if (!rc) rc = loop(&r, o, result, err);

@@ -99,13 +99,13 @@ static int load_tokenizer(struct trainer_run *r, struct smelt_error *err) {
  * loader decides a file's kind by its first row). */
 static int load_file(const struct trainer_run *r, const char *path, const char *field,
                      const struct dataset_format *f, struct dataset **out, struct smelt_error *err) {
-    enum dataset_kind want = r->spec->type == JOB_DPO ? DATASET_PREFERENCE : DATASET_SFT;
+    enum dataset_kind want = r->spec->type == JOB_SFT ? DATASET_SFT : DATASET_PREFERENCE;
     TRY(dataset_load(path, DATASET_AUTO, f, out, NULL, err));
     if ((*out)->kind == want) return SMELT_OK;
     int rc = error_set_field(err, SMELT_EINVAL, field,
                              "%s: %s holds %s rows; a%s %s job trains on %s rows (datasets/datasets.h)", field,
                              path, dataset_kind_name((*out)->kind), want == DATASET_SFT ? "n" : "",
-                             r->spec->type == JOB_DPO ? "dpo" : "sft", dataset_kind_name(want));
+                             job_type_name(r->spec->type), dataset_kind_name(want));
     dataset_free(*out);
     *out = NULL;
     return rc;
@@ -192,7 +192,8 @@ static int plan(struct trainer_run *r, struct smelt_error *err) {
     double linear = 0, qd = (double)(c->n_heads * c->head_dim), kd = (double)(c->n_kv_heads * c->head_dim);
     double C = (double)c->hidden_size, F = (double)c->intermediate_size;
     double mlp = c->mlp == MODEL_MLP_SWIGLU ? 3 * C * F : 2 * C * F;
-    linear = (double)c->n_layers * (C * qd + 2 * C * kd + qd * C + mlp) + (double)c->vocab_size * C;
+    double head = c->score_head ? 1 : (double)c->vocab_size; /* a reward model's head is [1, C] */
+    linear = (double)c->n_layers * (C * qd + 2 * C * kd + qd * C + mlp) + head * C;
     int64_t n_seqs = r->train->n * seqs_per_row(r->train);
     double mean_len = r->train->report.n_tokens > 0 ? (double)r->train->report.n_tokens / (double)n_seqs : 0;
     double attn = (double)c->n_layers * 2.0 * qd * mean_len; /* QK^T and PV, causal half */
@@ -224,6 +225,7 @@ int run_setup(struct trainer_run *r, struct smelt_error *err) {
     if (r->base_path[0] && realpath(r->base_path, abs) && strlen(abs) < sizeof r->base_path)
         memcpy(r->base_path, abs, strlen(abs) + 1);
     TRY(load_tokenizer(r, err));
+    if (r->spec->type == JOB_REWARD) TRY(reward_model_prepare_model(r, err));
     TRY(load_data(r, err));
     TRY(plan(r, err));
     TRY(setup_trainable(r, err));
@@ -239,6 +241,7 @@ int run_setup(struct trainer_run *r, struct smelt_error *err) {
 void run_teardown(struct trainer_run *r) {
     run_metrics_close(r);
     dpo_state_free(r->dpo);
+    reward_state_free(r->reward);
     free(r->host_logprobs);
     tensor_free(&r->logprobs);
     tensor_free(&r->dlogprobs);

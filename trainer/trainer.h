@@ -1,5 +1,5 @@
 /* trainer/: the job spec, the optimizer, learning-rate schedules, checkpoints and the
- * training loops (SFT and DPO now; reward model, PPO and GRPO come later), run by the
+ * training loops (SFT, DPO and the reward model now; PPO and GRPO come later), run by the
  * `smelt-trainer` program. docs/job-spec.md documents the spec and the job directory.
  *
  * Ownership: a struct job_spec is a plain value (fixed-size strings, no heap). The
@@ -40,7 +40,8 @@ double lr_at(const struct lr_schedule *s, int64_t step);
 
 /* ---- the job spec ---- */
 
-enum job_type { JOB_SFT, JOB_DPO };
+enum job_type { JOB_SFT, JOB_DPO, JOB_REWARD };
+const char *job_type_name(enum job_type type); /* the spec's "type": "sft", "dpo", "reward_model" */
 
 struct job_spec {
     enum job_type type;
@@ -70,6 +71,8 @@ struct job_spec {
         enum pref_loss_type loss_type;
         double label_smoothing, rpo_alpha, simpo_gamma;
         bool precompute_ref;
+        /* reward model only: TRL RewardTrainer's center_rewards_coefficient */
+        double center_rewards_coefficient;
     } hp;
     bool has_lora;
     struct lora_config lora;

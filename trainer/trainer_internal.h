@@ -10,10 +10,11 @@
 
 struct run_algo;
 struct dpo_state;
+struct reward_state;
 
 struct trainer_run {
     const struct job_spec *spec;
-    const struct run_algo *algo;         /* SFT or DPO: what a step and an evaluation do */
+    const struct run_algo *algo;         /* SFT, DPO or reward model: what a step and an evaluation do */
     char base_path[JOB_PATH_BYTES];      /* the full model's directory ("" for random init) */
     char tokenizer_dir[JOB_PATH_BYTES];  /* where the tokenizer files came from */
     struct tokenizer *tok;
@@ -41,6 +42,7 @@ struct trainer_run {
     FILE *metrics;
     bool quiet;
     struct dpo_state *dpo;               /* DPO: reference logprobs and per-batch scratch */
+    struct reward_state *reward;         /* reward model: hidden states and scores */
 };
 
 /* What one optimizer step reports. metrics: a jansson object of the algorithm's own
@@ -62,7 +64,7 @@ struct run_algo {
     int (*validate)(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err);
 };
 
-extern const struct run_algo SFT_ALGO, DPO_ALGO;
+extern const struct run_algo SFT_ALGO, DPO_ALGO, REWARD_ALGO;
 
 /* run.c */
 /* The LoRA dropout seed of micro-batch `micro` of the coming step: a pure function of
@@ -89,6 +91,31 @@ int dpo_micro_batch(struct trainer_run *r, const struct dataset_batch *b, bool t
                     struct smelt_error *err);
 void dpo_state_free(struct dpo_state *d);
 
+/* preference_step.c: the step and validation of the pair objectives (DPO, reward
+ * model), around their micro-batch function (dpo_micro_batch's contract). */
+typedef int (*pref_micro_fn)(struct trainer_run *r, const struct dataset_batch *b, bool train,
+                             struct pref_totals *tot, struct smelt_error *err);
+enum pref_metrics {
+    PREF_METRICS_DPO,    /* rewards/{chosen,rejected,accuracies,margins}, logps/{chosen,rejected} */
+    PREF_METRICS_REWARD, /* the rewards/ ones: the reward model has no logps */
+};
+int pref_step(struct trainer_run *r, int64_t n_micro, pref_micro_fn fn, enum pref_metrics which,
+              struct step_stats *st, struct smelt_error *err);
+/* "val_loss", "val_pairs" and the train line's metrics prefixed "val_". */
+int pref_validate(struct trainer_run *r, pref_micro_fn fn, enum pref_metrics which, void **metrics,
+                  double *val_loss, struct smelt_error *err);
+
+/* reward.c */
+/* A reward model's starting point: a causal LM gets a fresh score head
+ * (model_classifier_from_lm), a sequence classifier is kept as it is. Before the
+ * trainable parameters are set up: the head changes the weights' layout. */
+int reward_model_prepare_model(struct trainer_run *r, struct smelt_error *err);
+/* One micro-batch of pairs, dpo_micro_batch's contract: gradients (head and body)
+ * accumulate unscaled, the step divides by its pairs; rewards are the scores. */
+int reward_micro_batch(struct trainer_run *r, const struct dataset_batch *b, bool train, struct pref_totals *tot,
+                       struct smelt_error *err);
+void reward_state_free(struct reward_state *s);
+
 /* setup.c */
 int run_setup(struct trainer_run *r, struct smelt_error *err);
 void run_teardown(struct trainer_run *r);
@@ -96,6 +123,8 @@ int run_hash_weights(const struct tensor *t, uint64_t *out, struct smelt_error *
 int run_copy_tokenizer_files(const struct trainer_run *r, const char *dir, struct smelt_error *err);
 
 /* batch.c */
+/* The model's view of a packed batch. */
+struct model_batch run_model_batch(const struct dataset_batch *b);
 /* Forward of one batch: the trained tokens' logprobs into host_logprobs, and *nll = -their
  * sum (in double). */
 int run_forward_batch(struct trainer_run *r, const struct dataset_batch *b, double *nll,

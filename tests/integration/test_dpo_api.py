@@ -147,7 +147,8 @@ def test_a_file_of_the_wrong_kind_is_refused(client, pref_files, sft_file, metho
     ({"type": "dpo", "dpo": {"hyperparameters": {"label_smoothing": 0.5}}},
      "method.dpo.hyperparameters.label_smoothing"),
     ({"type": "dpo", "supervised": {"hyperparameters": {}}}, "method.supervised"),
-    ({"type": "reward_model"}, "method.type"),
+    ({"type": "reward_model", "reward_model": {"hyperparameters": {"center_rewards_coefficient": -1}}},
+     "method.reward_model.hyperparameters.center_rewards_coefficient"),
     ({"type": "ppo"}, "method.type"),
     ({"type": "grpo"}, "method.type"),
 ])

@@ -26,6 +26,9 @@ import tokenizers
 import torch
 import transformers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import finish  # noqa: E402
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TYPES = ["llama", "mistral", "qwen2", "qwen3", "gpt2"]
 IDS = [[3, 17, 42, 5, 77, 9, 0, 63, 31, 12], [8, 22, 61, 4, 90], [45, 7, 19, 33, 70, 11, 6]]
@@ -108,11 +111,7 @@ def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
     results = [check_type(build, t, bf16) for t in TYPES for bf16 in (False, True)]
     results.append(check_text(build))
-    failed = not all(ok for ok, _ in results)
-    worst = max(w for _, w in results)
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}: "
-          f"{'all match' if not failed else 'MISMATCH'} (worst {worst:.2e})")
-    sys.exit(1 if failed else 0)
+    finish(results, f"transformers {transformers.__version__}, torch {torch.__version__}")
 
 
 if __name__ == "__main__":

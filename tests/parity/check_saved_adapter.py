@@ -27,6 +27,9 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import finish  # noqa: E402
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 FIXTURES = ["llama", "gpt2", "qwen3"]
 IDS = [3, 17, 42, 5, 77, 9, 0, 63, 31, 12]
@@ -93,11 +96,7 @@ def main():
                 subprocess.run([os.path.join(tool, "smelt-lora"), "save", "--model", base, "--adapter", base + "-lora", "--out", d],
                                check=True, capture_output=True)
                 results.append(check(tool, base, d, ids, t))
-    failed = not all(ok for ok, _ in results)
-    worst = max(w for _, w in results)
-    print(f"peft {peft.__version__}, transformers {transformers.__version__}, torch {torch.__version__}: "
-          f"{'all match' if not failed else 'MISMATCH'} (worst {worst:.2e})")
-    sys.exit(1 if failed else 0)
+    finish(results, f"peft {peft.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import widen_weights  # noqa: E402
+
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "parity")
 
 COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -56,13 +59,7 @@ def build(model_type):
     config._attn_implementation = "eager"
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     model.eval()
-    # Random init is small for tiny models; widen it so every path matters numerically.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p)) if name.endswith("weight") else p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(0.2 * torch.randn_like(p))
+    widen_weights(model)
     return model
 
 

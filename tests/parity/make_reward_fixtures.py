@@ -25,6 +25,7 @@ import transformers
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import widen_weights  # noqa: E402
 from make_fixtures import CONFIGS, OUT  # noqa: E402
 
 PAD = {"llama": 2, "qwen2": 95, "gpt2": 95}  # llama: eos; gpt2: eos set to 95 below
@@ -41,13 +42,7 @@ def build(model_type):
     config._attn_implementation = "eager"
     model = transformers.AutoModelForSequenceClassification.from_config(config, torch_dtype=torch.float32)
     model.eval()
-    # As make_fixtures.py: weights wide enough that every path matters numerically.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p)) if name.endswith("weight") else p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(0.2 * torch.randn_like(p))
+    widen_weights(model)
     return model
 
 

@@ -1,6 +1,8 @@
 /* Helpers shared by the tests that compare with the Hugging Face fixtures of
- * tests/data/parity (tests/parity/make_fixtures.py, make_lora_fixtures.py): the packed
- * inputs of a fixture and an elementwise comparison with an expected tensor. */
+ * tests/data/parity (tests/parity/make_fixtures.py, make_lora_fixtures.py,
+ * make_reward_fixtures.py): loading a fixture model, the packed inputs of a fixture, an
+ * elementwise comparison with an expected tensor, and the whole-model finite-difference
+ * check of a backward. */
 #ifndef SMELT_TESTS_PARITY_TESTUTIL_H
 #define SMELT_TESTS_PARITY_TESTUTIL_H
 
@@ -14,6 +16,16 @@
 #include "model/model.h"
 
 #define PARITY_DIR "tests/data/parity"
+
+/* The fixture model PARITY_DIR/<type><suffix> (suffix "" or "-rm"), on the CPU. */
+static inline struct model *parity_model_load(const char *type, const char *suffix) {
+    char dir[256];
+    snprintf(dir, sizeof dir, PARITY_DIR "/%s%s", type, suffix);
+    struct smelt_error err;
+    struct model *m;
+    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
+    return m;
+}
 
 struct parity_packed {
     int64_t T;
@@ -83,6 +95,31 @@ static inline void parity_expect_outputs(const struct safetensors *st, const str
         parity_expect_matches(st, name, logits + (int64_t)p->cu[s] * V, p->len[s] * V, 1e-4, 1e-5);
         snprintf(name, sizeof name, "logprobs.%d", s);
         parity_expect_matches(st, name, logprobs + p->cu[s], p->len[s] - 1, 1e-4, 1e-5);
+    }
+}
+
+/* Central finite differences (step 1e-2 in f32, so a loose tolerance) of loss(ctx) at
+ * per_param random coordinates of every parameter of m, against the gradient the test's
+ * backward left in m->grads: the whole-model check, whatever the loss reads (logprobs,
+ * scores). */
+static inline void parity_expect_fd_grads(struct model *m, double (*loss)(void *ctx), void *ctx,
+                                          struct test_rng *rng, int per_param, const char *what) {
+    float *w = m->weights.data;
+    const float *g = m->grads.data;
+    for (int i = 0; i < m->n_params; i++) {
+        const struct model_param *par = &m->params[i];
+        for (int k = 0; k < per_param; k++) {
+            int64_t j = par->offset + (int64_t)(test_rng_next(rng) % (uint64_t)par->numel);
+            float saved = w[j];
+            w[j] = saved + 1e-2f;
+            double lp = loss(ctx);
+            w[j] = saved - 1e-2f;
+            double lm = loss(ctx);
+            w[j] = saved;
+            double fd = (lp - lm) / 2e-2;
+            cr_expect(fabs(fd - g[j]) <= 2e-2 * fabs(fd) + 2e-3, "%s: %s[%lld]: backward %.6g, finite difference %.6g",
+                      what, par->name, (long long)(j - par->offset), (double)g[j], fd);
+        }
     }
 }
 

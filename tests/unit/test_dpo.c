@@ -12,25 +12,10 @@
 #include "trainer/trainer_internal.h"
 #include "trainer_testutil.h"
 
-/* Reversal of three letters, as a preference: chosen the reversed string, rejected a
- * near miss (one letter of it moved to the next one). */
-static void make_pref_data(const char *path, int n, int offset) {
-    FILE *f = fopen(path, "w");
-    cr_assert(f);
-    for (int i = 0; i < n; i++) {
-        char s[4] = {(char)('a' + (i + offset) % 7), (char)('a' + (i * 3 + offset) % 5), (char)('a' + (i / 5 + offset) % 6), 0};
-        char good[4] = {s[2], s[1], s[0], 0}, bad[4];
-        memcpy(bad, good, sizeof bad);
-        bad[i % 3] = (char)('a' + (bad[i % 3] - 'a' + 1) % 7);
-        fprintf(f, "{\"prompt\": \"%s>\", \"chosen\": \"%s\", \"rejected\": \"%s\"}\n", s, good, bad);
-    }
-    fclose(f);
-}
-
 static void setup_dpo(struct test_run_paths *p) {
     test_run_paths_init(p, true);
-    make_pref_data(p->train, 96, 0);
-    make_pref_data(p->val, 16, 3);
+    test_make_pref_data(p->train, 0, 96, 0, 0);
+    test_make_pref_data(p->val, 0, 16, 3, 0);
 }
 
 static int load_dpo_spec(const struct test_run_paths *p, const char *train, const char *out, const char *extra,
@@ -267,23 +252,7 @@ Test(dpo, spec_type_and_fields) {
 static void expect_resume_exact(const char *hp) {
     struct test_run_paths p;
     setup_dpo(&p);
-    struct trainer_result res;
-    struct trainer_options stop = {.quiet = true, .stop_after_step = 3}, resume = {.quiet = true, .resume = "latest"};
-    run_dpo(&p, p.out, hp, &quiet, &res);
-    double straight[16], resumed[16], margin[2];
-    cr_assert_eq(test_read_losses(p.out, straight, 16), 6);
-    cr_assert_eq(test_read_metric(p.out, "final", "val_rewards/margins", &margin[0], NULL, 1), 1);
-    char out2[600];
-    snprintf(out2, sizeof out2, "%s2", p.out);
-    run_dpo(&p, out2, hp, &stop, &res);
-    cr_expect(res.stopped && res.steps == 3);
-    run_dpo(&p, out2, hp, &resume, &res);
-    cr_expect_eq(res.steps, 6);
-    cr_assert_eq(test_read_losses(out2, resumed, 16), 6);
-    cr_assert_eq(test_read_metric(out2, "final", "val_rewards/margins", &margin[1], NULL, 1), 1);
-    for (int s = 1; s <= 6; s++)
-        cr_expect_eq(straight[s], resumed[s], "step %d: %.17g uninterrupted vs %.17g resumed", s, straight[s], resumed[s]);
-    cr_expect_eq(margin[0], margin[1], "final held-out margin %.17g vs %.17g", margin[0], margin[1]);
+    test_expect_resume_exact(&p, run_dpo, hp, "val_rewards/margins");
     test_tmp_teardown();
 }
 

@@ -424,7 +424,8 @@ Test(jobs, dpo_method_params) {
         {"{\"type\": \"dpo\", \"supervised\": {}}", "method.supervised", "method.dpo"},
         {"{\"type\": \"ppo\"}", "method.type", "not available"},
         {"{\"type\": \"grpo\"}", "method.type", "not available"},
-        {"{\"type\": \"reward_model\"}", "method.type", "not available"},
+        {"{\"type\": \"reward_model\", \"reward_model\": {\"hyperparameters\": {\"center_rewards_coefficient\": -1}}}",
+         "method.reward_model.hyperparameters.center_rewards_coefficient", "center_rewards_coefficient"},
         {"{\"type\": \"reinforcement\"}", "method.type", "not available"},
         {"{\"type\": \"dpo!\"}", "method.type", "not a method"},
     };

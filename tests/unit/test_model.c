@@ -13,10 +13,8 @@
 
 static void check_parity(const char *type) {
     char dir[256];
-    snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
     struct smelt_error err;
-    struct model *m;
-    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
+    struct model *m = parity_model_load(type, "");
     struct parity_packed p;
     parity_load_inputs(type, &p);
     int64_t V = m->config.vocab_size, T = p.T;
@@ -119,12 +117,20 @@ Test(model, save_load_gpt2) { check_save_load("gpt2"); }
 
 /* Finite differences through the whole model (f32, so a loose tolerance) on random
  * coordinates of every parameter, from a random init. */
-static double fd_loss(struct model *m, struct model_acts *acts, const struct parity_packed *p) {
+struct fd_case {
+    struct model *m;
+    struct model_acts *acts;
+    const struct parity_packed *p;
+};
+
+static double fd_loss(void *ctx) {
+    const struct fd_case *c = ctx;
+    const struct parity_packed *p = c->p;
     float lp[64];
     struct tensor tlp = tensor_f32(lp, 1, &p->T);
     struct model_batch b = parity_batch_of(p);
     struct smelt_error err;
-    cr_assert_eq(model_forward(m, acts, &b, &tlp, NULL, NULL, &err), 0, "%s", err.message);
+    cr_assert_eq(model_forward(c->m, c->acts, &b, &tlp, NULL, NULL, &err), 0, "%s", err.message);
     double s = 0;
     for (int64_t t = 0; t < p->T; t++) s += (double)p->weights[t] * lp[t];
     return s;
@@ -147,26 +153,11 @@ static void check_fd(const char *type) {
     struct model_acts *acts;
     TEST_OK(model_grads_alloc(m, &err), &err);
     TEST_OK(model_acts_alloc(m, p.T, false, &acts, &err), &err);
-    fd_loss(m, acts, &p);
+    struct fd_case c = {m, acts, &p};
+    fd_loss(&c);
     struct tensor dlp = tensor_f32(p.weights, 1, &p.T);
     TEST_OK(model_backward(m, acts, &dlp, NULL, &err), &err);
-    const float *g = m->grads.data;
-    for (int i = 0; i < m->n_params; i++) {
-        const struct model_param *par = &m->params[i];
-        for (int k = 0; k < 3; k++) {
-            int64_t j = par->offset + (int64_t)(test_rng_next(&rng) % (uint64_t)par->numel);
-            float saved = w[j];
-            const float h = 1e-2f;
-            w[j] = saved + h;
-            double lp_ = fd_loss(m, acts, &p);
-            w[j] = saved - h;
-            double lm = fd_loss(m, acts, &p);
-            w[j] = saved;
-            double fd = (lp_ - lm) / (2.0 * (double)h);
-            cr_expect(fabs(fd - g[j]) <= 2e-2 * fabs(fd) + 2e-3, "%s: %s[%lld]: backward %.6g, finite difference %.6g",
-                      type, par->name, (long long)(j - par->offset), (double)g[j], fd);
-        }
-    }
+    parity_expect_fd_grads(m, fd_loss, &c, &rng, 3, type);
     model_acts_free(acts);
     model_free(m);
 }

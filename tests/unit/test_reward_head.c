@@ -74,8 +74,7 @@ static void check_parity(const char *type) {
     char dir[256], path[300];
     snprintf(dir, sizeof dir, PARITY_DIR "/%s-rm", type);
     struct smelt_error err;
-    struct model *m;
-    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
+    struct model *m = parity_model_load(type, "-rm");
     cr_assert(m->config.score_head && !m->w.lm_head.data, "%s: loaded as a classifier", dir);
     struct rm_inputs in;
     load_rm_inputs(dir, &in);
@@ -206,11 +205,19 @@ Test(reward_head, head_reference_and_fd) {
 
 /* ---- finite differences through the whole model ---- */
 
-static double model_loss(struct model *m, struct model_acts *acts, const struct rm_inputs *in, float *hidden) {
+struct fd_case {
+    struct model *m;
+    struct model_acts *acts;
+    const struct rm_inputs *in;
+    float *hidden;
+};
+
+static double model_loss(void *ctx) {
+    const struct fd_case *c = ctx;
     float scores[8];
-    rm_scores(m, acts, in, hidden, scores);
+    rm_scores(c->m, c->acts, c->in, c->hidden, scores);
     double l = 0;
-    for (int s = 0; s < in->n_seqs; s++) l += (double)in->weights[s] * scores[s];
+    for (int s = 0; s < c->in->n_seqs; s++) l += (double)c->in->weights[s] * scores[s];
     return l;
 }
 
@@ -218,31 +225,18 @@ static void check_fd(const char *type) {
     char dir[256];
     snprintf(dir, sizeof dir, PARITY_DIR "/%s-rm", type);
     struct smelt_error err;
-    struct model *m;
-    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
+    struct model *m = parity_model_load(type, "-rm");
     struct rm_inputs in;
     load_rm_inputs(dir, &in);
     struct model_acts *acts;
     TEST_OK(model_grads_alloc(m, &err), &err);
     TEST_OK(model_acts_alloc(m, in.T, true, &acts, &err), &err);
-    float *hidden = test_zeros_f32(in.T * m->config.hidden_size), *w = m->weights.data;
-    model_loss(m, acts, &in, hidden);
+    float *hidden = test_zeros_f32(in.T * m->config.hidden_size);
+    struct fd_case c = {m, acts, &in, hidden};
+    model_loss(&c);
     rm_backward(m, acts, &in, hidden);
-    const float *g = m->grads.data;
     struct test_rng rng = {17};
-    for (int i = 0; i < m->n_params; i++) {
-        const struct model_param *p = &m->params[i];
-        int64_t j = p->offset + (int64_t)(test_rng_next(&rng) % (uint64_t)p->numel);
-        float saved = w[j];
-        w[j] = saved + 1e-2f;
-        double lp = model_loss(m, acts, &in, hidden);
-        w[j] = saved - 1e-2f;
-        double lm = model_loss(m, acts, &in, hidden);
-        w[j] = saved;
-        double fd = (lp - lm) / 2e-2;
-        cr_expect(fabs(fd - g[j]) <= 2e-2 * fabs(fd) + 2e-3, "%s: %s[%lld]: backward %.6g, finite difference %.6g",
-                  type, p->name, (long long)(j - p->offset), (double)g[j], fd);
-    }
+    parity_expect_fd_grads(m, model_loss, &c, &rng, 1, type);
     free(hidden);
     model_acts_free(acts);
     model_free(m);

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "testutil.h"
 #include "tokenizer/tokenizer.h"
+#include "trainer/trainer.h"
 
 static inline void test_write_text(const char *path, const char *text) {
     struct smelt_error err = {0};
@@ -39,6 +40,25 @@ static inline void test_make_model_dir(const char *dir, bool with_weights) {
     snprintf(p, sizeof p, "%s/tokenizer.json", dir);
     TEST_OK(tokenizer_save(tok, p, &err), &err);
     tokenizer_free(tok);
+}
+
+/* Reversal of three letters, as a preference: chosen the reversed string, rejected a
+ * near miss (one letter of it moved to the next one): rows first .. first + n - 1 of a
+ * sequence whose 210 first prompts differ (with offset 0, disjoint ranges hold disjoint
+ * prompts). margin != 0: a "margin" column, margin * (i % 3) on row i. */
+static inline void test_make_pref_data(const char *path, int first, int n, int offset, double margin) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    for (int i = first; i < first + n; i++) {
+        char s[4] = {(char)('a' + (i + offset) % 7), (char)('a' + (i * 3 + offset) % 5), (char)('a' + (i / 5 + offset) % 6), 0};
+        char good[4] = {s[2], s[1], s[0], 0}, bad[4];
+        memcpy(bad, good, sizeof bad);
+        bad[i % 3] = (char)('a' + (bad[i % 3] - 'a' + 1) % 7);
+        fprintf(f, "{\"prompt\": \"%s>\", \"chosen\": \"%s\", \"rejected\": \"%s\"", s, good, bad);
+        if (margin != 0) fprintf(f, ", \"margin\": %g", margin * (i % 3));
+        fprintf(f, "}\n");
+    }
+    fclose(f);
 }
 
 /* A run's files in a fresh temporary directory, with the tiny model (weights when
@@ -92,6 +112,34 @@ static inline int test_read_losses(const char *out_dir, double *loss, int cap) {
     int n = test_read_metric(out_dir, "train", "loss", loss + 1, steps, cap - 1);
     for (int i = 0; i < n; i++) cr_expect(steps[i] == i + 1, "steps out of order: %d after %d", steps[i], i);
     return n;
+}
+
+/* Runs a job of a test's own kind over p's data into out, to the end or as o says. */
+typedef void (*test_run_fn)(const struct test_run_paths *p, const char *out, const char *hp,
+                            const struct trainer_options *o, struct trainer_result *res);
+
+/* Six steps straight, and three, a stop and a resume in another directory: the same
+ * losses and final `final_key`, bit for bit. */
+static inline void test_expect_resume_exact(const struct test_run_paths *p, test_run_fn run, const char *hp,
+                                            const char *final_key) {
+    struct trainer_result res;
+    struct trainer_options all = {.quiet = true}, stop = {.quiet = true, .stop_after_step = 3},
+                           resume = {.quiet = true, .resume = "latest"};
+    run(p, p->out, hp, &all, &res);
+    double straight[16], resumed[16], last[2];
+    cr_assert_eq(test_read_losses(p->out, straight, 16), 6);
+    cr_assert_eq(test_read_metric(p->out, "final", final_key, &last[0], NULL, 1), 1);
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s2", p->out);
+    run(p, out2, hp, &stop, &res);
+    cr_expect(res.stopped && res.steps == 3);
+    run(p, out2, hp, &resume, &res);
+    cr_expect_eq(res.steps, 6);
+    cr_assert_eq(test_read_losses(out2, resumed, 16), 6);
+    cr_assert_eq(test_read_metric(out2, "final", final_key, &last[1], NULL, 1), 1);
+    for (int s = 1; s <= 6; s++)
+        cr_expect_eq(straight[s], resumed[s], "step %d: %.17g uninterrupted vs %.17g resumed", s, straight[s], resumed[s]);
+    cr_expect_eq(last[0], last[1], "final %s %.17g vs %.17g", final_key, last[0], last[1]);
 }
 
 #endif

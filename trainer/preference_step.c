@@ -1,0 +1,73 @@
+/* The optimizer step and the validation of the algorithms that train on preference pairs
+ * (DPO, the reward model): both run micro-batches of pairs through their own
+ * pref_micro_fn, sum struct pref_totals, and report the same TRL-named means, so the
+ * server reads one set of names (server/control.c). */
+#include "trainer/trainer_internal.h"
+
+#include <jansson.h>
+#include <math.h>
+
+/* The TRL names of the preference metrics, means over the pairs in tot, each name after
+ * prefix; the logps only where the objective has them (DPO). */
+static json_t *totals_json(const struct pref_totals *t, const char *prefix, enum pref_metrics which) {
+    static const char *const names[] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                        "rewards/margins", "logps/chosen", "logps/rejected"};
+    const double sums[] = {t->reward_chosen, t->reward_rejected, t->correct, t->margin, t->logp_chosen,
+                           t->logp_rejected};
+    size_t n = which == PREF_METRICS_DPO ? sizeof names / sizeof *names : 4;
+    json_t *obj = json_object();
+    for (size_t i = 0; obj && i < n; i++) {
+        double mean = sums[i] / (double)t->pairs;
+        char key[64];
+        snprintf(key, sizeof key, "%s%s", prefix, names[i]);
+        json_object_set_new(obj, key, isfinite(mean) ? json_real(mean) : json_null());
+    }
+    return obj;
+}
+
+int pref_step(struct trainer_run *r, int64_t n_micro, pref_micro_fn fn, enum pref_metrics which,
+              struct step_stats *st, struct smelt_error *err) {
+    TRY(tensor_zero(r->grads, err));
+    struct pref_totals tot = {0};
+    for (int64_t i = 0; i < n_micro; i++) {
+        const struct dataset_batch *b;
+        TRY(dataset_loader_next(r->loader, &b, err));
+        if (r->lora) lora_set_dropout_seed(r->lora, run_dropout_seed(r, i));
+        TRY(fn(r, b, true, &tot, err));
+        st->tokens += b->n_tokens;
+        st->trained += b->n_targets;
+        r->micro_done++;
+    }
+    if (tot.pairs == 0) return error_set(err, SMELT_EINVAL, "step %lld has no pair", (long long)r->step + 1);
+    st->loss = tot.loss / (double)tot.pairs;
+    /* The loss is the mean over the step's pairs: 1/pairs scales the summed gradients. */
+    TRY(run_optimizer_step(r, 1.0 / (double)tot.pairs, st, err));
+    st->metrics = totals_json(&tot, "", which);
+    return SMELT_OK;
+}
+
+struct validation {
+    pref_micro_fn fn;
+    struct pref_totals tot;
+};
+
+static int add_validation(struct trainer_run *r, const struct dataset_batch *b, void *ctx,
+                          struct smelt_error *err) {
+    struct validation *v = ctx;
+    return v->fn(r, b, false, &v->tot, err);
+}
+
+int pref_validate(struct trainer_run *r, pref_micro_fn fn, enum pref_metrics which, void **metrics,
+                  double *val_loss, struct smelt_error *err) {
+    *metrics = NULL;
+    *val_loss = NAN;
+    if (!r->val) return SMELT_OK;
+    struct validation v = {.fn = fn};
+    TRY(error_wrap(err, run_each_batch(r, r->val, add_validation, &v, err), "validation"));
+    *val_loss = v.tot.loss / (double)v.tot.pairs;
+    json_t *obj = json_pack("{s:o, s:I}", "val_loss", isfinite(*val_loss) ? json_real(*val_loss) : json_null(),
+                            "val_pairs", (json_int_t)v.tot.pairs);
+    if (obj) json_object_update_new(obj, totals_json(&v.tot, "val_", which));
+    *metrics = obj;
+    return obj ? SMELT_OK : error_set(err, SMELT_ENOMEM, "metrics: out of memory");
+}

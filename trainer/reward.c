@@ -1,0 +1,115 @@
+/* The reward-model step (run.c drives the run, preference_step.c the step's loop): the
+ * chosen and rejected responses of a pair go through the model in the same packed
+ * batch, the score head (model/score_head.h) reads one scalar per sequence from the
+ * final hidden states, and the pair's Bradley-Terry loss (reward_pair_loss, with the
+ * row's margin and center_rewards_coefficient) gives dL/dscore for each side. The
+ * backward runs the head's, then the body's from dL/dhidden.
+ *
+ * A full fine-tune only (job_spec.c refuses LoRA): the head is "score.weight" in the
+ * flat buffer, so the optimizer, checkpoints and model_save treat it like any weight,
+ * and the output is a sequence-classification model directory. */
+#include "trainer/trainer_internal.h"
+
+#include <stdlib.h>
+
+#include "common/common.h"
+#include "model/score_head.h"
+
+/* transformers' initializer_range in every supported config class. */
+#define SCORE_INIT_STD 0.02
+
+struct reward_state {
+    struct tensor hidden, dhidden;  /* f32 [max_tokens, C] */
+    struct tensor scores, dscores;  /* f32 [max_tokens]: a sequence has at least a token */
+    float *host;                    /* [max_tokens]: scores, then dL/dscore */
+};
+
+void reward_state_free(struct reward_state *s) {
+    if (!s) return;
+    tensor_free(&s->hidden);
+    tensor_free(&s->dhidden);
+    tensor_free(&s->scores);
+    tensor_free(&s->dscores);
+    free(s->host);
+    free(s);
+}
+
+int reward_model_prepare_model(struct trainer_run *r, struct smelt_error *err) {
+    if (r->model->config.score_head) return SMELT_OK;
+    int64_t pad = tokenizer_special_ids(r->tok)->pad;
+    struct model *rm;
+    TRY(error_wrap(err, model_classifier_from_lm(r->model, pad, SCORE_INIT_STD, r->spec->seed ^ 0x5c0be4ea5u, &rm, err),
+                   "reward model from %s", r->spec->model));
+    model_free(r->model);
+    r->model = rm;
+    return SMELT_OK;
+}
+
+static int reward_prepare(struct trainer_run *r, struct smelt_error *err) {
+    struct reward_state *s = calloc(1, sizeof *s);
+    if (!s) return error_set(err, SMELT_ENOMEM, "reward model: out of memory");
+    r->reward = s;
+    enum backend be = r->model->backend;
+    int64_t shape[2] = {r->max_tokens, r->model->config.hidden_size};
+    TRY(tensor_alloc(&s->hidden, be, DTYPE_F32, 2, shape, err));
+    TRY(tensor_alloc(&s->dhidden, be, DTYPE_F32, 2, shape, err));
+    TRY(tensor_alloc(&s->scores, be, DTYPE_F32, 1, shape, err));
+    TRY(tensor_alloc(&s->dscores, be, DTYPE_F32, 1, shape, err));
+    s->host = malloc((size_t)r->max_tokens * sizeof *s->host);
+    return s->host ? SMELT_OK : error_set(err, SMELT_ENOMEM, "reward model: out of memory");
+}
+
+/* A view of the first rows of t, sized for this batch (the kernels read shapes). */
+static struct tensor rows_of(const struct tensor *t, int64_t rows) {
+    int64_t shape[2] = {rows, t->ndim > 1 ? t->shape[1] : 1};
+    return tensor_make(t->backend, DTYPE_F32, t->data, t->ndim, shape);
+}
+
+/* Pairs k of b: sequences 2k (chosen) and 2k + 1 (rejected). Replaces the scores in
+ * host by dL/dscore. */
+static void pair_losses(struct trainer_run *r, const struct dataset *ds, const struct dataset_batch *b,
+                        float *host, struct pref_totals *tot) {
+    double center = r->spec->hp.center_rewards_coefficient;
+    for (int s = 0; s + 1 < b->n_seqs; s += 2) {
+        SMELT_ASSERT(b->rows[s] % 2 == 0 && b->rows[s + 1] == b->rows[s] + 1);
+        double chosen = host[s], rejected = host[s + 1];
+        struct reward_result res;
+        reward_pair_loss(chosen, rejected, ds->examples[b->rows[s]].margin, center, &res);
+        host[s] = (float)res.d_chosen;
+        host[s + 1] = (float)res.d_rejected;
+        tot->pairs++;
+        tot->loss += res.loss;
+        tot->reward_chosen += chosen;
+        tot->reward_rejected += rejected;
+        tot->correct += chosen > rejected;
+        tot->margin += chosen - rejected;
+    }
+}
+
+int reward_micro_batch(struct trainer_run *r, const struct dataset_batch *b, bool train,
+                       struct pref_totals *tot, struct smelt_error *err) {
+    struct reward_state *s = r->reward;
+    struct model_batch mb = run_model_batch(b);
+    struct tensor hidden = rows_of(&s->hidden, b->n_tokens), scores = rows_of(&s->scores, b->n_seqs);
+    TRY(model_forward(r->model, r->acts, &mb, NULL, NULL, &hidden, err));
+    TRY(model_score_forward(r->model, &mb, &hidden, &scores, err));
+    int64_t S = b->n_seqs;
+    struct tensor host = tensor_f32(s->host, 1, &S);
+    TRY(tensor_copy(&host, &scores, err));
+    pair_losses(r, train ? r->train : r->val, b, s->host, tot);
+    if (!train) return SMELT_OK;
+    struct tensor dscores = rows_of(&s->dscores, b->n_seqs), dhidden = rows_of(&s->dhidden, b->n_tokens);
+    TRY(tensor_copy(&dscores, &host, err));
+    TRY(model_score_backward(r->model, &mb, &hidden, &dscores, &r->model->g.score, &dhidden, err));
+    return model_backward(r->model, r->acts, NULL, &dhidden, err);
+}
+
+static int reward_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {
+    return pref_step(r, n_micro, reward_micro_batch, PREF_METRICS_REWARD, st, err);
+}
+
+static int reward_validate(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err) {
+    return pref_validate(r, reward_micro_batch, PREF_METRICS_REWARD, metrics, val_loss, err);
+}
+
+const struct run_algo REWARD_ALGO = {.prepare = reward_prepare, .step = reward_step, .validate = reward_validate};
