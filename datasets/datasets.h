@@ -7,7 +7,8 @@
  *               {"prompt": [messages], "completion": [assistant turn(s)]}
  *   preference  {"prompt": P, "chosen": R, "rejected": R, "margin": x (optional)}
  *               P: a string or a message list; R: a string, or a message list holding
- *               the assistant turn(s) that follow the prompt; margin: a finite number,
+ *               the assistant turn(s) that follow the prompt; chosen and rejected must
+ *               differ; optional "margin" (a number, the reward model's); margin: a finite number,
  *               |x| <= 1e6, what a reward model's loss subtracts (TRL RewardTrainer's
  *               margin column); other preference losses ignore it
  *   prompts     {"prompt": P, "answer": "..." (optional), "metadata": {...} (optional)}

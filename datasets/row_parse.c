@@ -166,6 +166,10 @@ static int parse_preference(const json_t *obj, struct dataset_row *row,
     if (!rc) rc = parse_response(obj, "chosen", &row->prompt, &row->response, issue, err);
     if (!rc) rc = parse_response(obj, "rejected", &row->prompt, &row->rejected, issue, err);
     if (rc) return rc;
+    /* A pair whose sides are the same teaches nothing and gives every preference loss a
+     * zero margin: almost always a data-preparation bug. */
+    if (json_equal(json_object_get(obj, "chosen"), json_object_get(obj, "rejected")))
+        return issue_set(issue, "rejected", "identical to chosen (a preference pair must differ)");
     /* TRL RewardTrainer's optional margin column: how far chosen should beat rejected.
      * Only the reward model's loss reads it. */
     const json_t *margin = json_object_get(obj, "margin");

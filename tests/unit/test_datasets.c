@@ -372,17 +372,19 @@ Test(datasets, preference_and_prompts_field_errors, .init = setup, .fini = teard
         "{\"prompt\": \"p\", \"chosen\": \"a\"}\n"
         "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": \"user\", \"content\": \"a\"}], \"rejected\": []}\n"
         "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"\\t\"}\n"
-        "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"score\": 1}\n");
+        "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"score\": 1}\n"
+        "{\"prompt\": \"p\", \"chosen\": \"same\", \"rejected\": \"same\"}\n");
     struct dataset_report r;
     struct smelt_error err = {0};
     TEST_EXPECT_ERROR(dataset_validate_file(pref, DATASET_PREFERENCE, &r, &err), SMELT_EFORMAT, &err);
-    cr_expect_eq(r.n_issues, 6);
+    cr_expect_eq(r.n_issues, 7);
     expect_issue(&r, 0, 1, "prompt", "expected a string or a list of messages, got number");
     expect_issue(&r, 1, 2, "chosen", "expected a string like prompt, got array");
     expect_issue(&r, 2, 3, "rejected", "missing field");
     expect_issue(&r, 3, 4, "chosen[0].role", "a response holds assistant turns only, got \"user\"");
     expect_issue(&r, 4, 5, "rejected", "empty response");
     expect_issue(&r, 5, 6, "", "unknown field \"score\"");
+    expect_issue(&r, 6, 7, "rejected", "identical to chosen (a preference pair must differ)");
     char want[600];
     snprintf(want, sizeof want, "%s:1: prompt: expected a string or a list of messages, got number", pref);
     cr_expect_str_eq(err.message, want);
