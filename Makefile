@@ -67,7 +67,7 @@ LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
 endif
 
 # Library code: every .c in these folders except program entry points (*_main.c).
-LIB_DIRS := common kernels kernels/cpu tokenizer model lora comm trainer rollout weightsync datasets server
+LIB_DIRS := common kernels kernels/cpu tokenizer model lora comm trainer rollout weightsync rewards datasets server
 LIB_SRCS := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CUDA_SRCS := $(wildcard kernels/cuda/*.cu)

@@ -62,7 +62,42 @@
  * stats.request  {v}                     -> stats.reply {v, n_blocks, free_blocks, running,
  *                waiting, preemptions, steps, prefill_tokens, decode_tokens,
  *                policy_version, kv_bytes_per_token, requests_served, requests_in_flight,
- *                step_errors}
+ *                step_errors, weight_syncs (applied), weight_bytes (their payload)}
+ *
+ * Weight sync (weightsync/weightsync.h; trainer rank 0's DEALER -> the worker's ROUTER, on
+ * the gen.* connection). The sender sends begin, every bucket and end back to back,
+ * without waiting; the worker keeps generating while the buckets arrive, stages them, and
+ * at end (all checked) swaps the weights in between two engine steps: every sample
+ * finished after that carries the new policy_version, and unfinished ones are re-run
+ * from their prompt, so no sample mixes versions.
+ * weights.begin {v, version: int > the worker's policy_version (the trainer's iteration),
+ *                kind: "full" (the model's f32 weights) | "lora" (only the adapter's: the
+ *                worker must have been started with an adapter of this configuration),
+ *                total_bytes, bucket_bytes (a multiple of 4, <= 2^30), n_buckets
+ *                (ceil(total_bytes / bucket_bytes)), tensors: [{name, dtype: "f32",
+ *                shape: [int] (1 or 2 sizes), offset (bytes into the stream), bytes}]
+ *                (exactly the worker's tensors, in its order and layout: smelt's
+ *                parameter names for "full", PEFT's for "lora"), lora?: {r, lora_alpha,
+ *                use_rslora} (kind "lora" only; must equal the worker's adapter's)}
+ *               No reply unless refused. A begin while another sync is in progress ends
+ *               that one (its sender gets weights.error).
+ * weights.bucket {v, version, index: 0..n_buckets-1, hash: XXH64 of the bytes as 16
+ *                lower-case hex digits}
+ *               frame 2: the bytes [offset index * bucket_bytes of the stream; bucket_bytes,
+ *               the last one what is left]. Any order, each once.
+ * weights.end   {v, version, n_buckets, total_bytes}
+ *               -> weights.ack {v, version, kind, bytes (payload received), buckets,
+ *               seconds (begin to weights in use)} once the weights are in use.
+ * weights.error {v, version?: the sync's when it could be read, error: {message, field}}
+ *               The sync is refused and the old weights stay. field: the header field at
+ *               fault ("version": not newer, or no sync of that version in progress;
+ *               "kind", "total_bytes", "bucket_bytes", "n_buckets" (also: a bucket
+ *               missing at end), "tensors[i]" (unknown tensor, wrong dtype, shape or
+ *               layout) or "tensors" (one missing), "lora", "index" (out of range,
+ *               twice), "bytes" (frame 2's size), "hash" (the bytes do not match), "v"),
+ *               or null (the engine could not take the weights). Sent once per sync: the
+ *               refused sync's later messages are dropped silently. The worker keeps
+ *               serving.
  */
 #define MSG_GEN_REQUEST "gen.request"
 #define MSG_GEN_RESULT "gen.result"
@@ -72,6 +107,11 @@
 #define MSG_HEALTH_REPLY "health.reply"
 #define MSG_STATS_REQUEST "stats.request"
 #define MSG_STATS_REPLY "stats.reply"
+#define MSG_WEIGHTS_BEGIN "weights.begin"
+#define MSG_WEIGHTS_BUCKET "weights.bucket"
+#define MSG_WEIGHTS_END "weights.end"
+#define MSG_WEIGHTS_ACK "weights.ack"
+#define MSG_WEIGHTS_ERROR "weights.error"
 
 /* ---- agents (smelt-agent DEALER -> smeltd ROUTER) ----
  *

@@ -189,8 +189,9 @@ struct dataset_cursor {
 
 struct dataset_loader;
 
-/* For SFT and preference data (a preference batch holds whole pairs: chosen and
- * rejected of a pair are adjacent sequences). SMELT_EINVAL for a bad config or an
+/* For SFT, preference and prompts data (a preference batch holds whole pairs: chosen and
+ * rejected of a pair are adjacent sequences; a prompts batch has no target: its rows are
+ * the prompts to generate from). SMELT_EINVAL for a bad config or an
  * example longer than max_tokens. */
 int dataset_loader_create(const struct dataset *ds, const struct dataset_loader_config *config,
                           struct dataset_loader **out, struct smelt_error *err);

@@ -1,5 +1,5 @@
 /* Batches for the trainer: every epoch a seeded permutation of the dataset's units (an
- * example; a chosen/rejected pair for preference data), cut into batches of batch_size
+ * example; a chosen/rejected pair for preference data; a prompt for RL), cut into batches of batch_size
  * units or packed greedily up to max_tokens, each batch laid out as one packed row.
  *
  * The loader stands at the start of the next batch: (epoch, index into that epoch's
@@ -83,9 +83,9 @@ static void normalize(struct dataset_loader *l) {
 static int check_config(const struct dataset *ds, const struct dataset_loader_config *c,
                         struct smelt_error *err) {
     if (!ds || !c) return error_set(err, SMELT_EINVAL, "dataset loader: a dataset and a config are required");
-    if (ds->kind != DATASET_SFT && ds->kind != DATASET_PREFERENCE)
-        return error_set(err, SMELT_EINVAL, "dataset loader: %s is a %s dataset; batches are for sft "
-                         "and preference data", ds->path, dataset_kind_name(ds->kind));
+    if (ds->kind != DATASET_SFT && ds->kind != DATASET_PREFERENCE && ds->kind != DATASET_PROMPTS)
+        return error_set(err, SMELT_EINVAL, "dataset loader: %s is a %s dataset; batches are for sft, "
+                         "preference and prompts data", ds->path, dataset_kind_name(ds->kind));
     if (ds->n < 1) return error_set(err, SMELT_EINVAL, "dataset loader: %s has no rows", ds->path);
     if (c->max_tokens < 0 || c->max_tokens > INT32_MAX)
         return error_set(err, SMELT_EINVAL, "dataset loader: max_tokens %lld is outside [0, %d]",
@@ -103,13 +103,18 @@ static int check_config(const struct dataset *ds, const struct dataset_loader_co
 static int count_unit_tokens(struct dataset_loader *l, struct smelt_error *err) {
     for (int64_t u = 0; u < l->n_units; u++) {
         int64_t tokens = 0;
-        for (int k = 0; k < l->seqs_per_unit; k++) tokens += l->ds->examples[u * l->seqs_per_unit + k].n;
+        if (l->ds->kind == DATASET_PROMPTS) tokens = l->ds->prompts[u].n;
+        for (int k = 0; l->ds->kind != DATASET_PROMPTS && k < l->seqs_per_unit; k++)
+            tokens += l->ds->examples[u * l->seqs_per_unit + k].n;
         l->unit_tokens[u] = tokens;
         if (l->config.max_tokens > 0 && tokens > l->config.max_tokens)
             return error_set(err, SMELT_EINVAL, "dataset loader: %s:%lld: %s of %lld tokens is longer "
                              "than max_tokens %lld", l->ds->path,
-                             (long long)l->ds->examples[u * l->seqs_per_unit].line,
-                             l->seqs_per_unit == 2 ? "a chosen/rejected pair" : "an example",
+                             (long long)(l->ds->kind == DATASET_PROMPTS ? l->ds->prompts[u].line
+                                                                        : l->ds->examples[u * l->seqs_per_unit].line),
+                             l->ds->kind == DATASET_PROMPTS ? "a prompt"
+                             : l->seqs_per_unit == 2        ? "a chosen/rejected pair"
+                                                            : "an example",
                              (long long)tokens, (long long)l->config.max_tokens);
     }
     return SMELT_OK;
@@ -201,9 +206,16 @@ static int build_batch(struct dataset_loader *l, int64_t start, int64_t end, str
     for (int64_t i = start; i < end; i++) {
         for (int k = 0; k < l->seqs_per_unit; k++, s++) {
             int64_t e = l->order[i] * l->seqs_per_unit + k;
-            const struct dataset_example *ex = &l->ds->examples[e];
             l->cu_seqlens[s] = (int32_t)t;
             l->rows[s] = e;
+            if (l->ds->kind == DATASET_PROMPTS) { /* a prompt trains nothing by itself */
+                const struct dataset_prompt *p = &l->ds->prompts[e];
+                memcpy(l->ids + t, p->ids, (size_t)p->n * sizeof *p->ids);
+                for (int32_t j = 0; j < p->n; j++) l->targets[t + j] = -1;
+                t += p->n;
+                continue;
+            }
+            const struct dataset_example *ex = &l->ds->examples[e];
             b->n_targets += append_sequence(l, ex, t);
             t += ex->n;
         }

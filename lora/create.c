@@ -1,5 +1,6 @@
-/* An adapter's layout (one flat buffer: for each layer, each wrapped module, A then B),
- * PEFT's initialisation, attaching to the model, and freeing. */
+/* An adapter's layout (one flat buffer: for each layer, each wrapped module, A then B;
+ * then a classifier's head when it carries one), PEFT's initialisation, attaching to
+ * the model, and freeing. */
 #include "lora/lora_internal.h"
 
 #include <math.h>
@@ -24,8 +25,25 @@ static void set_param(struct lora *lora, int index, const char *path, const char
     *offset += p->numel;
 }
 
-/* Modules and parameters in layer order, then kind order. */
-static int build_table(struct lora *lora, struct smelt_error *err) {
+struct tensor lora_model_score(const struct model *model) {
+    const struct model_param *p = model_param_find(model, "score.weight");
+    SMELT_ASSERT(p && p->ndim == 2);
+    return tensor_make(model->weights.backend, DTYPE_F32, (float *)model->weights.data + p->offset, 2, p->shape);
+}
+
+/* The classifier head's copy after the LoRA pairs: [1, C] at *offset. */
+static void add_head(struct lora *lora, int64_t *offset) {
+    struct lora_param *p = &lora->params[lora->n_params++];
+    snprintf(p->name, sizeof p->name, "%s", LORA_SCORE_NAME);
+    p->shape[0] = 1;
+    p->shape[1] = lora->model->config.hidden_size;
+    p->offset = *offset;
+    p->numel = p->shape[1];
+    *offset += p->numel;
+}
+
+/* Modules and parameters in layer order, then kind order; the head last. */
+static int build_table(struct lora *lora, bool head, struct smelt_error *err) {
     struct lora_state *s = lora->state;
     const struct model *m = lora->model;
     int n_kinds;
@@ -34,7 +52,7 @@ static int build_table(struct lora *lora, struct smelt_error *err) {
     int n = 0;
     for (int64_t i = 0; i < sel->n_layers * n_kinds; i++) n += sel->wrapped[i];
     s->modules = calloc((size_t)n, sizeof *s->modules);
-    lora->params = calloc((size_t)n * 2, sizeof *lora->params);
+    lora->params = calloc((size_t)n * 2 + head, sizeof *lora->params);
     s->hooks = malloc((size_t)(sel->n_layers * MODEL_LINEAR_COUNT) * sizeof *s->hooks);
     if (!s->modules || !lora->params || !s->hooks)
         return error_set(err, SMELT_ENOMEM, "lora: out of memory");
@@ -61,12 +79,18 @@ static int build_table(struct lora *lora, struct smelt_error *err) {
             s->n_modules++;
         }
     lora->n_params = 2 * s->n_modules;
+    if (head) add_head(lora, &offset);
     lora->n_weights = offset;
     return SMELT_OK;
 }
 
 int lora_build(struct model *model, const struct lora_config *config,
-               struct lora_selection *selection, struct lora **out, struct smelt_error *err) {
+               struct lora_selection *selection, bool head, struct lora **out, struct smelt_error *err) {
+    if (head && !model->config.score_head) {
+        lora_selection_free(selection);
+        return error_set(err, SMELT_EINVAL, "lora: %s has no score head for the adapter to carry",
+                         model->config.architecture);
+    }
     struct lora *lora = calloc(1, sizeof *lora);
     struct lora_state *s = calloc(1, sizeof *s);
     if (!lora || !s) {
@@ -86,10 +110,14 @@ int lora_build(struct model *model, const struct lora_config *config,
     lora->scaling = config->alpha / (config->use_rslora ? sqrtf(r) : r);
     lora->adapter = (struct model_adapter){.ctx = lora, .forward = lora_hook_forward,
                                            .backward = lora_hook_backward};
-    int rc = build_table(lora, err);
+    int rc = build_table(lora, head, err);
     /* Every target matched a module, so the buffers are never empty. */
     if (!rc) rc = tensor_alloc(&lora->weights, model->backend, DTYPE_F32, 1, &lora->n_weights, err);
     if (!rc) rc = tensor_alloc(&lora->grads, model->backend, DTYPE_F32, 1, &lora->n_weights, err);
+    if (!rc && head) {
+        lora->score = lora_param_view(lora, &lora->weights, lora->n_params - 1);
+        lora->score_grad = lora_param_view(lora, &lora->grads, lora->n_params - 1);
+    }
     if (rc) {
         lora_free(lora);
         return error_wrap(err, rc, "lora");
@@ -125,8 +153,14 @@ int lora_create(struct model *model, const struct lora_config *config, uint64_t 
     struct lora_selection sel;
     if ((rc = lora_select(model, names, config->n_targets, "lora", &sel, err))) return rc;
     struct lora *lora;
-    if ((rc = lora_build(model, config, &sel, &lora, err))) return rc;
-    if ((rc = init_weights(lora, seed, err))) {
+    if ((rc = lora_build(model, config, &sel, model->config.score_head, &lora, err))) return rc;
+    rc = init_weights(lora, seed, err);
+    /* PEFT's ModulesToSaveWrapper starts its copy from the module itself. */
+    if (!rc && lora->score.data) {
+        struct tensor own = lora_model_score(model);
+        rc = tensor_copy(&lora->score, &own, err);
+    }
+    if (rc) {
         lora_free(lora);
         return rc;
     }
@@ -140,11 +174,15 @@ int lora_attach(struct lora *lora, struct smelt_error *err) {
     if (m->adapter)
         return error_set(err, SMELT_EINVAL, "lora_attach: the model already has an adapter attached");
     m->adapter = &lora->adapter;
+    /* The head's hook: model/ reads the head only through this view. */
+    if (lora->score.data) m->w.score = lora->score;
     return SMELT_OK;
 }
 
 void lora_detach(struct lora *lora) {
-    if (lora && lora->model && lora->model->adapter == &lora->adapter) lora->model->adapter = NULL;
+    if (!lora || !lora->model || lora->model->adapter != &lora->adapter) return;
+    lora->model->adapter = NULL;
+    if (lora->score.data) lora->model->w.score = lora_model_score(lora->model);
 }
 
 void lora_set_training(struct lora *lora, bool training) { lora->state->training = training; }

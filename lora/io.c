@@ -1,7 +1,9 @@
 /* PEFT adapter directories: adapter_config.json + adapter_model.safetensors with
  * PEFT's tensor names (base_model.model.<module path>.lora_A.weight [r, in],
- * .lora_B.weight [out, r]). */
+ * .lora_B.weight [out, r]; a classifier's head as base_model.model.score.weight), and
+ * the base model an adapter directory names. */
 #include "lora/lora_internal.h"
+#include "model/model.h"
 #include "model/safetensors.h"
 
 #include <stdlib.h>
@@ -90,8 +92,14 @@ int lora_load(struct model *model, const char *dir, struct lora **out, struct sm
     if ((rc = lora_file_config_load(config_path, &fc, err))) return rc;
     struct lora_selection sel;
     struct lora *lora = NULL;
-    rc = lora_select(model, fc.targets, fc.n_targets, config_path, &sel, err);
-    if (!rc) rc = lora_build(model, &fc.config, &sel, &lora, err);
+    if (fc.seq_cls && !model->config.score_head)
+        rc = error_set(err, SMELT_EINVAL,
+                       "%s: a sequence classifier's adapter (task_type SEQ_CLS, with its head) cannot go on %s, "
+                       "which has no score head: a causal LM becomes the classifier first (lora_load_with_base; "
+                       "smelt-model score and the trainer do that)",
+                       config_path, model->config.architecture);
+    if (!rc) rc = lora_select(model, fc.targets, fc.n_targets, config_path, &sel, err);
+    if (!rc) rc = lora_build(model, &fc.config, &sel, fc.seq_cls, &lora, err);
     lora_file_config_free(&fc);
     if (!rc) rc = load_weights(lora, weights_path, err);
     if (rc) {
@@ -99,5 +107,62 @@ int lora_load(struct model *model, const char *dir, struct lora **out, struct sm
         return rc;
     }
     *out = lora;
+    return SMELT_OK;
+}
+
+int lora_dir_info(const char *dir, struct lora_dir_info *out, struct smelt_error *err) {
+    memset(out, 0, sizeof *out);
+    char config_path[4096];
+    TRY(path_join(config_path, sizeof config_path, dir, CONFIG_FILE, err));
+    struct lora_file_config fc;
+    TRY(lora_file_config_load(config_path, &fc, err));
+    out->seq_cls = fc.seq_cls;
+    const char *base = NULL;
+    int rc = json_field_string(fc.root, "base_model_name_or_path", false, NULL, &base, config_path, err);
+    if (!rc && base && base[0]) {
+        int n = base[0] == '/' ? snprintf(out->base_path, sizeof out->base_path, "%s", base)
+                               : snprintf(out->base_path, sizeof out->base_path, "%s/%s", dir, base);
+        /* PEFT reads a relative path from the working directory: so does smelt when
+         * the adapter's own directory holds no such base. */
+        if (n >= 0 && (size_t)n < sizeof out->base_path && base[0] != '/' && !path_is_dir(out->base_path) &&
+            path_is_dir(base))
+            n = snprintf(out->base_path, sizeof out->base_path, "%s", base);
+        if (n < 0 || (size_t)n >= sizeof out->base_path)
+            rc = error_set(err, SMELT_EINVAL, "%s: base_model_name_or_path is too long", config_path);
+    }
+    lora_file_config_free(&fc);
+    return rc;
+}
+
+/* A causal LM made the classifier a SEQ_CLS adapter goes on (its head's values do not
+ * matter: the adapter's copy replaces them). */
+static int as_classifier(struct model **model, int64_t pad_token_id, struct smelt_error *err) {
+    if ((*model)->config.score_head) return SMELT_OK;
+    struct model *rm;
+    TRY(model_classifier_from_lm(*model, pad_token_id, 0.02, 0, &rm, err));
+    model_free(*model);
+    *model = rm;
+    return SMELT_OK;
+}
+
+int lora_load_with_base(const char *dir, const char *base_dir, enum backend backend, int64_t pad_token_id,
+                        struct model **model, struct lora **adapter, struct smelt_error *err) {
+    struct lora_dir_info info;
+    TRY(lora_dir_info(dir, &info, err));
+    const char *base = base_dir ? base_dir : info.base_path;
+    if (!base[0])
+        return error_set(err, SMELT_EINVAL, "%s/%s names no base_model_name_or_path: give the base model", dir,
+                         CONFIG_FILE);
+    if (!path_is_dir(base))
+        return error_set(err, SMELT_ENOTFOUND, "%s: the base model %s is not a directory", dir, base);
+    struct model *m;
+    TRY(error_wrap(err, model_load(base, backend, &m, err), "base model"));
+    int rc = info.seq_cls ? as_classifier(&m, pad_token_id, err) : SMELT_OK;
+    if (!rc) rc = lora_load(m, dir, adapter, err);
+    if (rc) {
+        model_free(m);
+        return rc;
+    }
+    *model = m;
     return SMELT_OK;
 }

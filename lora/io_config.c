@@ -1,7 +1,8 @@
 /* adapter_config.json as PEFT writes and reads it.
  *
- * Reading sorts PEFT's keys into three groups: what smelt uses (peft_type, r,
- * lora_alpha, lora_dropout, use_rslora, target_modules, bias, fan_in_fan_out), what
+ * Reading sorts PEFT's keys into three groups: what smelt uses (peft_type, task_type,
+ * r, lora_alpha, lora_dropout, use_rslora, target_modules, bias, fan_in_fan_out,
+ * modules_to_save: a classifier's head only), what
  * cannot change the forward pass (init options, names, versions), and features that
  * would change it and smelt does not implement (DoRA, per-module ranks, layer subsets,
  * extra trainable modules, ...): those must be off (null, false, {} or []). A key
@@ -15,7 +16,8 @@
 #include <string.h>
 
 static const char *const used_keys[] = {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout",
-                                        "use_rslora", "target_modules", "bias", "fan_in_fan_out", NULL};
+                                        "use_rslora", "target_modules", "bias", "fan_in_fan_out",
+                                        "modules_to_save", NULL};
 
 /* Initialisation, bookkeeping and runtime options: no effect on the maths of a loaded
  * adapter. */
@@ -87,12 +89,47 @@ static int read_targets(const json_t *root, struct lora_file_config *fc, const c
     return SMELT_OK;
 }
 
+/* task_type: CAUSAL_LM (or absent), or SEQ_CLS, a sequence classifier's adapter,
+ * which carries the head. */
+static int read_task(const json_t *root, struct lora_file_config *fc, const char *path, struct smelt_error *err) {
+    const char *task;
+    TRY(json_field_string(root, "task_type", false, "CAUSAL_LM", &task, path, err));
+    fc->seq_cls = task && strcmp(task, "SEQ_CLS") == 0;
+    if (!task || fc->seq_cls || strcmp(task, "CAUSAL_LM") == 0) return SMELT_OK;
+    return error_set(err, SMELT_EUNSUPPORTED, "%s: field 'task_type' is '%s'; smelt loads 'CAUSAL_LM' and 'SEQ_CLS'",
+                     path, task);
+}
+
+/* modules_to_save: off, or for SEQ_CLS the classifier's head, which PEFT adds itself
+ * for that task (its list is ["classifier", "score"] whatever the user gave; every
+ * supported architecture calls its head "score"). Any other module trained in full is
+ * a feature smelt does not implement. */
+static int read_modules_to_save(const json_t *root, const struct lora_file_config *fc, const char *path,
+                                struct smelt_error *err) {
+    const json_t *list = json_object_get(root, "modules_to_save");
+    if (!list || is_off(list)) return SMELT_OK;
+    if (!json_is_array(list))
+        return error_set(err, SMELT_EINVAL, "%s: field 'modules_to_save' must be a list of module names", path);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(list, i, v) {
+        const char *name = json_string_value(v);
+        if (!name) return error_set(err, SMELT_EINVAL, "%s: field 'modules_to_save' must list strings", path);
+        if (fc->seq_cls && (strcmp(name, "score") == 0 || strcmp(name, "classifier") == 0)) continue;
+        return error_set(err, SMELT_EUNSUPPORTED,
+                         "%s: field 'modules_to_save' names '%s'; smelt trains in full only a sequence classifier's "
+                         "head (\"score\", with task_type SEQ_CLS)", path, name);
+    }
+    return SMELT_OK;
+}
+
 static int read_config(const json_t *root, struct lora_file_config *fc, const char *path,
                        struct smelt_error *err) {
     if (!json_is_object(root)) return error_set(err, SMELT_EFORMAT, "%s: expected a JSON object", path);
     int rc;
     if ((rc = check_string_is(root, "peft_type", true, "LORA", path, err))) return rc;
-    if ((rc = check_string_is(root, "task_type", false, "CAUSAL_LM", path, err))) return rc;
+    if ((rc = read_task(root, fc, path, err))) return rc;
+    if ((rc = read_modules_to_save(root, fc, path, err))) return rc;
     if ((rc = check_string_is(root, "bias", false, "none", path, err))) return rc;
     if ((rc = check_features_off(root, path, err))) return rc;
     /* PEFT sets fan_in_fan_out itself from the layer type (true for GPT-2's Conv1D);
@@ -180,6 +217,9 @@ int lora_file_config_save(const struct lora *lora, const char *path,
                           const char *base_model_name_or_path, struct smelt_error *err) {
     const struct lora_config *c = &lora->config;
     json_t *base = base_model_name_or_path ? json_string(base_model_name_or_path) : json_null();
+    /* A classifier's adapter as PEFT writes one: its SEQ_CLS task and the modules it
+     * trains in full for that task, in its order. */
+    bool head = lora->score.data != NULL;
     /* PEFT's keys of long standing, so older PEFT versions load the file too. */
     const struct {
         const char *key;
@@ -196,13 +236,13 @@ int lora_file_config_save(const struct lora *lora, const char *path,
         {"layers_to_transform", json_null()},
         {"lora_alpha", alpha_json(c->alpha)},
         {"lora_dropout", short_real(c->dropout)},
-        {"modules_to_save", json_null()},
+        {"modules_to_save", head ? json_pack("[s, s]", "classifier", "score") : json_null()},
         {"peft_type", json_string("LORA")},
         {"r", json_integer(c->rank)},
         {"rank_pattern", json_object()},
         {"revision", json_null()},
         {"target_modules", targets_json(lora)},
-        {"task_type", json_string("CAUSAL_LM")},
+        {"task_type", json_string(head ? "SEQ_CLS" : "CAUSAL_LM")},
         {"use_dora", json_false()},
         {"use_rslora", json_boolean(c->use_rslora)},
     };

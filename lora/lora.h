@@ -20,13 +20,28 @@
  *
  * Files (PEFT format): adapter_config.json ({"peft_type": "LORA", "r", "lora_alpha",
  * "lora_dropout", "target_modules", "fan_in_fan_out", "bias": "none", "use_rslora",
- * "task_type": "CAUSAL_LM", "base_model_name_or_path", ...}) and
+ * "task_type": "CAUSAL_LM" (or "SEQ_CLS", below), "base_model_name_or_path", ...}) and
  * adapter_model.safetensors with PEFT's names, e.g.
  * base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight [r, in] and
  * ...lora_B.weight [out, r]; GPT-2: base_model.model.transformer.h.0.attn.c_attn....
  * Loading refuses what would change the maths silently (use_dora, rank_pattern,
- * alpha_pattern, layers_to_transform, modules_to_save, bias other than "none", a
- * tensor missing or of the wrong shape, an unknown tensor).
+ * alpha_pattern, layers_to_transform, modules_to_save other than a classifier's head,
+ * bias other than "none", a tensor missing or of the wrong shape, an unknown tensor).
+ *
+ * Sequence classifiers (reward models, model/score_head.h) are PEFT's task_type
+ * "SEQ_CLS": the LoRA pairs train and the head `score` [1, C] trains in full beside them
+ * (PEFT's modules_to_save, ["classifier", "score"] for SEQ_CLS). As PEFT's
+ * ModulesToSaveWrapper does, the adapter holds its own copy of the head (the last of its
+ * params, in the flat buffers like the LoRA matrices, so it trains, checkpoints and
+ * syncs with them); while the adapter is attached the model scores with that copy, and
+ * the model's own head is never written but by lora_merge. The file holds the copy as
+ * base_model.model.score.weight [1, C]: the name PEFT's save writes and its load reads
+ * (it maps it to score.modules_to_save.default.weight itself; the longer name in a file
+ * would not load in PEFT, so smelt refuses it too). adapter_config.json says
+ * "task_type": "SEQ_CLS" and "modules_to_save": ["classifier", "score"]; PEFT loads it
+ * with AutoModelForSequenceClassification.from_pretrained(base, num_labels=1,
+ * pad_token_id=...) and PeftModel.from_pretrained(model, dir), base being the causal LM
+ * (or the classifier) the adapter was trained on.
  *
  * Ownership: lora_create/lora_load return a struct lora freed with lora_free (which
  * detaches it first). The model is borrowed and must outlive the adapter. */
@@ -62,12 +77,17 @@ struct lora {
     struct lora_config config;  /* targets: the wrapped module kinds in PEFT's names */
     float scaling;
     struct model *model;        /* borrowed */
-    struct lora_param *params;  /* [n_params]: A then B for each wrapped module */
+    struct lora_param *params;  /* [n_params]: A then B for each wrapped module; the head last */
     int n_params;
     int64_t n_weights;
     struct tensor weights;      /* f32 [n_weights], on the model's backend */
     struct tensor grads;        /* f32 [n_weights], zeroed at creation */
     struct model_adapter adapter; /* what lora_attach puts on the model */
+    /* A sequence classifier's head, trained in full (task_type SEQ_CLS): views of the
+     * last param, "base_model.model.score.weight" [1, C], in weights and grads. data
+     * NULL when the adapter carries none (task_type CAUSAL_LM). score_grad is what
+     * model_score_backward's dweight takes: the base has no gradient buffer. */
+    struct tensor score, score_grad;
     struct lora_state *state;   /* private: module table, scratch, dropout */
 };
 
@@ -80,16 +100,42 @@ int lora_config_from_json(const void *json, const char *where, struct lora_confi
                           struct smelt_error *err);
 
 /* A new adapter for the model: A from a seeded kaiming-uniform (a = sqrt(5), PEFT's
- * init), B zero, so the model's outputs are unchanged until it trains. A target that
- * names no linear of this architecture is SMELT_EINVAL naming it. */
+ * init), B zero, so the model's outputs are unchanged until it trains. On a sequence
+ * classifier (config.score_head) the adapter also carries the head, a copy of the
+ * model's score.weight (task_type SEQ_CLS, PEFT's default for a classifier), so the
+ * scores too are unchanged until it trains. A target that names no linear of this
+ * architecture is SMELT_EINVAL naming it. */
 int lora_create(struct model *model, const struct lora_config *config, uint64_t seed,
                 struct lora **out, struct smelt_error *err);
 
 /* Loads a PEFT adapter directory for this model (errors name the file and the field
- * or tensor): SMELT_EINVAL for bad values or targets this model lacks,
+ * or tensor): SMELT_EINVAL for bad values or targets this model lacks, or a SEQ_CLS
+ * adapter on a model without a score head (lora_load_with_base makes the classifier),
  * SMELT_EUNSUPPORTED for features smelt does not implement, SMELT_ENOTFOUND for a
  * missing file or tensor, SMELT_EFORMAT for a tensor the adapter does not have. */
 int lora_load(struct model *model, const char *dir, struct lora **out, struct smelt_error *err);
+
+/* What dir/adapter_config.json says about the model the adapter goes on, read before
+ * any model is loaded: base_path is base_model_name_or_path, resolved against dir when
+ * relative (against the working directory, as PEFT reads it, when dir holds no such
+ * directory but the working directory does; "" when the file names none); seq_cls is
+ * task_type "SEQ_CLS" (the adapter carries a classifier's head). The file is checked as
+ * lora_load checks it. */
+struct lora_dir_info {
+    char base_path[4096];
+    bool seq_cls;
+};
+int lora_dir_info(const char *dir, struct lora_dir_info *out, struct smelt_error *err);
+
+/* The model an adapter directory goes on, with the adapter loaded onto it (not
+ * attached): base_dir (NULL: the adapter's base_model_name_or_path) loaded on backend;
+ * for a SEQ_CLS adapter, a causal LM base becomes a classifier first
+ * (model_classifier_from_lm with pad_token_id as it takes it: the tokenizer's pad, or
+ * -1 for the config's, else its eos). That classifier's own new head is never what
+ * scores: the adapter's replaces it while attached and when merged. On success the
+ * caller owns both: lora_free(*adapter), then model_free(*model). */
+int lora_load_with_base(const char *dir, const char *base_dir, enum backend backend, int64_t pad_token_id,
+                        struct model **model, struct lora **adapter, struct smelt_error *err);
 
 /* Writes adapter_config.json and adapter_model.safetensors (f32) into dir (created if
  * needed). base_model_name_or_path is written as given (may be NULL). target_modules
@@ -97,15 +143,21 @@ int lora_load(struct model *model, const char *dir, struct lora **out, struct sm
 int lora_save(const struct lora *lora, const char *dir, const char *base_model_name_or_path,
               struct smelt_error *err);
 
-/* Puts the adapter's hooks on the model (model->adapter); one adapter at a time. */
+/* Puts the adapter's hooks on the model (model->adapter); one adapter at a time. An
+ * adapter with a head also points the model's head view (model->w.score) at its copy
+ * while attached, so model_score_forward / _backward score with it; lora_detach
+ * points it back at the model's own score.weight. model_save writes the model's own
+ * weights (its own head too) whether or not an adapter is attached. */
 int lora_attach(struct lora *lora, struct smelt_error *err);
 void lora_detach(struct lora *lora);
 
 void lora_set_training(struct lora *lora, bool training);
 void lora_set_dropout_seed(struct lora *lora, uint64_t seed);
 
-/* W += scaling * B A for every wrapped module, in the model's weights (detach first: a
- * merged adapter still attached would count twice). */
+/* W += scaling * B A for every wrapped module, in the model's weights, and the
+ * adapter's head (if any) copied over the model's score.weight, as PEFT's
+ * merge_and_unload keeps the trained copy (detach first: a merged adapter still
+ * attached would count twice). */
 int lora_merge(const struct lora *lora, struct smelt_error *err);
 
 void lora_free(struct lora *lora);

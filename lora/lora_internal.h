@@ -93,9 +93,18 @@ struct lora_state {
 };
 
 /* A new adapter over the selection (taken over: freed with the adapter, also on
- * error): parameter table, zeroed weights and grads, hooks. */
+ * error): parameter table, zeroed weights and grads, hooks; with head, the model's
+ * score head as a last parameter (the model must be a sequence classifier). */
 int lora_build(struct model *model, const struct lora_config *config,
-               struct lora_selection *selection, struct lora **out, struct smelt_error *err);
+               struct lora_selection *selection, bool head, struct lora **out,
+               struct smelt_error *err);
+
+/* PEFT's name of a classifier head's copy in adapter_model.safetensors. */
+#define LORA_SCORE_NAME "base_model.model.score.weight"
+
+/* The model's own head: its score.weight in model->weights, [1, C] (what
+ * model->w.score views when no adapter's head stands in for it). */
+struct tensor lora_model_score(const struct model *model);
 
 /* Views of a parameter in the flat weights / grads. */
 struct tensor lora_param_view(const struct lora *lora, const struct tensor *flat, int param);
@@ -123,6 +132,7 @@ int lora_hook_backward(void *ctx, int64_t layer, enum model_linear linear,
 /* adapter_config.json: what it says, checked (errors name path and field). */
 struct lora_file_config {
     struct lora_config config;   /* n_targets unused: see targets */
+    bool seq_cls;                /* task_type "SEQ_CLS": the file carries the head */
     const char **targets;        /* [n_targets] borrowed from root */
     int n_targets;
     json_t *root;                /* owned */

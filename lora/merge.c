@@ -1,6 +1,7 @@
 /* Folding an adapter into the base: W += s B A for every wrapped linear (GPT-2's q, k
  * and v each take their row block of c_attn's B), with ops_matmul so it runs where the
- * weights live. */
+ * weights live; a classifier's head is not a delta but a trained copy, so it replaces
+ * the model's own. */
 #include "lora/lora_internal.h"
 
 static struct tensor *base_weight(struct layer_weights *w, enum model_linear linear) {
@@ -41,5 +42,7 @@ int lora_merge(const struct lora *lora, struct smelt_error *err) {
             if (rc) return error_wrap(err, rc, "lora_merge: %s", lora->params[mod->param_a].name);
         }
     }
-    return SMELT_OK;
+    if (!lora->score.data) return SMELT_OK;
+    struct tensor own = lora_model_score(m);
+    return error_wrap(err, tensor_copy(&own, &lora->score, err), "lora_merge: %s", LORA_SCORE_NAME);
 }

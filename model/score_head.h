@@ -12,11 +12,14 @@
  * saving, model_hf_tensors and a full fine-tune's optimizer handle it like any other
  * weight. Its gradient goes where the caller says (model_score_backward's dweight):
  *   - full fine-tune: model->g.score, its slot in the flat gradient buffer;
- *   - LoRA: the base is frozen and has no gradient buffer, so the trainer allocates a
- *     [1, C] f32 tensor on the model's backend, hands it and the view model->w.score
- *     to its optimizer next to the adapter's parameters (the step updates the weight
- *     in place), and model_save writes the trained head with the body.
- * The head is [1, C]: C numbers, so a separate optimizer entry costs nothing. */
+ *   - LoRA: the base is frozen and has no gradient buffer, and the head trains in full
+ *     beside the adapter, as PEFT's modules_to_save does for a SEQ_CLS task: the
+ *     adapter holds its own copy of the head in its flat buffers (lora/lora.h:
+ *     lora->score, lora->score_grad), lora_attach points model->w.score at that copy,
+ *     and the trainer hands lora->score_grad here. The base's own score.weight is
+ *     never written, so the frozen base hashes the same after training; the adapter
+ *     directory carries the trained head, and lora_merge copies it into the model.
+ * These functions read the head through model->w.score only, never by its offset. */
 #ifndef SMELT_MODEL_SCORE_HEAD_H
 #define SMELT_MODEL_SCORE_HEAD_H
 

@@ -7,16 +7,21 @@
  *       prints {"logits": [[...], ...]} for one sequence (for parity checks)
  *   smelt-model info --model DIR
  *       prints the architecture and parameter count
- *   smelt-model score --model DIR (--prompt P --response R [--no-bos] | --ids 1,2,3)
- *       a reward model's score of one sequence: prints {"score": x}
+ *   smelt-model score --model DIR [--adapter DIR] (--prompt P --response R [--no-bos] | --ids 1,2,3)
+ *       a reward model's score of one sequence: prints {"score": x}; a LoRA reward
+ *       model is its adapter directory as --model (its base_model_name_or_path is the
+ *       base), or the base as --model and the adapter as --adapter
  *   smelt-model add-score-head --model DIR --out DIR [--seed N] [--pad-id N] [--bf16]
  *       a causal LM turned into a reward model (new score head), saved with its tokenizer
- * Adapter tasks (logits with an adapter, save, merge) are smelt-lora's (lora/). */
+ * Other adapter tasks (logits with an adapter, save, merge) are smelt-lora's (lora/);
+ * score reads a reward model's adapter with lora/'s loader, so that a LoRA reward model
+ * scores with the same command as a full one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
+#include "lora/lora.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,19 +29,22 @@ static void usage(FILE *f) {
     fprintf(f, "usage: smelt-model init --config FILE --out DIR [--seed N] [--bf16] [--byte-tokenizer]\n"
                "       smelt-model logits --model DIR --ids 1,2,3\n"
                "       smelt-model info --model DIR\n"
-               "       smelt-model score --model DIR (--prompt P --response R [--no-bos] | --ids 1,2,3)\n"
+               "       smelt-model score --model DIR [--adapter DIR] (--prompt P --response R [--no-bos] | --ids 1,2,3)\n"
                "       smelt-model add-score-head --model DIR --out DIR [--seed N] [--pad-id N] [--bf16]\n"
                "  score: a reward model (*ForSequenceClassification) scores one sequence and prints\n"
                "    {\"score\": x}. Text is tokenized as datasets tokenizes a prompt/completion pair:\n"
                "    [bos] + encode(prompt) + encode(response) + [eos], bos and eos when the model\n"
                "    directory's tokenizer has them (--no-bos: without bos, as data.add_bos false).\n"
+               "    A LoRA reward model (a PEFT SEQ_CLS adapter with its head): --model ADAPTER_DIR\n"
+               "    (the base is its base_model_name_or_path), or --model BASE --adapter DIR; the\n"
+               "    tokenizer is the adapter directory's when it has one.\n"
                "  add-score-head: the causal LM in --model with a new score head ~ N(0, 0.02), saved\n"
                "    to --out as a sequence classifier; pad_token_id: --pad-id, else the tokenizer's\n"
                "    pad, else the config's, else eos.\n");
 }
 
 struct options {
-    const char *command, *config, *out, *model, *ids, *prompt, *response;
+    const char *command, *config, *out, *model, *adapter, *ids, *prompt, *response;
     uint64_t seed;
     int64_t pad_id; /* -1: not given */
     bool bf16, byte_tokenizer, no_bos;
@@ -52,7 +60,7 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
         {"--ids", &o->ids, NULL},       {"--seed", &seed, NULL},  {"--bf16", NULL, &o->bf16},
         {"--byte-tokenizer", NULL, &o->byte_tokenizer},           {"--prompt", &o->prompt, NULL},
         {"--response", &o->response, NULL}, {"--no-bos", NULL, &o->no_bos},
-        {"--pad-id", &pad_id, NULL},    {NULL, NULL, NULL},
+        {"--pad-id", &pad_id, NULL},    {"--adapter", &o->adapter, NULL}, {NULL, NULL, NULL},
     };
     TRY(args_parse(argc, argv, 2, options, err));
     int64_t s = 0;
@@ -60,6 +68,8 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
     o->seed = (uint64_t)s;
     o->pad_id = -1;
     if (pad_id) TRY(args_int("--pad-id", pad_id, 0, INT32_MAX, &o->pad_id, err));
+    if (o->adapter && strcmp(o->command, "score") != 0)
+        return error_set(err, SMELT_EINVAL, "--adapter goes with score (other adapter tasks are smelt-lora's)");
     return SMELT_OK;
 }
 
@@ -133,6 +143,17 @@ static int load_tokenizer(const char *dir, struct tokenizer **out, struct smelt_
     return SMELT_OK;
 }
 
+/* The pad id of the tokenizer in dir, as the trainer reads it; -1 when it has none (or
+ * dir has no tokenizer). */
+static int64_t tokenizer_pad_id(const char *dir) {
+    struct tokenizer *tok = NULL;
+    struct smelt_error ignored = {0};
+    if (load_tokenizer(dir, &tok, &ignored)) return -1;
+    int64_t pad = tokenizer_special_ids(tok)->pad;
+    tokenizer_free(tok);
+    return pad;
+}
+
 /* datasets' raw prompt/completion rule: [bos] + prompt + response + [eos]. */
 static int encode_pair(const struct tokenizer *tok, const char *prompt, const char *response,
                        bool bos, int32_t **ids, int64_t *n, struct smelt_error *err) {
@@ -177,12 +198,37 @@ static int score_ids(struct model *m, const int32_t *ids, int64_t n, float *scor
     return rc;
 }
 
+/* The reward model to score with: --model itself, or a LoRA reward model (--adapter,
+ * or --model an adapter directory) loaded onto its base and attached. *adapter is NULL
+ * for a full model; the caller frees it before *m. tok_dir: where the tokenizer is. */
+static int load_scorer(const struct options *o, struct model **m, struct lora **adapter, char *tok_dir,
+                       size_t cap, struct smelt_error *err) {
+    *adapter = NULL;
+    const char *adapter_dir = o->adapter ? o->adapter : dir_has(o->model, "adapter_config.json") ? o->model : NULL;
+    snprintf(tok_dir, cap, "%s", o->model);
+    if (!adapter_dir) return model_load(o->model, BACKEND_CPU, m, err);
+    struct lora_dir_info info;
+    TRY(lora_dir_info(adapter_dir, &info, err));
+    const char *base = o->adapter ? o->model : info.base_path;
+    snprintf(tok_dir, cap, "%s", dir_has(adapter_dir, "tokenizer.json") ? adapter_dir : base);
+    /* A causal LM base becomes the classifier with the pad id the trainer gave it. */
+    TRY(lora_load_with_base(adapter_dir, base, BACKEND_CPU, tokenizer_pad_id(tok_dir), m, adapter, err));
+    int rc = lora_attach(*adapter, err);
+    if (rc) {
+        lora_free(*adapter);
+        model_free(*m);
+    }
+    return rc;
+}
+
 static int cmd_score(const struct options *o, struct smelt_error *err) {
     bool text = o->prompt || o->response;
     if (!o->model || text == (o->ids != NULL) || (text && (!o->prompt || !o->response)))
         return error_set(err, SMELT_EINVAL, "score needs --model and either --prompt and --response, or --ids");
     struct model *m;
-    TRY(model_load(o->model, BACKEND_CPU, &m, err));
+    struct lora *adapter;
+    char tok_dir[4096];
+    TRY(load_scorer(o, &m, &adapter, tok_dir, sizeof tok_dir, err));
     struct tokenizer *tok = NULL;
     int32_t *ids = NULL;
     int64_t n = 0;
@@ -190,13 +236,14 @@ static int cmd_score(const struct options *o, struct smelt_error *err) {
     int rc = m->config.score_head ? SMELT_OK
              : error_set(err, SMELT_EINVAL, "%s is a %s, not a reward model (*ForSequenceClassification; "
                          "add-score-head makes one)", o->model, m->config.architecture);
-    if (!rc && text) rc = load_tokenizer(o->model, &tok, err);
+    if (!rc && text) rc = load_tokenizer(tok_dir, &tok, err);
     if (!rc && text) rc = encode_pair(tok, o->prompt, o->response, !o->no_bos, &ids, &n, err);
     if (!rc && !text) rc = args_int_list("--ids", o->ids, 0, INT32_MAX, &ids, &n, err);
     if (!rc) rc = score_ids(m, ids, n, &score, err);
     if (!rc) printf("{\"score\": %.9g}\n", (double)score);
     free(ids);
     tokenizer_free(tok);
+    lora_free(adapter);
     model_free(m);
     return rc;
 }
@@ -218,16 +265,10 @@ static int copy_tokenizer_files(const char *from, const char *to, struct smelt_e
     return SMELT_OK;
 }
 
-/* The pad id for a new head: --pad-id, else the tokenizer's pad (when the directory has
- * a tokenizer), else model_classifier_from_lm's own fallbacks (config, eos). */
+/* The pad id for a new head: --pad-id, else the tokenizer's pad, else
+ * model_classifier_from_lm's own fallbacks (config, eos). */
 static int64_t head_pad_id(const struct options *o) {
-    if (o->pad_id >= 0) return o->pad_id;
-    struct tokenizer *tok = NULL;
-    struct smelt_error ignored = {0};
-    if (load_tokenizer(o->model, &tok, &ignored)) return -1;
-    int64_t pad = tokenizer_special_ids(tok)->pad;
-    tokenizer_free(tok);
-    return pad;
+    return o->pad_id >= 0 ? o->pad_id : tokenizer_pad_id(o->model);
 }
 
 static int cmd_add_score_head(const struct options *o, struct smelt_error *err) {

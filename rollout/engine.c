@@ -402,13 +402,11 @@ bool rollout_engine_idle(const struct rollout_engine *e) { return e->sched.n_seq
 
 /* ---- weights ---- */
 
-int rollout_engine_set_weights(struct rollout_engine *e, const float *weights, int64_t n, struct smelt_error *err) {
-    if (n != e->model->n_weights)
-        return error_set(err, SMELT_EINVAL, "weights: %lld values given, the model has %lld", (long long)n,
-                         (long long)e->model->n_weights);
-    struct tensor host = tensor_f32((float *)weights, 1, &n);
-    TRY(tensor_copy(&e->model->weights, &host, err));
-    e->stats.policy_version++;
+int rollout_engine_weights_changed(struct rollout_engine *e, int64_t version, struct smelt_error *err) {
+    if (version <= e->stats.policy_version)
+        return error_set_field(err, SMELT_EINVAL, "version", "policy version %lld is not newer than the engine's %lld",
+                               (long long)version, (long long)e->stats.policy_version);
+    e->stats.policy_version = version;
     /* Re-run every unfinished sample from its prompt on the new weights. */
     for (int i = 0; i < e->sched.n_seqs; i++) {
         struct seq *s = seq_of(e->sched.seqs[i]);
@@ -417,6 +415,25 @@ int rollout_engine_set_weights(struct rollout_engine *e, const float *weights, i
         sample_stream_seed(&s->rng, s->req->r.seed, (uint64_t)(s->sched.sample_index < 0 ? 0 : s->sched.sample_index));
     }
     return SMELT_OK;
+}
+
+int rollout_engine_set_weights_version(struct rollout_engine *e, const float *weights, int64_t n, int64_t version,
+                                       struct smelt_error *err) {
+    if (n != e->model->n_weights)
+        return error_set(err, SMELT_EINVAL, "weights: %lld values given, the model has %lld", (long long)n,
+                         (long long)e->model->n_weights);
+    if (version <= e->stats.policy_version) /* checked before a byte changes */
+        return error_set_field(err, SMELT_EINVAL, "version", "policy version %lld is not newer than the engine's %lld",
+                               (long long)version, (long long)e->stats.policy_version);
+    struct tensor host = tensor_f32((float *)weights, 1, &n);
+    TRY(tensor_copy(&e->model->weights, &host, err));
+    return rollout_engine_weights_changed(e, version, err);
+}
+
+int rollout_engine_set_weights(struct rollout_engine *e, const float *weights, int64_t n, struct smelt_error *err) {
+    if (e->stats.policy_version == INT64_MAX)
+        return error_set_field(err, SMELT_EINVAL, "version", "the policy version cannot grow past %lld", (long long)INT64_MAX);
+    return rollout_engine_set_weights_version(e, weights, n, e->stats.policy_version + 1, err);
 }
 
 /* ---- life cycle ---- */

@@ -7,8 +7,10 @@
  * Usage: create an engine on a loaded model, add requests, call rollout_engine_step
  * until idle, taking finished samples with rollout_engine_take as they come.
  *
- * Weight updates: rollout_engine_set_weights copies new weights in between steps and
- * bumps the policy version. Every sample not yet finished is RE-RUN from its prompt on
+ * Weight updates: rollout_engine_set_weights[_version] copies new weights in between
+ * steps and sets the policy version (the trainer's iteration, or the old one plus one);
+ * rollout_engine_weights_changed does the same for weights the caller changed in place
+ * (colocated trainer, LoRA adapter). Every sample not yet finished is RE-RUN from its prompt on
  * the new weights (its stream restarts), so every result comes entirely from the one
  * policy version it carries — what PPO/GRPO's importance ratios assume.
  *
@@ -77,6 +79,7 @@ struct rollout_stats {
 };
 
 struct rollout_engine;
+struct lora;
 
 /* tok may be NULL (then stop strings are refused). */
 int rollout_engine_create(struct model *model, const struct tokenizer *tok,
@@ -106,9 +109,23 @@ void rollout_results_free(struct rollout_result *results, int n);
 int rollout_engine_abort(struct rollout_engine *engine, uint64_t request_id);
 
 /* Replaces the model's weights (f32, laid out like model->weights, host memory) between
- * steps; see the header comment for what happens to unfinished samples. */
+ * steps and makes version the policy version (SMELT_EINVAL naming "version", nothing
+ * changed, unless it is newer than the engine's); see the header comment for what
+ * happens to unfinished samples. The split placement's weight sync (weightsync/) ends
+ * here. A copy that fails half-way (a device error) leaves the weights undefined. */
+int rollout_engine_set_weights_version(struct rollout_engine *engine, const float *weights, int64_t n,
+                                       int64_t version, struct smelt_error *err);
+/* The same with the engine's version plus one. */
 int rollout_engine_set_weights(struct rollout_engine *engine, const float *weights, int64_t n,
                                struct smelt_error *err);
+
+/* The caller changed the weights the engine runs on itself (the model's, or an attached
+ * adapter's): the colocated placement, where trainer and engine share one model and
+ * nothing is copied (call it after the optimizer step), or a LoRA sync that copied into
+ * the adapter's buffer. Makes version (newer than the engine's, else SMELT_EINVAL
+ * naming "version") the policy version and re-runs every unfinished sample, as
+ * set_weights does. Call it between steps, never with weights half-written. */
+int rollout_engine_weights_changed(struct rollout_engine *engine, int64_t version, struct smelt_error *err);
 
 struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
 
@@ -139,8 +156,121 @@ struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
 #define ROLLOUT_WORKER_IDLE_POLL_MS 50
 #define ROLLOUT_WORKER_MAX_DRAIN 256
 
+/* The worker also takes new weights (weights.begin / bucket / end, common/msg.h) on the
+ * same socket: "full" syncs into the model through rollout_engine_set_weights_version,
+ * "lora" syncs into adapter's buffer (then rollout_engine_weights_changed); either is
+ * applied whole between two steps once every bucket arrived and checked, and answered
+ * with weights.ack, or refused with weights.error and the old weights kept. */
+struct rollout_worker_setup {
+    struct rollout_engine *engine;
+    const struct model *model;   /* the engine's */
+    const struct tokenizer *tok; /* NULL: id prompts only, results without text */
+    struct lora *adapter;        /* the adapter attached to model (lora_attach), or NULL:
+                                    "lora" syncs are refused */
+    void *router;
+    const atomic_int *stop;
+};
+
+int rollout_worker_run(const struct rollout_worker_setup *setup, struct smelt_error *err);
+/* rollout_worker_run without an adapter. */
 int rollout_worker_serve(struct rollout_engine *engine, const struct model *model,
                          const struct tokenizer *tok, void *router, const atomic_int *stop,
                          struct smelt_error *err);
+
+/* ---- trainer rank 0's side: a client of one or more smelt-rollout workers (rollout/client.c) ----
+ *
+ * One DEALER socket per worker endpoint. A batch of rollout_requests (prompt ids, n,
+ * sampling, seed, max_new_tokens, stop ids and strings: what rollout_engine_add takes,
+ * and meaning the same: ignore_eos is sent, so only the request's own stop ids end a
+ * sample, as in the engine) is spread over the workers — each request whole on the
+ * worker owing the fewest samples — and every sample's result is filed, in whatever order
+ * it comes, into caller-owned arrays at its slot: sample s of request i goes to slot
+ * requests[0].n + ... + requests[i-1].n + s. A request's id field is not used: requests
+ * go on the wire as "<batch>:<i>", so results of an earlier, failed batch never land in a
+ * later one.
+ *
+ * Weights: rollout_client_push_* sends a weight sync (weightsync/) to every worker over
+ * the same sockets and waits for every ack; results of a batch in flight that arrive
+ * meanwhile are filed as usual (a sync in the middle of generation re-runs the workers'
+ * unfinished samples on the new weights: a sample never mixes versions, and carries the
+ * version that made it).
+ *
+ * Never hangs: every call waits at most timeout_ms. A worker that owes an answer and
+ * has sent nothing for quiet_ms gets a health.request; if it still sends nothing for
+ * health_timeout_ms (a health.request waits behind whatever was sent to the worker before
+ * it: allow for the longest engine step), it is dead and the call fails naming its
+ * endpoint; its socket is reopened (queued messages dropped) for the next call. A
+ * gen.error fails the batch naming the request (its index) and the worker; a
+ * weights.error fails the push naming the worker and the field. A failed batch is
+ * ended: its requests still running on other workers are aborted (gen.abort).
+ *
+ * Ownership: endpoints are copied; zmq_ctx (when given) and the result arrays of a batch
+ * are borrowed, the arrays until the batch is collected or failed. Not thread-safe: one
+ * thread drives a client. */
+#define ROLLOUT_CLIENT_MAX_WORKERS 256
+#define ROLLOUT_CLIENT_ENDPOINT_BYTES 256
+#define ROLLOUT_CLIENT_DEFAULT_TIMEOUT_MS 600000
+#define ROLLOUT_CLIENT_DEFAULT_QUIET_MS 5000
+#define ROLLOUT_CLIENT_DEFAULT_HEALTH_TIMEOUT_MS 60000
+
+struct rollout_client_config {
+    const char *const *endpoints; /* [n_endpoints]: the workers' ROUTER endpoints */
+    int n_endpoints;              /* 1..ROLLOUT_CLIENT_MAX_WORKERS */
+    void *zmq_ctx;                /* NULL: the client makes its own (inproc:// needs the worker's) */
+    int64_t timeout_ms;           /* 0: ROLLOUT_CLIENT_DEFAULT_TIMEOUT_MS */
+    int64_t quiet_ms;             /* 0: ROLLOUT_CLIENT_DEFAULT_QUIET_MS */
+    int64_t health_timeout_ms;    /* 0: ROLLOUT_CLIENT_DEFAULT_HEALTH_TIMEOUT_MS */
+    int64_t bucket_bytes;         /* weight sync buckets; 0: WEIGHTSYNC_DEFAULT_BUCKET_BYTES */
+};
+
+/* Where a batch's samples land: n_samples = the sum of the requests' n slots. */
+struct rollout_client_results {
+    int64_t max_tokens;           /* tokens per slot, >= every request's max_new_tokens */
+    int32_t *ids;                 /* [n_samples * max_tokens]: slot k at k * max_tokens */
+    float *logprobs;              /* [n_samples * max_tokens] */
+    int64_t *n_tokens;            /* [n_samples]; ids and logprobs past it are untouched */
+    int64_t *policy_version;      /* [n_samples]: the version that made the sample */
+    const char **finish_reason;   /* [n_samples]: ROLLOUT_FINISH_* (static strings) */
+    int *worker;                  /* [n_samples] or NULL: the endpoint index that made it */
+};
+
+struct rollout_client;
+struct weightsync_meta;
+struct weightsync_report;
+
+int rollout_client_create(const struct rollout_client_config *config, struct rollout_client **out,
+                          struct smelt_error *err);
+/* Aborts a batch still in flight (best effort, without waiting). */
+void rollout_client_free(struct rollout_client *client);
+
+/* Sends a batch (one at a time: SMELT_EINVAL while another is in flight). Requests are
+ * checked first (errors name "requests[i].<field>"); nothing is sent when one is bad. */
+int rollout_client_submit(struct rollout_client *client, const struct rollout_request *requests,
+                          int n_requests, const struct rollout_client_results *out,
+                          struct smelt_error *err);
+/* Files what arrives until at least one more sample is in, or wait_ms passed (0: only
+ * what is there already), and tells how many of the batch's samples are in (*finished;
+ * all of them: the batch is complete). */
+int rollout_client_poll(struct rollout_client *client, int64_t wait_ms, int64_t *finished,
+                        struct smelt_error *err);
+/* Waits until every sample of the batch is in. */
+int rollout_client_collect(struct rollout_client *client, struct smelt_error *err);
+/* submit + collect. */
+int rollout_client_generate(struct rollout_client *client, const struct rollout_request *requests,
+                            int n_requests, const struct rollout_client_results *out,
+                            struct smelt_error *err);
+
+/* Pushes source (f32, laid out as meta says, on any backend) to every worker as policy
+ * version meta->version and waits for every ack. report (may be NULL) gets the bytes
+ * moved and the times. */
+int rollout_client_push(struct rollout_client *client, const struct weightsync_meta *meta,
+                        const struct tensor *source, struct weightsync_report *report,
+                        struct smelt_error *err);
+/* The model's whole flat weights ("full"), or only the adapter's ("lora": the bytes moved
+ * are the adapter's size), as policy version version. */
+int rollout_client_push_model(struct rollout_client *client, const struct model *model, int64_t version,
+                              struct weightsync_report *report, struct smelt_error *err);
+int rollout_client_push_lora(struct rollout_client *client, const struct lora *adapter, int64_t version,
+                             struct weightsync_report *report, struct smelt_error *err);
 
 #endif

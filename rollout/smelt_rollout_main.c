@@ -1,5 +1,7 @@
 /* smelt-rollout: the generation engine served on a ZeroMQ ROUTER socket (the messages
- * are common/msg.h's gen.* / health.* / stats.*; the loop is rollout/worker.c).
+ * are common/msg.h's gen.* / health.* / stats.* / weights.*; the loop is rollout/worker.c).
+ * New weights arrive as weights.* syncs from the trainer: "full" into the model, "lora"
+ * into the --adapter's buffer (a worker started without --adapter refuses "lora").
  *
  *   smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]
  *                 [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N]
@@ -34,7 +36,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]\n"
                "         [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N] [--prefill-chunk N]\n"
                "         [--backend cpu|cuda|auto]\n"
-               "  --adapter      a PEFT LoRA adapter directory, applied without merging\n"
+               "  --adapter      a PEFT LoRA adapter directory, applied without merging (and the one\n"
+               "                 that \"lora\" weight syncs update)\n"
                "  --tokenizer    tokenizer.json or its folder (default: the model's, when it has one;\n"
                "                 without one, prompts are token ids and results carry no text)\n"
                "  --bind         ZeroMQ endpoint of the ROUTER socket (default " DEFAULT_BIND ";\n"
@@ -42,7 +45,8 @@ static void usage(FILE *f) {
                "  --kv-memory-mb KV cache size (default 1024); --max-batch-tokens tokens per step\n"
                "                 (default 2048); --max-seqs sequences at once (default 64);\n"
                "                 --prefill-chunk prompt tokens of one sequence per step (default 512)\n"
-               "  protocol: common/msg.h (gen.request, gen.abort, health.request, stats.request)\n");
+               "  protocol: common/msg.h (gen.request, gen.abort, health.request, stats.request,\n"
+               "            weights.begin / weights.bucket / weights.end)\n");
 }
 
 struct options {
@@ -168,7 +172,9 @@ static int serve(const struct options *o, struct smelt_error *err) {
                  (long long)st.n_blocks, ROLLOUT_KV_BLOCK_TOKENS, (long long)o->engine.max_batch_tokens,
                  o->engine.max_seqs);
         fprintf(stderr, "smelt-rollout: serving on %s\n", bound);
-        rc = rollout_worker_serve(engine, m, tok, router, &stop_requested, err);
+        struct rollout_worker_setup setup = {.engine = engine, .model = m, .tok = tok, .adapter = adapter,
+                                             .router = router, .stop = &stop_requested};
+        rc = rollout_worker_run(&setup, err);
     }
     if (router) zmq_close(router);
     while (ctx && zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR) {

@@ -1,6 +1,7 @@
-/* smelt-rollout's serving loop (rollout.h's last section; the messages are common/msg.h's):
+/* smelt-rollout's serving loop (rollout.h's worker section; the messages are common/msg.h's):
  * take what clients sent, step the engine, send each finished sample to the client that
- * asked for it. One thread, one socket: nothing here locks. */
+ * asked for it. Weight syncs (weights.*) go to worker_weights.c, which applies them
+ * between two steps. One thread, one socket: nothing here locks. */
 #include "rollout/worker_internal.h"
 
 #include <stdio.h>
@@ -9,31 +10,11 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "lora/lora.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gen.result's arrays are little-endian and go out as the host holds them"
 #endif
-
-/* A request in flight: whose it is and which of its samples went out. */
-struct inflight {
-    char id[WORKER_ID_BYTES + 1];  /* the client's */
-    char route[MSG_ROUTE_BYTES];   /* the client's routing id */
-    size_t route_len;
-    uint64_t engine_id;
-    int n, n_sent;
-    uint8_t sent[256 / 8];         /* bit i: sample i went out */
-};
-
-struct worker {
-    struct rollout_engine *engine;
-    struct worker_limits limits;
-    void *socket;
-    struct inflight *reqs;         /* [n_reqs], any order */
-    int n_reqs, cap_reqs;
-    uint64_t next_engine_id;
-    int64_t requests_served, step_errors;
-    char last_error[SMELT_ERROR_MESSAGE_BYTES]; /* "" unless the last engine step failed */
-};
 
 /* ---- requests in flight ---- */
 
@@ -92,11 +73,8 @@ static void drop_client(struct worker *w, const char *route, size_t route_len) {
 
 /* ---- sending ---- */
 
-/* Sends and releases header (NULL: it could not be built). When the client cannot take
- * the message its requests are dropped (drop_client): callers must not keep pointers
- * into w->reqs across a failed send. */
-static int send_to(struct worker *w, const char *route, size_t route_len, const char *type, json_t *header,
-                   const struct msg_array *arrays, int n_arrays) {
+int worker_send(struct worker *w, const char *route, size_t route_len, const char *type, json_t *header,
+                const struct msg_array *arrays, int n_arrays) {
     struct smelt_error err = {0};
     int rc = header ? msg_send(w->socket, route, route_len, type, header, arrays, n_arrays, &err)
                     : error_set(&err, SMELT_ENOMEM, "%s: out of memory", type);
@@ -118,7 +96,7 @@ static void send_error(struct worker *w, const char *route, size_t route_len, co
         json_decref(h);
         h = NULL;
     }
-    send_to(w, route, route_len, MSG_GEN_ERROR, h, NULL, 0);
+    worker_send(w, route, route_len, MSG_GEN_ERROR, h, NULL, 0);
 }
 
 /* The sample's text, when the tokenizer has a token for each id. */
@@ -150,7 +128,7 @@ static void deliver(struct worker *w, int i, const struct rollout_result *r) {
     int32_t none = 0; /* frames of 0 bytes still need a pointer */
     struct msg_array arrays[2] = {{r->n ? (void *)r->ids : &none, (size_t)r->n * sizeof *r->ids},
                                   {r->n ? (void *)r->logprobs : &none, (size_t)r->n * sizeof *r->logprobs}};
-    if (send_to(w, q->route, q->route_len, MSG_GEN_RESULT, h, arrays, 2)) return;
+    if (worker_send(w, q->route, q->route_len, MSG_GEN_RESULT, h, arrays, 2)) return;
     q->sent[s / 8] |= (uint8_t)(1u << (s % 8));
     if (++q->n_sent == q->n) {
         w->requests_served++;
@@ -256,7 +234,7 @@ static void on_health(struct worker *w, const struct msg *m) {
     json_t *h = json_pack("{s:s, s:I}", "status", w->last_error[0] ? "failing" : "ok", "policy_version",
                           (json_int_t)rollout_engine_stats(w->engine).policy_version);
     if (h && w->last_error[0]) json_object_set_new(h, "error", json_string_lossy(w->last_error, strlen(w->last_error)));
-    send_to(w, m->route, m->route_len, MSG_HEALTH_REPLY, h, NULL, 0);
+    worker_send(w, m->route, m->route_len, MSG_HEALTH_REPLY, h, NULL, 0);
 }
 
 static void on_stats(struct worker *w, const struct msg *m) {
@@ -268,7 +246,7 @@ static void on_stats(struct worker *w, const struct msg *m) {
         return;
     }
     struct rollout_stats st = rollout_engine_stats(w->engine);
-    json_t *h = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    json_t *h = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                           "n_blocks", (json_int_t)st.n_blocks, "free_blocks", (json_int_t)st.free_blocks,
                           "running", (json_int_t)st.running, "waiting", (json_int_t)st.waiting,
                           "preemptions", (json_int_t)st.preemptions, "steps", (json_int_t)st.steps,
@@ -276,8 +254,9 @@ static void on_stats(struct worker *w, const struct msg *m) {
                           (json_int_t)st.decode_tokens, "policy_version", (json_int_t)st.policy_version,
                           "kv_bytes_per_token", (json_int_t)st.kv_bytes_per_token, "requests_served",
                           (json_int_t)w->requests_served, "requests_in_flight", (json_int_t)w->n_reqs,
-                          "step_errors", (json_int_t)w->step_errors);
-    send_to(w, m->route, m->route_len, MSG_STATS_REPLY, h, NULL, 0);
+                          "step_errors", (json_int_t)w->step_errors, "weight_syncs", (json_int_t)w->weight_syncs,
+                          "weight_bytes", (json_int_t)w->weight_bytes);
+    worker_send(w, m->route, m->route_len, MSG_STATS_REPLY, h, NULL, 0);
 }
 
 static void on_message(struct worker *w, const struct msg *m) {
@@ -285,10 +264,12 @@ static void on_message(struct worker *w, const struct msg *m) {
     else if (strcmp(m->type, MSG_GEN_ABORT) == 0) on_abort(w, m);
     else if (strcmp(m->type, MSG_HEALTH_REQUEST) == 0) on_health(w, m);
     else if (strcmp(m->type, MSG_STATS_REQUEST) == 0) on_stats(w, m);
+    else if (worker_weights_message(m->type)) worker_on_weights(w, m);
     else {
-        char message[192];
-        snprintf(message, sizeof message, "unknown message type '%s' (this worker serves %s, %s, %s, %s)", m->type,
-                 MSG_GEN_REQUEST, MSG_GEN_ABORT, MSG_HEALTH_REQUEST, MSG_STATS_REQUEST);
+        char message[256];
+        snprintf(message, sizeof message, "unknown message type '%s' (this worker serves %s, %s, %s, %s, %s, %s, %s)",
+                 m->type, MSG_GEN_REQUEST, MSG_GEN_ABORT, MSG_HEALTH_REQUEST, MSG_STATS_REQUEST, MSG_WEIGHTS_BEGIN,
+                 MSG_WEIGHTS_BUCKET, MSG_WEIGHTS_END);
         send_error(w, m->route, m->route_len, NULL, "type", message);
     }
 }
@@ -355,25 +336,37 @@ static void eos_ids(const struct model *model, const struct tokenizer *tok, stru
     }
 }
 
-int rollout_worker_serve(struct rollout_engine *engine, const struct model *model, const struct tokenizer *tok,
-                         void *router, const atomic_int *stop, struct smelt_error *err) {
-    if (!engine || !model || !router || !stop)
-        return error_set(err, SMELT_EINVAL, "rollout_worker_serve: engine, model, router and stop are required");
+int rollout_worker_run(const struct rollout_worker_setup *setup, struct smelt_error *err) {
+    const struct rollout_worker_setup *s = setup;
+    if (!s || !s->engine || !s->model || !s->router || !s->stop)
+        return error_set(err, SMELT_EINVAL, "rollout_worker_run: engine, model, router and stop are required");
+    if (s->adapter && s->model->adapter != &s->adapter->adapter)
+        return error_set(err, SMELT_EINVAL, "rollout_worker_run: the adapter is not the one attached to the model");
     int mandatory = 1;
-    if (zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory))
+    if (zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory))
         return error_set(err, SMELT_EIO, "rollout worker: ZMQ_ROUTER_MANDATORY: %s", zmq_strerror(zmq_errno()));
-    struct worker w = {.engine = engine, .socket = router,
-                       .limits = {.model = model, .tok = tok,
-                                  .pool_tokens = rollout_engine_stats(engine).n_blocks * ROLLOUT_KV_BLOCK_TOKENS}};
-    eos_ids(model, tok, &w.limits);
+    struct worker w = {.engine = s->engine, .socket = s->router, .adapter = s->adapter,
+                       .limits = {.model = s->model, .tok = s->tok,
+                                  .pool_tokens = rollout_engine_stats(s->engine).n_blocks * ROLLOUT_KV_BLOCK_TOKENS}};
+    eos_ids(s->model, s->tok, &w.limits);
+    TRY(error_wrap(err, weightsync_receiver_init(&w.rx, s->model, s->adapter, err), "rollout worker"));
     int rc = SMELT_OK;
-    while (!atomic_load(stop) && !rc) {
-        rc = drain(&w, stop, err);
-        if (!rc && !atomic_load(stop) && !rollout_engine_idle(engine)) step(&w);
+    while (!atomic_load(s->stop) && !rc) {
+        rc = drain(&w, s->stop, err);
+        if (!rc && !atomic_load(s->stop) && !rollout_engine_idle(s->engine)) step(&w);
         deliver_finished(&w);
     }
+    const char *why = rc ? "the worker's socket failed" : "the worker is stopping";
+    worker_weights_stop(&w, why);
     fail_all(&w, rc ? "the worker's socket failed; the request did not finish"
                     : "the worker is stopping; the request did not finish");
     free(w.reqs);
+    weightsync_receiver_free(&w.rx);
     return rc;
+}
+
+int rollout_worker_serve(struct rollout_engine *engine, const struct model *model, const struct tokenizer *tok,
+                         void *router, const atomic_int *stop, struct smelt_error *err) {
+    struct rollout_worker_setup s = {.engine = engine, .model = model, .tok = tok, .router = router, .stop = stop};
+    return rollout_worker_run(&s, err);
 }

@@ -1,5 +1,6 @@
-/* Private to rollout/worker*.c: a gen.request (common/msg.h) read and checked into an
- * engine request. */
+/* Private to rollout/worker*.c: the serving loop's state (worker.c), a gen.request
+ * (common/msg.h) read and checked into an engine request (worker_request.c), and the
+ * weights.* messages that replace the engine's weights (worker_weights.c). */
 #ifndef SMELT_ROLLOUT_WORKER_INTERNAL_H
 #define SMELT_ROLLOUT_WORKER_INTERNAL_H
 
@@ -8,6 +9,7 @@
 
 #include "common/msg.h"
 #include "rollout/rollout.h"
+#include "weightsync/weightsync.h"
 
 #define WORKER_ID_BYTES 64           /* a client's request id, at most */
 #define WORKER_FIELD_BYTES 64        /* a refused field's name as reported (truncated) */
@@ -41,5 +43,45 @@ const char *worker_header_id(const struct msg *m);
 int worker_request_parse(const struct msg *m, const struct worker_limits *limits,
                          struct worker_request *out, char *field, struct smelt_error *err);
 void worker_request_free(struct worker_request *r);
+
+/* A request in flight: whose it is and which of its samples went out. */
+struct inflight {
+    char id[WORKER_ID_BYTES + 1];  /* the client's */
+    char route[MSG_ROUTE_BYTES];   /* the client's routing id */
+    size_t route_len;
+    uint64_t engine_id;
+    int n, n_sent;
+    uint8_t sent[256 / 8];         /* bit i: sample i went out */
+};
+
+struct worker {
+    struct rollout_engine *engine;
+    struct worker_limits limits;
+    struct lora *adapter;          /* attached to the engine's model, or NULL */
+    void *socket;
+    struct inflight *reqs;         /* [n_reqs], any order */
+    int n_reqs, cap_reqs;
+    uint64_t next_engine_id;
+    int64_t requests_served, step_errors;
+    char last_error[SMELT_ERROR_MESSAGE_BYTES]; /* "" unless the last engine step failed */
+    /* Weight sync: one at a time, owned by the client that began it. */
+    struct weightsync_receiver rx;
+    char sync_route[MSG_ROUTE_BYTES];
+    size_t sync_route_len;
+    int64_t weight_syncs, weight_bytes; /* applied, and their payload */
+};
+
+/* Sends and releases header (NULL: it could not be built). When the client cannot take
+ * the message its requests are dropped: callers must not keep pointers into w->reqs
+ * across a failed send. */
+int worker_send(struct worker *w, const char *route, size_t route_len, const char *type, json_t *header,
+                const struct msg_array *arrays, int n_arrays);
+
+/* weights.begin / weights.bucket / weights.end (worker_weights.c): answered with
+ * weights.ack once the weights are in use, or weights.error naming the field. */
+bool worker_weights_message(const char *type);
+void worker_on_weights(struct worker *w, const struct msg *m);
+/* A sync still in progress when the worker stops is answered with weights.error (why). */
+void worker_weights_stop(struct worker *w, const char *why);
 
 #endif

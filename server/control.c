@@ -300,6 +300,34 @@ static void append_preference_summary(const json_t *line, const char *prefix, ch
         snprintf(out + n, cap - n, "%sreward margin=%.4f", n ? ", " : "", json_number_value(margin));
 }
 
+/* The RL loop's numbers (GRPO train lines) that an event's data carries, under the
+ * line's names. */
+static const char *const RL_METRICS[] = {"reward", "reward_std", "reward_max", "kl", "completions/mean_length",
+                                         "completions/clipped_ratio", "clip_ratio/region_mean",
+                                         "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/kl",
+                                         "iteration", "policy_version", "samples", "samples_failed",
+                                         "time/generate_s", "time/score_s", "time/reference_s", "time/update_s",
+                                         "time/sync_s", "sync_bytes", "generate_tokens_per_s"};
+static const char *const RL_VAL_METRICS[] = {"val_reward", "val_accuracy", "val_samples"};
+
+static void add_metrics(json_t *data, const json_t *line, const char *const *names, int n) {
+    for (int i = 0; data && i < n; i++) {
+        json_t *v = json_object_get(line, names[i]);
+        if (json_is_number(v)) json_object_set(data, names[i], v);
+    }
+}
+
+/* ", reward=R" / "validation reward=R, accuracy=A": what an RL line adds to a message. */
+static void append_rl_summary(const json_t *line, bool val, char *out, size_t cap) {
+    json_t *r = json_object_get(line, val ? "val_reward" : "reward"), *a = json_object_get(line, "val_accuracy");
+    size_t n = strlen(out);
+    if (json_is_number(r) && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, "%s%sreward=%.4f", n ? ", " : "", val ? "validation " : "",
+                              json_number_value(r));
+    if (val && json_is_number(a) && n < cap)
+        snprintf(out + n, cap - n, "%saccuracy=%.4f", n ? ", " : "", json_number_value(a));
+}
+
 static int64_t total_steps(struct store_conn *c, const char *id) {
     struct smelt_error err = {0};
     json_t *start = NULL;
@@ -324,8 +352,10 @@ static void on_train_line(struct server *s, struct store_conn *c, const char *id
                              json_object_get(line, "grad_norm"), "tokens_per_s", json_object_get(line, "tokens_per_s"),
                              "epoch", json_object_get(line, "epoch"), "total_steps", (json_int_t)total);
     add_preference_metrics(data, line, "");
+    add_metrics(data, line, RL_METRICS, (int)(sizeof RL_METRICS / sizeof *RL_METRICS));
     char extra[160] = "", msg[512];
     append_preference_summary(line, "", extra, sizeof extra);
+    append_rl_summary(line, false, extra, sizeof extra);
     snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f%s%s", (long long)step, (long long)total, loss,
              extra[0] ? ", " : "", extra);
     metrics_event(s, c, id, data, msg);
@@ -339,6 +369,16 @@ static void on_train_line(struct server *s, struct store_conn *c, const char *id
 }
 
 static void on_eval_line(struct server *s, struct store_conn *c, const char *id, int64_t step, const json_t *line) {
+    if (json_is_number(json_object_get(line, "val_reward"))) { /* RL: held-out rewards, no loss */
+        json_t *data = json_pack("{s:I}", "step", (json_int_t)step);
+        add_metrics(data, line, RL_VAL_METRICS, (int)(sizeof RL_VAL_METRICS / sizeof *RL_VAL_METRICS));
+        char extra[160] = "", msg[512];
+        append_rl_summary(line, true, extra, sizeof extra);
+        snprintf(msg, sizeof msg, "Step %lld: %s", (long long)step, extra);
+        metrics_event(s, c, id, data, msg);
+        json_decref(data);
+        return;
+    }
     double vl = json_number_value(json_object_get(line, "val_loss"));
     json_t *data = json_pack("{s:I, s:f}", "step", (json_int_t)step, "valid_loss", vl);
     add_preference_metrics(data, line, VAL_PREFIX);
@@ -378,6 +418,7 @@ static void on_final_line(struct server *s, struct store_conn *c, const char *id
                  json_number_value(acc));
     json_t *data = json_deep_copy(line), *pref = final_preference(c, id, line);
     append_preference_summary(pref, VAL_PREFIX, extra, sizeof extra);
+    append_rl_summary(line, true, extra, sizeof extra);
     add_preference_metrics(data, pref, VAL_PREFIX);
     json_decref(pref);
     snprintf(msg, sizeof msg, "Training finished at step %lld%s%s", (long long)step, extra[0] ? ": " : "", extra);
@@ -426,6 +467,19 @@ static void on_start_line(struct server *s, struct store_conn *c, const char *id
     job_event(s, c, id, "info", "%s", msg);
 }
 
+/* An RL iteration's samples whose reward failed: they are left out, the job goes on. The
+ * file is named by line only (its path is the server's own). */
+static void on_sample_errors_line(struct server *s, struct store_conn *c, const char *id, int64_t step,
+                                  const json_t *line) {
+    json_t *first = json_array_get(json_object_get(line, "errors"), 0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "Step %lld: the reward of %lld sample(s) failed; they are left out (first: prompt on "
+             "line %lld: %.300s)", (long long)step, (long long)json_integer_value(json_object_get(line, "count")),
+             (long long)json_integer_value(json_object_get(first, "line")),
+             json_string_value(json_object_get(first, "error")) ?: "unknown error");
+    job_event(s, c, id, "warn", "%s", msg);
+}
+
 /* A worker's metrics line: recorded once per (type, step), then turned into events. */
 static void on_worker_event(struct server *s, struct store_conn *c, json_t *job, const struct msg *m) {
     const char *id = json_string_value(json_object_get(job, "id"));
@@ -449,6 +503,7 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
     else if (strcmp(type, "checkpoint") == 0) on_checkpoint_line(s, c, id, step, line);
     else if (strcmp(type, "final") == 0) on_final_line(s, c, id, step, line);
     else if (strcmp(type, "start") == 0) on_start_line(s, c, id, line);
+    else if (strcmp(type, "sample_errors") == 0) on_sample_errors_line(s, c, id, step, line);
 }
 
 static void on_agent_message(struct server *s, struct store_conn *c, const struct msg *m) {

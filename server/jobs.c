@@ -88,18 +88,20 @@ struct job_method {
     const char *head;      /* what its model's head does (GET /v1/models' head) */
     const struct openai_hp *hps;
     int n_hps;
+    bool rl; /* settings also hold "reward"; hyperparameters of the spec's rl section go there */
 };
 
 #define METHOD_HPS(t) (t), (int)(sizeof(t) / sizeof(t)[0])
 static const struct job_method METHODS[] = {
-    {"supervised", "sft", "sft", "SFT rows (messages or prompt/completion)", "lm", METHOD_HPS(COMMON_HPS)},
-    {"dpo", "dpo", "preference", "preference rows (prompt, chosen, rejected)", "lm", METHOD_HPS(DPO_HPS)},
+    {"supervised", "sft", "sft", "SFT rows (messages or prompt/completion)", "lm", METHOD_HPS(COMMON_HPS), false},
+    {"dpo", "dpo", "preference", "preference rows (prompt, chosen, rejected)", "lm", METHOD_HPS(DPO_HPS), false},
     {"reward_model", "reward_model", "preference", "preference rows (prompt, chosen, rejected, optional margin)",
-     "reward", METHOD_HPS(COMMON_HPS)},
+     "reward", METHOD_HPS(COMMON_HPS), false},
+    {"grpo", "grpo", "prompts", "prompts rows (prompt, optional answer and metadata)", "lm", METHOD_HPS(COMMON_HPS), true},
 };
 #define SUPERVISED (&METHODS[0]) /* a request without method; the legacy top-level hyperparameters' */
 /* Method types that exist (OpenAI's reinforcement, smelt's plans) but have no trainer yet. */
-static const char *const LATER_METHODS[] = {"reinforcement", "ppo", "grpo"};
+static const char *const LATER_METHODS[] = {"reinforcement", "ppo"};
 
 static const struct job_method *method_named(const char *type) {
     for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++)
@@ -131,8 +133,17 @@ static const struct openai_hp *openai_hp_for(const struct job_method *m, const j
 struct hp_source {
     const struct job_method *method;
     const json_t *hp;
+    const json_t *reward; /* an RL method's method.<type>.reward (NULL when not given) */
     char where[64]; /* "hyperparameters" or "method.<type>.hyperparameters" */
 };
+
+/* An RL method's hyperparameter that belongs to the spec's rl section (its table wins
+ * where both tables have the name: beta and loss_type mean the RL ones there). */
+static bool is_rl_field(const struct job_method *m, const char *name) {
+    for (int i = 0; m->rl && i < JOB_N_RL_FIELDS; i++)
+        if (strcmp(JOB_RL_FIELDS[i].name, name) == 0) return true;
+    return false;
+}
 
 /* Errors name fields relative to src->where (error_in_field adds it). */
 static int map_openai_hp(const struct hp_source *src, const struct openai_hp *o, json_t *spec_hp,
@@ -151,14 +162,17 @@ static int map_openai_hp(const struct hp_source *src, const struct openai_hp *o,
     return set_member(spec_hp, o->field, json_real(f->def * json_number_value(v)), err);
 }
 
-/* The request's hyperparameters into spec_hp: OpenAI's names mapped, the rest copied for
- * the trainer to judge (its parser is the one definition of names, ranges and defaults). */
-static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, struct smelt_error *err) {
+/* The request's hyperparameters into spec_hp (an RL method's own into spec_rl): OpenAI's
+ * names mapped, the rest copied for the trainer to judge (its parser is the one
+ * definition of names, ranges and defaults). */
+static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, json_t *spec_rl,
+                               struct smelt_error *err) {
     const char *key;
     json_t *value;
     json_object_foreach((json_t *)src->hp, key, value) {
         const struct openai_hp *o = openai_hp_named(src->method, key);
-        int rc = o ? map_openai_hp(src, o, spec_hp, err) : set_member(spec_hp, key, json_incref(value), err);
+        json_t *to = is_rl_field(src->method, key) ? spec_rl : spec_hp;
+        int rc = o ? map_openai_hp(src, o, spec_hp, err) : set_member(to, key, json_incref(value), err);
         TRY(error_in_field(err, rc, src->where));
     }
     return SMELT_OK;
@@ -171,6 +185,12 @@ static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, str
 static void request_param(const char *spec_field, const struct hp_source *src, char *param, size_t cap) {
     if (strcmp(spec_field, "type") == 0) {
         snprintf(param, cap, "method.type");
+        return;
+    }
+    if (src->method->rl && strncmp(spec_field, "rl.", 3) == 0) {
+        const char *name = spec_field + 3;
+        bool reward = strncmp(name, "reward", 6) == 0 && (name[6] == 0 || name[6] == '.' || name[6] == '[');
+        snprintf(param, cap, "method.%.16s.%s%.80s", src->method->type, reward ? "" : "hyperparameters.", name);
         return;
     }
     const char *hp = "hyperparameters";
@@ -378,7 +398,7 @@ static int method_hyperparameters(const json_t *method, struct hp_source *src, c
     TRY(read_method_type(method, &src->method, err));
     const char *type = src->method->type;
     const char *const method_keys[] = {"type", type, NULL};
-    static const char *const settings_keys[] = {"hyperparameters", NULL};
+    const char *const settings_keys[] = {"hyperparameters", src->method->rl ? "reward" : NULL, NULL};
     char field[64];
     snprintf(field, sizeof field, "method.%s", type);
     const char *key = json_unknown_key(method, method_keys);
@@ -396,6 +416,8 @@ static int method_hyperparameters(const json_t *method, struct hp_source *src, c
         return error_set_field(err, SMELT_EINVAL, field, "%s.%.64s: unknown field", field, key);
     json_t *v = json_object_get(settings, "hyperparameters");
     *hp = v && !json_is_null(v) ? v : NULL;
+    v = json_object_get(settings, "reward");
+    src->reward = v && !json_is_null(v) ? v : NULL;
     return SMELT_OK;
 }
 
@@ -482,7 +504,13 @@ static int build_spec(const json_t *request, const struct job_inputs *in, const 
     if (!p->spec) return error_set(err, SMELT_ENOMEM, "out of memory");
     if (in->validation[0])
         TRY(set_member(json_object_get(p->spec, "data"), "validation", json_string(in->validation), err));
-    if (src->hp) TRY(map_hyperparameters(src, json_object_get(p->spec, "hyperparameters"), err));
+    json_t *rl = NULL;
+    if (src->method->rl) {
+        TRY(set_member(p->spec, "rl", json_object(), err));
+        rl = json_object_get(p->spec, "rl");
+        if (src->reward) TRY(set_member(rl, "reward", json_incref((json_t *)src->reward), err));
+    }
+    if (src->hp) TRY(map_hyperparameters(src, json_object_get(p->spec, "hyperparameters"), rl, err));
     return copy_trainer_fields(request, p->spec, err);
 }
 
@@ -507,6 +535,13 @@ static int show_hyperparameters(const struct job_method *m, const struct job_spe
         TRY(set_member(p->shown_hp, o->name, shown, err));
     }
     p->method = json_pack("{s:s, s:{s:O}}", "type", m->type, m->type, "hyperparameters", p->shown_hp);
+    if (p->method && m->rl) { /* the reward as the trainer will run it (defaults filled in) */
+        void *full = NULL;
+        if (job_spec_to_json(js, &full, err)) return SMELT_ENOMEM;
+        json_object_set(json_object_get(p->method, m->type), "reward",
+                        json_object_get(json_object_get(full, "rl"), "reward"));
+        json_decref(full);
+    }
     return p->method ? SMELT_OK : error_set(err, SMELT_ENOMEM, "out of memory");
 }
 

@@ -1,6 +1,7 @@
 /* One packed batch through the model: the forward to token logprobs (copied to the
  * host), and the backward from a per-sequence coefficient on every trained token —
- * the shape every token-logprob objective takes (docs/architecture.md §4). */
+ * the shape every token-logprob objective takes (docs/architecture.md §4) — or from
+ * any dL/dlogprob per token (the RL losses). */
 #include "trainer/trainer_internal.h"
 
 struct model_batch run_model_batch(const struct dataset_batch *b) {
@@ -27,13 +28,18 @@ int run_forward_batch(struct trainer_run *r, const struct dataset_batch *b, doub
 
 int run_backward_batch(struct trainer_run *r, const struct dataset_batch *b, const double *coef,
                        struct smelt_error *err) {
-    int64_t T = b->n_tokens;
     float *d = r->host_logprobs; /* the forward's logprobs are read by now */
     for (int s = 0; s < b->n_seqs; s++) {
         float c = coef ? (float)coef[s] : -1.0f;
         for (int32_t t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1]; t++) d[t] = b->targets[t] >= 0 ? c : 0.0f;
     }
-    struct tensor host = tensor_f32(d, 1, &T);
+    return run_backward_tokens(r, b, d, err);
+}
+
+int run_backward_tokens(struct trainer_run *r, const struct dataset_batch *b, const float *dlogp,
+                        struct smelt_error *err) {
+    int64_t T = b->n_tokens;
+    struct tensor host = tensor_f32((float *)dlogp, 1, &T);
     struct tensor dev = tensor_make(r->dlogprobs.backend, DTYPE_F32, r->dlogprobs.data, 1, &T);
     TRY(tensor_copy(&dev, &host, err));
     return model_backward(r->model, r->acts, &dev, NULL, err);

@@ -148,11 +148,13 @@ const struct job_hp_field JOB_HP_FIELDS[] = {
 #define N_HP_FIELDS ((int)(sizeof JOB_HP_FIELDS / sizeof JOB_HP_FIELDS[0]))
 const int JOB_N_HP_FIELDS = N_HP_FIELDS;
 
-const struct job_hp_field *job_hp_field_find(const char *name) {
-    for (int i = 0; i < N_HP_FIELDS; i++)
-        if (strcmp(JOB_HP_FIELDS[i].name, name) == 0) return &JOB_HP_FIELDS[i];
+const struct job_hp_field *job_field_in(const struct job_hp_field *fields, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(fields[i].name, name) == 0) return &fields[i];
     return NULL;
 }
+
+const struct job_hp_field *job_hp_field_find(const char *name) { return job_field_in(JOB_HP_FIELDS, N_HP_FIELDS, name); }
 
 static int parse_number(const json_t *obj, const struct job_hp_field *f, double *value, const char *w,
                         struct smelt_error *err) {
@@ -181,18 +183,33 @@ static int parse_hp_field(const json_t *obj, const struct job_hp_field *f, struc
     return SMELT_EINVAL;
 }
 
-static int parse_hyperparameters(const json_t *obj, const char *where, struct job_spec *s,
-                                 struct smelt_error *err) {
-    static const char *keys[N_HP_FIELDS + 1];
-    for (int i = 0; i < N_HP_FIELDS; i++) keys[i] = JOB_HP_FIELDS[i].name;
-    char w[256];
-    section(w, sizeof w, where, "hyperparameters");
-    TRY(json_check_keys(obj, keys, w, err));
-    for (int i = 0; i < N_HP_FIELDS; i++) TRY(parse_hp_field(obj, &JOB_HP_FIELDS[i], s, w, err));
+int job_parse_fields(const json_t *obj, const struct job_hp_field *fields, int n, const char *const *extra_keys,
+                     const char *w, struct job_spec *s, struct smelt_error *err) {
+    if (!json_is_object(obj)) return error_set(err, SMELT_EINVAL, "%s: expected a JSON object", w);
+    const char *unknown = NULL;
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)obj, key, value) {
+        bool known = job_field_in(fields, n, key) != NULL;
+        for (int i = 0; extra_keys && extra_keys[i] && !known; i++) known = strcmp(extra_keys[i], key) == 0;
+        if (!known) {
+            unknown = key;
+            break;
+        }
+    }
+    if (unknown) return error_set_field(err, SMELT_EINVAL, unknown, "%s: unknown field '%s'", w, unknown);
+    for (int i = 0; i < n; i++) TRY(parse_hp_field(obj, &fields[i], s, w, err));
     return SMELT_OK;
 }
 
-static json_t *hp_field_json(const struct job_hp_field *f, const struct job_spec *s) {
+static int parse_hyperparameters(const json_t *obj, const char *where, struct job_spec *s,
+                                 struct smelt_error *err) {
+    char w[256];
+    section(w, sizeof w, where, "hyperparameters");
+    return job_parse_fields(obj, JOB_HP_FIELDS, N_HP_FIELDS, NULL, w, s, err);
+}
+
+json_t *job_field_json(const struct job_hp_field *f, const struct job_spec *s) {
     const void *value = (const char *)s + f->offset;
     switch (f->kind) {
     case JOB_FIELD_INT: return json_integer(*(const int64_t *)value);
@@ -228,7 +245,8 @@ static int parse_checkpoint(const json_t *obj, const char *where, struct job_spe
     return SMELT_OK;
 }
 
-static const char *const JOB_TYPE_NAMES[] = {[JOB_SFT] = "sft", [JOB_DPO] = "dpo", [JOB_REWARD] = "reward_model"};
+static const char *const JOB_TYPE_NAMES[] = {[JOB_SFT] = "sft", [JOB_DPO] = "dpo", [JOB_REWARD] = "reward_model",
+                                             [JOB_GRPO] = "grpo"};
 
 const char *job_type_name(enum job_type type) { return JOB_TYPE_NAMES[type]; }
 
@@ -240,7 +258,7 @@ static int parse_model(const json_t *root, const char *where, struct job_spec *s
     while (t < sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES && strcmp(name, JOB_TYPE_NAMES[t]) != 0) t++;
     if (t == sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES)
         return error_set_field(err, SMELT_EINVAL, "type",
-                               "%s: type: \"%s\" is not a job type this trainer runs (sft, dpo, reward_model)", where, name);
+                               "%s: type: \"%s\" is not a job type this trainer runs (sft, dpo, reward_model, grpo)", where, name);
     s->type = (enum job_type)t;
     TRY(string_field(root, "model", true, s->model, sizeof s->model, where, err));
     TRY(json_field_string(root, "model_init", false, "pretrained", &name, where, err));
@@ -306,16 +324,6 @@ static int check_dpo(const struct job_spec *s, const char *where, struct smelt_e
     return SMELT_OK;
 }
 
-/* A reward model trains its score head with the body. Under LoRA the head would have to
- * train beside the adapter and be saved with it, and lora/ writes adapters only (no
- * PEFT modules_to_save): refused until it does, rather than an output without its head. */
-static int check_reward(const struct job_spec *s, const char *where, struct smelt_error *err) {
-    if (s->type != JOB_REWARD || !s->has_lora) return SMELT_OK;
-    return error_set_field(err, SMELT_EINVAL, "lora",
-                           "%s: lora: a reward_model job is a full fine-tune (the score head trains with the "
-                           "body; a LoRA adapter cannot carry the head yet): remove \"lora\"", where);
-}
-
 /* data, hyperparameters, lora, eval, checkpoint. */
 static int parse_sections(const json_t *root, const char *where, struct job_spec *s, struct smelt_error *err) {
     const json_t *obj;
@@ -328,9 +336,9 @@ static int parse_sections(const json_t *root, const char *where, struct job_spec
         return error_set_field(err, SMELT_EINVAL, "hyperparameters.batch_tokens",
                                "%s: hyperparameters.batch_tokens: %lld is below data.max_seq_len %lld", where,
                                (long long)s->hp.batch_tokens, (long long)s->data.max_seq_len);
+    TRY(parse_section(root, "rl", where, s, job_parse_rl, err));
     TRY(parse_lora(root, where, s, err));
     TRY(check_dpo(s, where, err));
-    TRY(check_reward(s, where, err));
     TRY(parse_section(root, "eval", where, s, parse_eval, err));
     return parse_section(root, "checkpoint", where, s, parse_checkpoint, err);
 }
@@ -359,7 +367,7 @@ static int parse_run(const json_t *root, const char *where, struct job_spec *s, 
 int job_spec_from_json(const void *json, const char *where, struct job_spec *s,
                        struct smelt_error *err) {
     static const char *const keys[] = {"type", "model", "model_init", "tokenizer", "chat_template",
-                                       "data", "hyperparameters", "lora", "eval", "checkpoint",
+                                       "data", "hyperparameters", "rl", "lora", "eval", "checkpoint",
                                        "output_dir", "save_merged", "save_dtype", "seed",
                                        "backend", "log_every_steps", NULL};
     const json_t *root = json;
@@ -405,7 +413,7 @@ int job_spec_to_json(const struct job_spec *s, void **out, struct smelt_error *e
     bad |= set(data, "add_bos", json_boolean(s->data.add_bos));
     bad |= set(data, "shuffle", json_boolean(s->data.shuffle));
     for (int i = 0; i < N_HP_FIELDS; i++)
-        bad |= set(hp, JOB_HP_FIELDS[i].name, hp_field_json(&JOB_HP_FIELDS[i], s));
+        bad |= set(hp, JOB_HP_FIELDS[i].name, job_field_json(&JOB_HP_FIELDS[i], s));
     if (s->has_lora) {
         json_t *lora = json_object(), *targets = json_array();
         bad |= !lora || !targets;
@@ -428,6 +436,14 @@ int job_spec_to_json(const struct job_spec *s, void **out, struct smelt_error *e
     bad |= set(ck, "keep_last", json_integer(s->checkpoint.keep_last));
     bad |= set(root, "data", data);
     bad |= set(root, "hyperparameters", hp);
+    if (job_type_is_rl(s->type)) {
+        json_t *rl;
+        if (job_rl_to_json(s, &rl, err)) {
+            json_decref(root);
+            return SMELT_ENOMEM;
+        }
+        bad |= set(root, "rl", rl);
+    }
     bad |= set(root, "eval", ev);
     bad |= set(root, "checkpoint", ck);
     bad |= set(root, "output_dir", json_string(s->output_dir));

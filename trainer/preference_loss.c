@@ -187,7 +187,7 @@ void pref_pair_loss(const struct pref_config *c, const struct pref_pair *p, stru
 }
 
 void reward_pair_loss(double r_chosen, double r_rejected, double margin, double center,
-                      struct reward_result *out) {
+                      struct reward_pair_result *out) {
     double x = r_chosen - r_rejected - margin;
     double sum = r_chosen + r_rejected;
     double d_x = -sigmoid(-x);              /* d(-log sigmoid(x))/dx */

@@ -80,11 +80,11 @@ void pref_pair_loss(const struct pref_config *c, const struct pref_pair *p, stru
 /* The reward model's Bradley-Terry loss on one pair of scores:
  *   -log sigmoid(r_chosen - r_rejected - margin) + center * (r_chosen + r_rejected)^2
  * (TRL RewardTrainer: margin from the row, center_rewards_coefficient). */
-struct reward_result {
+struct reward_pair_result {
     double loss;
     double d_chosen, d_rejected; /* dL/dr */
 };
 void reward_pair_loss(double r_chosen, double r_rejected, double margin, double center,
-                      struct reward_result *out);
+                      struct reward_pair_result *out);
 
 #endif

@@ -5,9 +5,13 @@
  * row's margin and center_rewards_coefficient) gives dL/dscore for each side. The
  * backward runs the head's, then the body's from dL/dhidden.
  *
- * A full fine-tune only (job_spec.c refuses LoRA): the head is "score.weight" in the
- * flat buffer, so the optimizer, checkpoints and model_save treat it like any weight,
- * and the output is a sequence-classification model directory. */
+ * Full fine-tune: the head is "score.weight" in the model's flat buffer, so the
+ * optimizer, checkpoints and model_save treat it like any weight, and the output is a
+ * sequence-classification model directory. LoRA: the adapter, created on the
+ * classifier, carries a copy of the head in its own flat buffer (PEFT's SEQ_CLS
+ * modules_to_save, lora/lora.h) and scores with it while attached, so the head's
+ * gradient goes to lora->score_grad and it trains, checkpoints (moments included) and
+ * saves with the LoRA matrices; the base stays as loaded, its head included. */
 #include "trainer/trainer_internal.h"
 
 #include <stdlib.h>
@@ -46,6 +50,8 @@ int reward_model_prepare_model(struct trainer_run *r, struct smelt_error *err) {
 }
 
 static int reward_prepare(struct trainer_run *r, struct smelt_error *err) {
+    /* lora_create gives an adapter on a classifier its head (run_setup made one). */
+    SMELT_ASSERT(!r->lora || r->lora->score.data);
     struct reward_state *s = calloc(1, sizeof *s);
     if (!s) return error_set(err, SMELT_ENOMEM, "reward model: out of memory");
     r->reward = s;
@@ -73,7 +79,7 @@ static void pair_losses(struct trainer_run *r, const struct dataset *ds, const s
     for (int s = 0; s + 1 < b->n_seqs; s += 2) {
         SMELT_ASSERT(b->rows[s] % 2 == 0 && b->rows[s + 1] == b->rows[s] + 1);
         double chosen = host[s], rejected = host[s + 1];
-        struct reward_result res;
+        struct reward_pair_result res;
         reward_pair_loss(chosen, rejected, ds->examples[b->rows[s]].margin, center, &res);
         host[s] = (float)res.d_chosen;
         host[s + 1] = (float)res.d_rejected;
@@ -100,7 +106,8 @@ int reward_micro_batch(struct trainer_run *r, const struct dataset_batch *b, boo
     if (!train) return SMELT_OK;
     struct tensor dscores = rows_of(&s->dscores, b->n_seqs), dhidden = rows_of(&s->dhidden, b->n_tokens);
     TRY(tensor_copy(&dscores, &host, err));
-    TRY(model_score_backward(r->model, &mb, &hidden, &dscores, &r->model->g.score, &dhidden, err));
+    struct tensor *dhead = r->lora ? &r->lora->score_grad : &r->model->g.score;
+    TRY(model_score_backward(r->model, &mb, &hidden, &dscores, dhead, &dhidden, err));
     return model_backward(r->model, r->acts, NULL, &dhidden, err);
 }
 

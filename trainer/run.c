@@ -115,7 +115,7 @@ static int save_outputs(struct trainer_run *r, struct smelt_error *err) {
 static int emit_final(struct trainer_run *r, struct trainer_result *res, struct smelt_error *err) {
     void *metrics;
     TRY(r->algo->validate(r, &metrics, &res->val_loss, err));
-    int64_t n_generate = r->model->config.score_head ? 0 : r->spec->eval.accuracy_examples;
+    int64_t n_generate = r->model->config.score_head || r->rl ? 0 : r->spec->eval.accuracy_examples;
     int rc = run_accuracy(r, n_generate, &res->accuracy, &res->accuracy_examples, err);
     if (rc) {
         json_decref(metrics);
@@ -180,6 +180,12 @@ static int start(struct trainer_run *r, const struct trainer_options *o, struct 
     return SMELT_OK;
 }
 
+/* Whether steps (before, after] hold a multiple of every (0: never): an RL iteration
+ * takes several optimizer steps at once. */
+static bool crossed(int64_t before, int64_t after, int64_t every) {
+    return every > 0 && before / every != after / every;
+}
+
 /* One step, timed, and its train line when one is due. */
 static int timed_step(struct trainer_run *r, struct trainer_result *res, int64_t *since_tokens, double *since_s,
                       struct smelt_error *err) {
@@ -187,6 +193,7 @@ static int timed_step(struct trainer_run *r, struct trainer_result *res, int64_t
     int64_t n_micro = s->hp.grad_accum;
     if (s->hp.max_steps == 0 && r->total_micro - r->micro_done < n_micro) n_micro = r->total_micro - r->micro_done;
     struct step_stats st = {0};
+    int64_t before = r->step;
     double t0 = now_s();
     TRY(r->algo->step(r, n_micro, &st, err));
     double dt = now_s() - t0;
@@ -194,7 +201,7 @@ static int timed_step(struct trainer_run *r, struct trainer_result *res, int64_t
     *since_s += dt;
     *since_tokens += st.tokens;
     res->last_loss = st.loss;
-    if (r->step % s->log_every_steps == 0 || r->step == r->total_steps) {
+    if (crossed(before, r->step, s->log_every_steps) || r->step == r->total_steps) {
         emit_train(r, &st, *since_tokens, *since_s);
         *since_tokens = 0;
         *since_s = 0;
@@ -210,11 +217,12 @@ static int loop(struct trainer_run *r, const struct trainer_options *o, struct t
     double since_s = 0;
     bool saved_at_step = false;
     while (r->step < r->total_steps) {
+        int64_t before = r->step;
         TRY(timed_step(r, res, &since_tokens, &since_s, err));
         bool last = r->step == r->total_steps;
         saved_at_step = false;
-        if (!last && s->eval.every_steps && r->step % s->eval.every_steps == 0) TRY(evaluate(r, err));
-        if (!last && s->checkpoint.every_steps && r->step % s->checkpoint.every_steps == 0) {
+        if (!last && crossed(before, r->step, s->eval.every_steps)) TRY(evaluate(r, err));
+        if (!last && crossed(before, r->step, s->checkpoint.every_steps)) {
             TRY(run_checkpoint_save(r, err));
             saved_at_step = true;
         }
@@ -237,6 +245,7 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
     struct trainer_run r = {.spec = spec, .quiet = o->quiet,
                             .algo = spec->type == JOB_DPO      ? &DPO_ALGO
                                     : spec->type == JOB_REWARD ? &REWARD_ALGO
+                                    : spec->type == JOB_GRPO   ? &GRPO_ALGO
                                                                : &SFT_ALGO};
     atomic_store(&stop_requested, 0);
     int rc = start(&r, o, err);

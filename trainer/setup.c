@@ -1,9 +1,9 @@
 /* Everything a run needs before its first step: the model (pretrained, random, or a
- * LoRA output merged into its base), the tokenizer and chat template, the datasets and
- * their loader, the adapter, the optimizer, activation buffers and the schedule. */
+ * LoRA output merged into its base; a reward model's adapter with its head), the
+ * tokenizer and chat template, the datasets and their loader, the adapter, the
+ * optimizer, activation buffers and the schedule. */
 #include "trainer/trainer_internal.h"
 
-#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -17,43 +17,47 @@ static bool dir_has(const char *dir, const char *name) {
     return path_exists(p);
 }
 
-/* A LoRA output as `model`: its base (base_model_name_or_path, relative to the adapter
- * directory when not absolute) with the adapter merged in. */
-static int load_adapter_output(struct trainer_run *r, struct smelt_error *err) {
+/* Where the weights come from, before anything loads: the model directory, or for a
+ * LoRA output its base (base_model_name_or_path, relative to the adapter directory
+ * when not absolute), so the tokenizer can fall back to the base's. */
+static int find_base(struct trainer_run *r, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
-    char cfg[JOB_PATH_BYTES + 64];
-    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", s->model);
-    json_t *root;
-    TRY(json_load_path(cfg, &root, err));
-    const char *base = NULL;
-    int rc = json_field_string(root, "base_model_name_or_path", true, NULL, &base, cfg, err);
-    if (!rc) {
-        if (base[0] == '/') rc = snprintf(r->base_path, sizeof r->base_path, "%s", base) >= (int)sizeof r->base_path;
-        else rc = snprintf(r->base_path, sizeof r->base_path, "%s/%s", s->model, base) >= (int)sizeof r->base_path;
-        if (rc) rc = error_set(err, SMELT_EINVAL, "%s: base_model_name_or_path is too long", cfg);
+    if (!path_is_dir(s->model)) return error_set(err, SMELT_ENOTFOUND, "model: %s is not a directory", s->model);
+    if (s->model_init_random) return SMELT_OK;
+    if (!dir_has(s->model, "adapter_config.json")) {
+        snprintf(r->base_path, sizeof r->base_path, "%s", s->model);
+        return SMELT_OK;
     }
-    json_decref(root);
-    if (rc) return rc;
-    if (!path_is_dir(r->base_path))
-        return error_set(err, SMELT_ENOTFOUND, "%s: the base model %s is not a directory", cfg, r->base_path);
-    TRY(model_load(r->base_path, s->backend, &r->model, err));
+    struct lora_dir_info info;
+    TRY(lora_dir_info(s->model, &info, err));
+    if (!info.base_path[0])
+        return error_set(err, SMELT_EINVAL, "%s/adapter_config.json: base_model_name_or_path: missing", s->model);
+    if (snprintf(r->base_path, sizeof r->base_path, "%s", info.base_path) >= (int)sizeof r->base_path)
+        return error_set(err, SMELT_EINVAL, "%s/adapter_config.json: base_model_name_or_path is too long", s->model);
+    return SMELT_OK;
+}
+
+/* A LoRA output as `model`: its base with the adapter merged in. A reward model's
+ * adapter (SEQ_CLS) on a causal LM base makes it a classifier first, with the pad id
+ * a new head gets (the tokenizer's, else the config's, else eos: reward.c's rule), and
+ * the merge puts the adapter's trained head in it. */
+static int load_adapter_output(struct trainer_run *r, struct smelt_error *err) {
     struct lora *adapter;
-    TRY(lora_load(r->model, s->model, &adapter, err));
-    rc = lora_merge(adapter, err);
+    int64_t pad = tokenizer_special_ids(r->tok)->pad;
+    TRY(lora_load_with_base(r->spec->model, r->base_path, r->spec->backend, pad, &r->model, &adapter, err));
+    int rc = lora_merge(adapter, err);
     lora_free(adapter);
     return rc;
 }
 
 static int load_model(struct trainer_run *r, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
-    if (!path_is_dir(s->model)) return error_set(err, SMELT_ENOTFOUND, "model: %s is not a directory", s->model);
     if (s->model_init_random) {
         struct model_config config;
         TRY(model_config_load(s->model, &config, err));
         return model_init_random(&config, s->seed, s->backend, &r->model, err);
     }
     if (dir_has(s->model, "adapter_config.json")) return load_adapter_output(r, err);
-    snprintf(r->base_path, sizeof r->base_path, "%s", s->model);
     return model_load(s->model, s->backend, &r->model, err);
 }
 
@@ -69,9 +73,6 @@ static int load_tokenizer(struct trainer_run *r, struct smelt_error *err) {
         else snprintf(r->tokenizer_dir, sizeof r->tokenizer_dir, ".");
     }
     TRY(error_wrap(err, tokenizer_load(src, &r->tok, err), "tokenizer"));
-    if (tokenizer_vocab_size(r->tok) > r->model->config.vocab_size)
-        return error_set(err, SMELT_EINVAL, "tokenizer: %d ids do not fit the model's vocab_size %lld",
-                         tokenizer_vocab_size(r->tok), (long long)r->model->config.vocab_size);
     const char *name = s->chat_template[0] ? s->chat_template : NULL;
     if (dir_has(r->tokenizer_dir, "tokenizer_config.json")) {
         struct smelt_error cerr = {0};
@@ -99,7 +100,9 @@ static int load_tokenizer(struct trainer_run *r, struct smelt_error *err) {
  * loader decides a file's kind by its first row). */
 static int load_file(const struct trainer_run *r, const char *path, const char *field,
                      const struct dataset_format *f, struct dataset **out, struct smelt_error *err) {
-    enum dataset_kind want = r->spec->type == JOB_SFT ? DATASET_SFT : DATASET_PREFERENCE;
+    enum dataset_kind want = r->spec->type == JOB_SFT          ? DATASET_SFT
+                             : job_type_is_rl(r->spec->type) ? DATASET_PROMPTS
+                                                             : DATASET_PREFERENCE;
     TRY(dataset_load(path, DATASET_AUTO, f, out, NULL, err));
     if ((*out)->kind == want) return SMELT_OK;
     int rc = error_set_field(err, SMELT_EINVAL, field,
@@ -128,8 +131,9 @@ static int load_data(struct trainer_run *r, struct smelt_error *err) {
     if (s->data.validation[0]) TRY(load_file(r, s->data.validation, "data.validation", &f, &r->val, err));
     else if (s->data.validation_fraction > 0)
         TRY(dataset_split(r->train, s->data.validation_fraction, s->seed ^ 0x5eed5917u, &r->val, err));
+    /* RL: a batch is the prompts of one iteration, whatever their length. */
     struct dataset_loader_config lc = {.batch_size = (int)s->hp.batch_size,
-                                       .max_tokens = s->hp.batch_tokens,
+                                       .max_tokens = job_type_is_rl(s->type) ? 0 : s->hp.batch_tokens,
                                        .shuffle = s->data.shuffle,
                                        .seed = s->seed ^ 0xda7a5eedu};
     return dataset_loader_create(r->train, &lc, &r->loader, err);
@@ -160,8 +164,22 @@ static int64_t longest_batch(const struct dataset *ds, int64_t batch_size) {
     return total;
 }
 
+/* Training FLOPs per token (forward + backward = 3x forward): every linear and the
+ * lm_head twice per weight, plus causal attention at the mean sequence length. */
+double run_flops_per_token(const struct model *m, double mean_len) {
+    const struct model_config *c = &m->config;
+    double qd = (double)(c->n_heads * c->head_dim), kd = (double)(c->n_kv_heads * c->head_dim);
+    double C = (double)c->hidden_size, F = (double)c->intermediate_size;
+    double mlp = c->mlp == MODEL_MLP_SWIGLU ? 3 * C * F : 2 * C * F;
+    double head = c->score_head ? 1 : (double)c->vocab_size; /* a reward model's head is [1, C] */
+    double linear = (double)c->n_layers * (C * qd + 2 * C * kd + qd * C + mlp) + head * C;
+    double attn = (double)c->n_layers * 2.0 * qd * mean_len; /* QK^T and PV, causal half */
+    return 3.0 * (2.0 * linear + attn);
+}
+
 static int plan(struct trainer_run *r, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
+    if (job_type_is_rl(s->type)) return rl_plan(r, err);
     if (s->hp.batch_tokens > 0) {
         r->max_tokens = s->hp.batch_tokens;
     } else {
@@ -186,18 +204,9 @@ static int plan(struct trainer_run *r, struct smelt_error *err) {
                                        .warmup_steps = s->hp.warmup_steps,
                                        .total_steps = r->total_steps,
                                        .min_lr_ratio = s->hp.min_lr_ratio};
-    /* Training FLOPs per token (forward + backward = 3x forward): every linear and the
-     * lm_head twice per weight, plus causal attention at the mean example length. */
-    const struct model_config *c = &r->model->config;
-    double linear = 0, qd = (double)(c->n_heads * c->head_dim), kd = (double)(c->n_kv_heads * c->head_dim);
-    double C = (double)c->hidden_size, F = (double)c->intermediate_size;
-    double mlp = c->mlp == MODEL_MLP_SWIGLU ? 3 * C * F : 2 * C * F;
-    double head = c->score_head ? 1 : (double)c->vocab_size; /* a reward model's head is [1, C] */
-    linear = (double)c->n_layers * (C * qd + 2 * C * kd + qd * C + mlp) + head * C;
     int64_t n_seqs = r->train->n * seqs_per_row(r->train);
     double mean_len = r->train->report.n_tokens > 0 ? (double)r->train->report.n_tokens / (double)n_seqs : 0;
-    double attn = (double)c->n_layers * 2.0 * qd * mean_len; /* QK^T and PV, causal half */
-    r->flops_per_token = 3.0 * (2.0 * linear + attn);
+    r->flops_per_token = run_flops_per_token(r->model, mean_len);
     return SMELT_OK;
 }
 
@@ -219,12 +228,17 @@ static int setup_trainable(struct trainer_run *r, struct smelt_error *err) {
 }
 
 int run_setup(struct trainer_run *r, struct smelt_error *err) {
-    TRY(error_wrap(err, load_model(r, err), "model %s", r->spec->model));
+    TRY(error_wrap(err, find_base(r, err), "model %s", r->spec->model));
     /* Adapters record their base by absolute path, so the next job finds it from anywhere. */
     char abs[PATH_MAX];
     if (r->base_path[0] && realpath(r->base_path, abs) && strlen(abs) < sizeof r->base_path)
         memcpy(r->base_path, abs, strlen(abs) + 1);
+    /* The tokenizer first: a reward model's adapter output needs its pad id to load. */
     TRY(load_tokenizer(r, err));
+    TRY(error_wrap(err, load_model(r, err), "model %s", r->spec->model));
+    if (tokenizer_vocab_size(r->tok) > r->model->config.vocab_size)
+        return error_set(err, SMELT_EINVAL, "tokenizer: %d ids do not fit the model's vocab_size %lld",
+                         tokenizer_vocab_size(r->tok), (long long)r->model->config.vocab_size);
     if (r->spec->type == JOB_REWARD) TRY(reward_model_prepare_model(r, err));
     TRY(load_data(r, err));
     TRY(plan(r, err));
@@ -241,6 +255,7 @@ int run_setup(struct trainer_run *r, struct smelt_error *err) {
 void run_teardown(struct trainer_run *r) {
     run_metrics_close(r);
     dpo_state_free(r->dpo);
+    rl_state_free(r->rl);
     reward_state_free(r->reward);
     free(r->host_logprobs);
     tensor_free(&r->logprobs);

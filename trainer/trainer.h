@@ -16,6 +16,7 @@
 #include "kernels/ops.h"
 #include "lora/lora.h"
 #include "trainer/preference_loss.h" /* enum pref_loss_type, in the spec */
+#include "trainer/rl_loss.h"         /* the RL loss and estimator enums, in the spec */
 
 #define JOB_PATH_BYTES 1024
 
@@ -40,8 +41,17 @@ double lr_at(const struct lr_schedule *s, int64_t step);
 
 /* ---- the job spec ---- */
 
-enum job_type { JOB_SFT, JOB_DPO, JOB_REWARD };
-const char *job_type_name(enum job_type type); /* the spec's "type": "sft", "dpo", "reward_model" */
+enum job_type { JOB_SFT, JOB_DPO, JOB_REWARD, JOB_GRPO };
+/* the spec's "type": "sft", "dpo", "reward_model", "grpo" */
+const char *job_type_name(enum job_type type);
+static inline bool job_type_is_rl(enum job_type type) { return type == JOB_GRPO; }
+
+/* Where an RL job generates: in the trainer's process on its own weights, or in
+ * smelt-rollout workers that receive the weights after every update. */
+enum rl_placement { RL_PLACEMENT_COLOCATED, RL_PLACEMENT_SPLIT };
+const char *rl_placement_name(enum rl_placement p);
+
+#define JOB_REWARD_SPEC_BYTES 16384
 
 struct job_spec {
     enum job_type type;
@@ -74,6 +84,24 @@ struct job_spec {
         /* reward model only: TRL RewardTrainer's center_rewards_coefficient */
         double center_rewards_coefficient;
     } hp;
+    /* GRPO (the spec's "rl" section: JOB_RL_FIELDS, plus reward). */
+    struct {
+        int64_t num_generations, minibatches, ppo_epochs, max_iterations, max_new_tokens, top_k;
+        double temperature, top_p, min_p;
+        enum rl_loss_type loss_type;
+        int loss_agg;                        /* enum rl_loss_agg, or -1: the loss type's own */
+        double epsilon, epsilon_high, dual_clip, beta;
+        enum rl_kl_estimator kl_estimator;
+        enum rl_adv_estimator advantage_estimator;
+        bool scale_rewards, mask_truncated_completions, dynamic_sampling;
+        double tis_cap;
+        enum rl_tis_level tis_level;
+        enum rl_tis_mode tis_mode;
+        enum rl_placement placement;
+        int64_t rollout_workers;             /* split: smelt-rollout processes the trainer starts */
+        int64_t kv_memory_mb;                /* the rollout engine's KV cache */
+        char reward[JOB_REWARD_SPEC_BYTES];  /* the reward spec (rewards/rewards.h), compact JSON */
+    } rl;
     bool has_lora;
     struct lora_config lora;
     struct {
@@ -109,6 +137,9 @@ struct job_hp_field {
 
 extern const struct job_hp_field JOB_HP_FIELDS[];
 extern const int JOB_N_HP_FIELDS;
+/* spec.rl's fields of the same kinds (GRPO / PPO; TRL's names where TRL has them). */
+extern const struct job_hp_field JOB_RL_FIELDS[];
+extern const int JOB_N_RL_FIELDS;
 /* The field called name, or NULL. */
 const struct job_hp_field *job_hp_field_find(const char *name);
 

@@ -3,6 +3,7 @@
 #ifndef SMELT_TRAINER_INTERNAL_H
 #define SMELT_TRAINER_INTERNAL_H
 
+#include <jansson.h>
 #include <stdio.h>
 
 #include "model/model.h"
@@ -11,6 +12,7 @@
 struct run_algo;
 struct dpo_state;
 struct reward_state;
+struct rl_state;
 
 struct trainer_run {
     const struct job_spec *spec;
@@ -43,6 +45,7 @@ struct trainer_run {
     bool quiet;
     struct dpo_state *dpo;               /* DPO: reference logprobs and per-batch scratch */
     struct reward_state *reward;         /* reward model: hidden states and scores */
+    struct rl_state *rl;                 /* GRPO: samples, per-token arrays, the reward stage */
 };
 
 /* What one optimizer step reports. metrics: a jansson object of the algorithm's own
@@ -64,7 +67,7 @@ struct run_algo {
     int (*validate)(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err);
 };
 
-extern const struct run_algo SFT_ALGO, DPO_ALGO, REWARD_ALGO;
+extern const struct run_algo SFT_ALGO, DPO_ALGO, REWARD_ALGO, GRPO_ALGO;
 
 /* run.c */
 /* The LoRA dropout seed of micro-batch `micro` of the coming step: a pure function of
@@ -77,6 +80,18 @@ int run_optimizer_step(struct trainer_run *r, double grad_scale, struct step_sta
 
 /* job_spec.c */
 void job_pref_config(const struct job_spec *s, struct pref_config *out);
+/* The fields of a table from obj (a JSON object, where "<where>: <section>"), refusing
+ * a key that is neither a field nor one of extra_keys (NULL-terminated; may be NULL). */
+int job_parse_fields(const json_t *obj, const struct job_hp_field *fields, int n, const char *const *extra_keys,
+                     const char *w, struct job_spec *s, struct smelt_error *err);
+const struct job_hp_field *job_field_in(const struct job_hp_field *fields, int n, const char *name);
+json_t *job_field_json(const struct job_hp_field *f, const struct job_spec *s);
+
+/* job_spec_rl.c: the "rl" section (where: the spec's name for messages). */
+int job_parse_rl(const json_t *obj, const char *where, struct job_spec *s, struct smelt_error *err);
+int job_rl_to_json(const struct job_spec *s, json_t **out, struct smelt_error *err);
+/* The policy loss the spec asks for. */
+void job_rl_loss_config(const struct job_spec *s, struct rl_policy_config *out);
 
 /* dpo.c */
 /* Sums over the pairs of one or more micro-batches: what the DPO metrics average. */
@@ -116,7 +131,67 @@ int reward_micro_batch(struct trainer_run *r, const struct dataset_batch *b, boo
                        struct smelt_error *err);
 void reward_state_free(struct reward_state *s);
 
+/* ---- the RL loop (grpo.c, rl_rollout.c, rl_batch.c) ---- */
+
+/* One generated completion and what the iteration learns about it. */
+struct rl_sample {
+    int64_t row;                /* its prompt: an index into the prompts dataset */
+    int32_t *ids;               /* the generated tokens [n] (owned) */
+    float *rollout_logp;        /* the engine's logprobs of them [n] (owned) */
+    int64_t n;
+    const char *finish_reason;  /* ROLLOUT_FINISH_* (static) */
+    int64_t version;            /* the policy version that generated it */
+    char *text;                 /* the decoded completion (owned) */
+    double reward;              /* NaN when its reward failed */
+    bool failed;                /* its reward failed: not trained on */
+    bool trained;               /* in the loss */
+    double adv;                 /* its advantage (before REINFORCE++'s whitening) */
+    int64_t off;                /* its first token in the iteration's per-token arrays */
+};
+
+/* The packed layout of one micro-batch of samples (grpo.c owns it). */
+struct rl_buffers {
+    int32_t *ids, *cu, *targets;  /* [max_tokens], [cap_seqs + 1], [max_tokens] */
+    int64_t *rows;                /* [cap_seqs] */
+    int64_t cap_seqs;
+};
+struct rl_buffers *rl_buffers(struct trainer_run *r);
+
+/* rl_rollout.c */
+/* The stream seed of a prompt's samples at a policy version. */
+uint64_t rl_sample_seed(const struct trainer_run *r, int64_t version, int64_t row);
+/* n samples of each of ds's prompts rows[0..n_prompts) into out[p * n + k] (out holds
+ * n_prompts * n; its old contents are overwritten, not freed). */
+int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
+                const struct sample_params *sp, int64_t max_new_tokens, int64_t version, struct rl_sample *out,
+                struct smelt_error *err);
+void rl_samples_clear(struct rl_sample *s, int n); /* frees what each owns, zeroes them */
+
+/* rl_batch.c: samples through the trainer's model. */
+/* Samples [first, first + n) of ds's prompts as one packed batch (its arrays are the
+ * run's rl buffers: valid until the next call). */
+int rl_batch_build(struct trainer_run *r, const struct dataset *ds, const struct rl_sample *s, int n,
+                   struct dataset_batch *b, struct smelt_error *err);
+/* The most samples from s[0..n) that fit one micro-batch (at least 1). */
+int rl_batch_fit(const struct trainer_run *r, const struct dataset *ds, const struct rl_sample *s, int n);
+/* The logprobs of each sample's generated tokens, from the last forward of b (built from
+ * s[0..n)), into dst[s[i].off ...]. */
+void rl_batch_gather(const struct trainer_run *r, const struct dataset *ds, const struct dataset_batch *b,
+                     const struct rl_sample *s, int n, float *dst);
+/* dL/dlogprob of every generated token (coef[s[i].off ...]) laid out on b's positions, into
+ * host_logprobs (ready for run_backward_tokens). */
+void rl_batch_scatter(struct trainer_run *r, const struct dataset *ds, const struct dataset_batch *b,
+                      const struct rl_sample *s, int n, const double *coef);
+/* The longest sample a prompt of ds can make: its prompt and max_new_tokens. */
+int64_t rl_longest_sample(const struct trainer_run *r, const struct dataset *ds);
+
+/* grpo.c */
+/* The iteration count, steps and micro-batch size of an RL run (setup.c's plan). */
+int rl_plan(struct trainer_run *r, struct smelt_error *err);
+void rl_state_free(struct rl_state *s);
+
 /* setup.c */
+double run_flops_per_token(const struct model *m, double mean_len);
 int run_setup(struct trainer_run *r, struct smelt_error *err);
 void run_teardown(struct trainer_run *r);
 int run_hash_weights(const struct tensor *t, uint64_t *out, struct smelt_error *err);
@@ -133,6 +208,10 @@ int run_forward_batch(struct trainer_run *r, const struct dataset_batch *b, doub
  * s (-1 for all when coef is NULL: SFT), 0 elsewhere. Overwrites host_logprobs. */
 int run_backward_batch(struct trainer_run *r, const struct dataset_batch *b, const double *coef,
                        struct smelt_error *err);
+/* Backward of the last forward from dL/dlogprob per token (host f32 [b->n_tokens]; 0
+ * where nothing is trained). dlogp may be host_logprobs. */
+int run_backward_tokens(struct trainer_run *r, const struct dataset_batch *b, const float *dlogp,
+                        struct smelt_error *err);
 
 /* evaluate.c */
 int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct smelt_error *err);

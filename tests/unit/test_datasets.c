@@ -591,6 +591,94 @@ Test(datasets, preference_pairs, .init = setup, .fini = teardown) {
     expect_load_error(longer, DATASET_PREFERENCE, &f, ":1: rejected: sequence of 26 tokens exceeds max_seq_len 8", &r);
 }
 
+/* Issue 14's bad preference input: an empty response on either side, in text or as
+ * message lists, and a pair whose sides are the same — each named by line and field,
+ * both when an upload validates the file and when a job loads it. */
+Test(datasets, preference_empty_or_identical_responses_name_line_and_field, .init = setup, .fini = teardown) {
+    const char *path = write_file("pref_bad.jsonl",
+        "{\"prompt\": \"p\", \"chosen\": \"\", \"rejected\": \"b\"}\n"
+        "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \" \\n\"}\n"
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \" \"}], "
+        "\"rejected\": [{\"role\": \"assistant\", \"content\": \"b\"}]}\n"
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
+        "\"rejected\": []}\n"
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"x\"}], "
+        "\"rejected\": [{\"role\": \"assistant\", \"content\": \"x\"}]}\n"
+        "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n");
+    struct dataset_report r;
+    struct smelt_error err = {0};
+    TEST_EXPECT_ERROR(dataset_validate_file(path, DATASET_PREFERENCE, &r, &err), SMELT_EFORMAT, &err);
+    cr_expect_eq(r.kind, DATASET_PREFERENCE);
+    cr_expect_eq(r.n_issues, 5);
+    cr_expect_eq(r.n_examples, 1);
+    expect_issue(&r, 0, 1, "chosen", "empty response");
+    expect_issue(&r, 1, 2, "rejected", "empty response");
+    expect_issue(&r, 2, 3, "chosen[0].content", "empty assistant turn");
+    expect_issue(&r, 3, 4, "rejected", "empty list of messages");
+    expect_issue(&r, 4, 5, "rejected", "identical to chosen (a preference pair must differ)");
+
+    struct dataset_format f = format(64);
+    expect_load_error(path, DATASET_AUTO, &f, ":1: chosen: empty response", &r);
+    cr_expect_eq(r.n_issues, 5);
+    expect_issue(&r, 4, 5, "rejected", "identical to chosen (a preference pair must differ)");
+}
+
+/* A pair over max_seq_len under each policy. Lengths (bos + prompt + response + eos):
+ * line 1 chosen 6, rejected 12; line 2 both 12 with a 10-token prompt; line 3 both 4. */
+Test(datasets, preference_pairs_over_max_seq_len_under_each_policy, .init = setup, .fini = teardown) {
+    const char *path = write_file("pref_len.jsonl",
+        "{\"prompt\": \"ab\", \"chosen\": \"cd\", \"rejected\": \"efghijkl\"}\n"
+        "{\"prompt\": \"abcdefghi\", \"chosen\": \"x\", \"rejected\": \"y\"}\n"
+        "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n");
+    struct dataset_format f = format(8);
+    struct dataset_report r;
+
+    /* error: the file is refused; each issue names its line and the side over the limit
+     * (the first side found: chosen is checked before rejected). */
+    expect_load_error(path, DATASET_PREFERENCE, &f, ":1: rejected: sequence of 12 tokens exceeds max_seq_len 8", &r);
+    cr_expect_eq(r.n_issues, 2);
+    expect_issue(&r, 1, 2, "chosen", "sequence of 12 tokens exceeds max_seq_len 8");
+
+    /* drop: both pairs with a long side go, whole; the report counts them. */
+    f.truncation = DATASET_TRUNCATE_DROP;
+    struct dataset *ds = load_ok(path, DATASET_PREFERENCE, &f);
+    cr_expect_eq(ds->n, 1);
+    cr_expect_eq(ds->report.n_dropped, 2);
+    cr_expect_eq(ds->report.n_truncated, 0);
+    cr_expect_eq(ds->examples[0].line, 3);
+    cr_expect_eq(ds->examples[1].line, 3);
+    dataset_free(ds);
+
+    /* truncate: line 1's rejected side is cut to 8 tokens (its chosen side is whole);
+     * line 2's prompt alone fills 8 tokens, which leaves nothing to train, so that pair
+     * is dropped whole. */
+    f.truncation = DATASET_TRUNCATE_RIGHT;
+    ds = load_ok(path, DATASET_PREFERENCE, &f);
+    cr_assert_eq(ds->n, 2);
+    cr_expect_eq(ds->report.n_truncated, 1);
+    cr_expect_eq(ds->report.n_dropped, 1);
+    const struct piece chosen[] = {{NULL, BOS, false}, {"ab", 0, false}, {"cd", 0, true}, {NULL, EOS, true}};
+    const struct piece cut[] = {{NULL, BOS, false}, {"ab", 0, false}, {"efghi", 0, true}};
+    expect_example(&ds->examples[0], chosen, 4);
+    expect_example(&ds->examples[1], cut, 3);
+    cr_expect_eq(ds->examples[1].line, 1);
+    cr_expect_eq(ds->examples[2].line, 3);
+    cr_expect_eq(ds->examples[3].line, 3);
+    cr_expect_eq(ds->report.n_tokens, 6 + 8 + 4 + 4);
+    cr_expect_eq(ds->report.n_trained_tokens, 3 + 5 + 2 + 2);
+    dataset_free(ds);
+
+    /* When the policy leaves no pair, the load fails saying why and with which limit. */
+    f.max_seq_len = 2;
+    expect_load_error(path, DATASET_PREFERENCE, &f,
+                      ": no examples left: all 3 rows were dropped as longer than max_seq_len 2", &r);
+    cr_expect_eq(r.n_dropped, 3);
+    f.truncation = DATASET_TRUNCATE_DROP;
+    f.max_seq_len = 3;
+    expect_load_error(path, DATASET_PREFERENCE, &f,
+                      ": no examples left: all 3 rows were dropped as longer than max_seq_len 3", &r);
+}
+
 Test(datasets, prompts_with_answer_and_metadata, .init = setup, .fini = teardown) {
     const char *path = write_file("prompts.jsonl",
         "{\"prompt\": \"2+2=\", \"answer\": \"4\", \"metadata\": {\"level\": 1, \"tags\": [\"add\"]}}\n"
@@ -906,9 +994,32 @@ Test(datasets, loader_refuses_what_it_cannot_batch, .init = setup, .fini = teard
     dataset_loader_free(l);
     dataset_free(ds);
 
-    const char *prompts = write_file("prompts.jsonl", "{\"prompt\": \"a\"}\n");
-    ds = load_ok(prompts, DATASET_AUTO, &f);
-    TEST_EXPECT_ERROR(dataset_loader_create(ds, &c, &l, &err), SMELT_EINVAL, &err);
+}
+
+/* A prompts batch (the RL loop's): its rows are the prompts, their ids laid out, nothing
+ * trained. */
+Test(datasets, loader_batches_prompts, .init = setup, .fini = teardown) {
+    const char *prompts = write_file("prompts.jsonl", "{\"prompt\": \"ab\"}\n{\"prompt\": \"c\"}\n{\"prompt\": \"de\"}\n");
+    struct dataset_format f = format(64);
+    struct dataset *ds = load_ok(prompts, DATASET_AUTO, &f);
+    struct smelt_error err = {0};
+    struct dataset_loader *l = NULL;
+    struct dataset_loader_config c = {.batch_size = 2};
+    TEST_OK(dataset_loader_create(ds, &c, &l, &err), &err);
+    const struct dataset_batch *b;
+    TEST_OK(dataset_loader_next(l, &b, &err), &err);
+    cr_assert_eq(b->n_seqs, 2);
+    cr_expect_eq(b->rows[0], 0);
+    cr_expect_eq(b->rows[1], 1);
+    cr_expect_eq(b->n_targets, 0);
+    cr_expect_eq(b->n_tokens, ds->prompts[0].n + ds->prompts[1].n);
+    for (int64_t t = 0; t < b->n_tokens; t++) cr_expect_eq(b->targets[t], -1);
+    cr_expect_eq(memcmp(b->ids, ds->prompts[0].ids, (size_t)ds->prompts[0].n * sizeof *b->ids), 0);
+    TEST_OK(dataset_loader_next(l, &b, &err), &err);
+    cr_expect_eq(b->n_seqs, 1);
+    cr_expect_eq(b->rows[0], 2);
+    cr_expect_eq(dataset_loader_cursor(l).epoch, 1);
+    dataset_loader_free(l);
     dataset_free(ds);
 }
 

@@ -274,13 +274,13 @@ Test(preference_loss, orpo_clamps_certain_responses) {
 
 static double reward_loss(void *ctx) {
     const double *s = ctx; /* r_chosen, r_rejected, margin, center */
-    struct reward_result r;
+    struct reward_pair_result r;
     reward_pair_loss(s[0], s[1], s[2], s[3], &r);
     return r.loss;
 }
 
 Test(preference_loss, reward_model_loss) {
-    struct reward_result r;
+    struct reward_pair_result r;
     reward_pair_loss(1.5, 0.25, 0.5, 0.01, &r);
     /* TRL RewardTrainer: -logsigmoid(chosen - rejected - margin) + c * (chosen + rejected)^2 */
     expect_near("reward loss", r.loss, -F_logsigmoid(1.5 - 0.25 - 0.5) + 0.01 * pow(1.5 + 0.25, 2), 1e-14);

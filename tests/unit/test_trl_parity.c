@@ -219,7 +219,7 @@ Test(trl_parity, reward) {
             double rc = num(want, "score_chosen"), rr = num(want, "score_rejected");
             expect_near("score_chosen", name, (int)i, scores[0], rc, LOGPROB_RTOL, 1e-6);
             expect_near("score_rejected", name, (int)i, scores[1], rr, LOGPROB_RTOL, 1e-6);
-            struct reward_result r;
+            struct reward_pair_result r;
             reward_pair_loss(rc, rr, num(want, "margin"), center, &r);
             expect_near("loss", name, (int)i, r.loss, num(want, "loss"), 1e-9, 1e-12);
             expect_near("d_chosen", name, (int)i, r.d_chosen, num(want, "d_chosen"), 1e-9, 1e-12);

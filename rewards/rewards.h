@@ -1,0 +1,94 @@
+/* rewards/: the reward stage of the RL loop. A spec (JSON) names weighted verifiers; the
+ * stage built from it scores a batch of samples (prompt, completion, the row's answer,
+ * token count, finish reason) and returns one reward per sample:
+ *     reward = Σ_k weight_k · score_k
+ * docs/rewards.md is the user's reference (every verifier, its fields and defaults, the
+ * extraction rules, examples); keep the two in step.
+ *
+ * Spec: {"verifiers": [{"type": T, "name"?, "weight"?, ...T's fields}, ...]}, 1 to
+ * REWARD_MAX_VERIFIERS entries. T is one of exact_match, numeric_match, regex_match,
+ * format, length_penalty. Every error names the field's path in its message
+ * ("<where>.verifiers[1].pattern: ...") and in err->field ("verifiers[1].pattern",
+ * relative to the spec: the caller nests it with error_in_field).
+ *
+ * Failures. reward_stage_score fails (returns an error) only when the stage itself
+ * cannot work: bad arguments. A sample that cannot be scored — the row has no answer
+ * for a verifier that needs one, an answer that is not a number for a numeric one, a
+ * regex that hits its match limit — is a per-sample failure: out[i].failed, a message
+ * naming the verifier, reward NaN; the other samples are scored as usual. A completion
+ * that simply lacks what a verifier looks for (no number, no marker) scores 0.
+ *
+ * Threads: a stage keeps per-pattern match buffers, so one stage scores one batch at a
+ * time; scoring is deterministic and allocates nothing.
+ *
+ * Ownership: reward_stage_create returns a stage the caller frees with
+ * reward_stage_free; it copies what it needs from the spec (the JSON may be freed).
+ * Samples are borrowed for the call. Names returned by reward_stage_name live as long
+ * as the stage. */
+#ifndef SMELT_REWARDS_H
+#define SMELT_REWARDS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+#define REWARD_MAX_VERIFIERS 16
+#define REWARD_MAX_PATTERN_BYTES 1024 /* a regex's source */
+#define REWARD_MAX_MARKER_BYTES 256   /* after_marker's marker */
+#define REWARD_NAME_BYTES 33          /* a verifier's name (metrics), 32 bytes + NUL */
+#define REWARD_ERROR_BYTES 256
+
+/* One generated completion and what the loop knows about it (all borrowed). */
+struct reward_sample {
+    const char *prompt;          /* the rendered prompt text; may be NULL (no built-in reads it) */
+    const char *completion;      /* required, NUL-terminated; may hold invalid UTF-8 */
+    const char *answer;          /* the prompts row's "answer"; NULL when the row has none */
+    const char *metadata_json;   /* the row's "metadata" as JSON text; NULL when none (for
+                                    graders to come: no built-in reads it) */
+    int64_t n_completion_tokens; /* generated tokens (length_penalty) */
+    const char *finish_reason;   /* "stop", "length", "abort" (rollout/'s ROLLOUT_FINISH_*); may be NULL */
+};
+
+struct reward_result {
+    double reward;                              /* Σ weight·score; NaN when failed */
+    bool failed;                                /* the sample gets no reward: the loop reports
+                                                   error as an event, not a job failure */
+    char error[REWARD_ERROR_BYTES];             /* why, naming the verifier ("" when not failed) */
+    double scores[REWARD_MAX_VERIFIERS];        /* each verifier's raw score, in spec order, for
+                                                   metrics; NaN for a verifier that failed on
+                                                   this sample, 0 past reward_stage_count */
+};
+
+struct reward_stage;
+
+/* Parses and validates spec, compiles its patterns. where prefixes messages ("spec.json:
+ * reward", "reward"). SMELT_EINVAL naming the field for any bad spec; SMELT_ENOMEM. */
+int reward_stage_create(const json_t *spec, const char *where, struct reward_stage **out,
+                        struct smelt_error *err);
+void reward_stage_free(struct reward_stage *stage); /* NULL is fine */
+
+/* Scores samples[0..n) into out[0..n) (every field of every out[i] is written). Returns
+ * SMELT_EINVAL only for bad arguments (n < 0, NULL arrays, a NULL completion), before
+ * anything is scored; per-sample problems go in out[i]. */
+int reward_stage_score(struct reward_stage *stage, const struct reward_sample *samples, int n,
+                       struct reward_result *out, struct smelt_error *err);
+
+/* Checks one prompts row against the stage before training: every verifier that needs
+ * the answer finds one, numeric ones a number. SMELT_EINVAL with err->field "answer" and
+ * a message naming the verifier; the caller adds the file and line. metadata_json is
+ * for graders to come (no built-in verifier reads it). */
+int reward_stage_check_prompt(const struct reward_stage *stage, const char *answer,
+                              const char *metadata_json, struct smelt_error *err);
+
+/* The verifiers, in spec order: how many, and each one's name (metrics label: the
+ * "name" field, else the type, else "<type>_<index>" when several share a type). */
+int reward_stage_count(const struct reward_stage *stage);
+const char *reward_stage_name(const struct reward_stage *stage, int i);
+
+/* The spec with every default filled in (for the job's recorded spec); *out is a new
+ * reference. reward_stage_create on it builds the same stage. */
+int reward_stage_to_json(const struct reward_stage *stage, json_t **out, struct smelt_error *err);
+
+#endif

@@ -1,0 +1,104 @@
+"""GRPO jobs through the API, in plain HTTP against a real smeltd and trainer (the method
+is smelt's own: `{"type": "grpo", "grpo": {"hyperparameters": {...}, "reward": {...}}}`):
+a prompts file is uploaded, the job runs its iterations with the rollout engine in the
+trainer's process, its events carry the reward and the rollout/trainer logprob mismatch
+every iteration and the held-out reward at each evaluation, and a bad reward spec, an
+RL hyperparameter out of range or a file of another kind is refused with the request's
+path in `param`."""
+import json
+
+from conftest import TRAIN_FILE, VAL_FILE
+
+J = "/v1/fine_tuning/jobs"
+REWARD = {"verifiers": [{"type": "exact_match", "extract": {"type": "full"}},
+                        {"type": "length_penalty", "max_tokens": 4, "cache_tokens": 1, "weight": 0.5}]}
+
+
+def prompts_rows(path, n):
+    """The first n sums of an addition file as prompts rows with their answer."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            out.append(json.dumps({"prompt": row["prompt"], "answer": row["completion"]}))
+            if len(out) == n:
+                break
+    return ("\n".join(out) + "\n").encode()
+
+
+def upload(smeltd, content, name):
+    status, f = smeltd.upload_bytes(content, name)
+    assert status == 200 and f["status"] == "processed", f
+    assert f["validation"]["kind"] == "prompts", f
+    return f["id"]
+
+
+def grpo_request(train, val, hp=None, reward=None):
+    return {"model": "tiny", "training_file": train, "validation_file": val, "seed": 5, "model_init": "random",
+            "method": {"type": "grpo", "grpo": {
+                "hyperparameters": hp if hp is not None else {
+                    "batch_size": 4, "num_generations": 4, "max_new_tokens": 4, "max_iterations": 3,
+                    "learning_rate_multiplier": 10, "kv_memory_mb": 4, "loss_type": "grpo", "beta": 0},
+                "reward": reward if reward is not None else REWARD}},
+            "eval": {"every_steps": 2, "accuracy_examples": 8}}
+
+
+def test_grpo_job_runs_and_reports_rewards(smeltd):
+    train = upload(smeltd, prompts_rows(TRAIN_FILE, 32), "grpo_train.jsonl")
+    val = upload(smeltd, prompts_rows(VAL_FILE, 8), "grpo_val.jsonl")
+    status, job = smeltd.request("POST", J, grpo_request(train, val))
+    assert status == 200, job
+    assert job["method"]["type"] == "grpo", job
+    assert job["method"]["grpo"]["reward"]["verifiers"][1]["type"] == "length_penalty", job
+    status, raw = smeltd.request("GET", J + "/" + job["id"])
+    assert raw["spec"]["type"] == "grpo", raw
+    assert raw["spec"]["rl"]["num_generations"] == 4 and raw["spec"]["rl"]["loss_type"] == "grpo", raw
+    assert "num_generations" not in raw["spec"]["hyperparameters"], raw
+
+    job = smeltd.wait_job(job["id"], ("succeeded", "failed", "cancelled"), timeout=300)
+    assert job["status"] == "succeeded", (job, smeltd.read_log())
+    status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
+    assert status == 200, events
+    events = events["data"]
+    steps = [e for e in events if e["type"] == "metrics" and e.get("data") and "train_loss" in e["data"]]
+    assert len(steps) == 3, [e["message"] for e in events]
+    for e in steps:
+        d = e["data"]
+        assert -0.5 <= d["reward"] <= 1 and d["samples"] == 16, d  # exact match + 0.5 x length penalty
+        assert d["rollout/logprob_diff_mean"] < 1e-3, d  # the engine and the trainer run the same kernels
+        assert "reward=" in e["message"], e["message"]
+    evals = [e for e in events if e.get("data") and "val_reward" in e["data"] and e["message"].startswith("Step")]
+    assert sorted(e["data"]["step"] for e in evals) == [0, 2], [e["message"] for e in evals]
+    assert all("validation reward=" in e["message"] and "accuracy=" in e["message"] for e in evals), evals
+    finished = [e["message"] for e in events if e["message"].startswith("Training finished")]
+    assert finished and "validation reward=" in finished[0], finished
+
+
+def refused(smeltd, body, param, *words):
+    status, err = smeltd.request("POST", J, body)
+    assert status == 400, err
+    assert err["error"]["param"] == param, err
+    for w in words:
+        assert w in err["error"]["message"], err
+    return err
+
+
+def test_grpo_bad_requests_name_the_field(smeltd):
+    train = upload(smeltd, prompts_rows(TRAIN_FILE, 8), "grpo_bad_train.jsonl")
+    val = upload(smeltd, prompts_rows(VAL_FILE, 4), "grpo_bad_val.jsonl")
+    refused(smeltd, grpo_request(train, val, reward={"verifiers": [{"type": "telepathy"}]}),
+            "method.grpo.reward.verifiers[0].type", "telepathy")
+    refused(smeltd, grpo_request(train, val, reward={}), "method.grpo.reward.verifiers")
+    body = grpo_request(train, val)
+    del body["method"]["grpo"]["reward"]
+    refused(smeltd, body, "method.grpo.reward", "reward")
+    refused(smeltd, grpo_request(train, val, hp={"num_generations": 1}),
+            "method.grpo.hyperparameters.num_generations")
+    refused(smeltd, grpo_request(train, val, hp={"placement": "split"}), "method.grpo.hyperparameters.placement")
+    refused(smeltd, grpo_request(train, val, hp={"telepathy": 1}), "method.grpo.hyperparameters.telepathy")
+    status, sft = smeltd.upload(TRAIN_FILE)
+    assert status == 200, sft
+    refused(smeltd, grpo_request(sft["id"], val), "training_file", "prompts")
+    body = grpo_request(train, val)
+    body["method"]["grpo"]["grader"] = {}
+    refused(smeltd, body, "method.grpo", "grader")

@@ -1,0 +1,921 @@
+/* trainer/ GRPO (issue 15): the spec's "rl" section and what a grpo job refuses; a
+ * short colocated run and what it logs; one step's gradient through the packing
+ * (rl_batch_build / gather / scatter and the model's backward) against central finite
+ * differences of a float64 closed form of the loss over samples run one at a time;
+ * exact resume (a full fine-tune, and LoRA with a reference and several optimizer steps
+ * per iteration); which samples dynamic sampling and mask_truncated_completions train. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "trainer/trainer_internal.h"
+#include "trainer_testutil.h"
+
+/* ---- data, specs, runs ---- */
+
+/* Rows first .. first + n - 1 of a prompts file: "xyz>" with 2 to 5 letters (prompts of
+ * different lengths) and the reversal as the answer; the row on line missing_answer
+ * (1-based; 0: none) has no answer. */
+static void write_prompts(const char *path, int first, int n, int missing_answer) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    for (int i = first; i < first + n; i++) {
+        int len = 2 + i % 4;
+        char s[8], rev[8];
+        for (int k = 0; k < len; k++) s[k] = (char)('a' + (i * 7 + k * 3) % 26);
+        for (int k = 0; k < len; k++) rev[k] = s[len - 1 - k];
+        s[len] = rev[len] = 0;
+        if (i - first + 1 == missing_answer) fprintf(f, "{\"prompt\": \"%s>\"}\n", s);
+        else fprintf(f, "{\"prompt\": \"%s>\", \"answer\": \"%s\"}\n", s, rev);
+    }
+    fclose(f);
+}
+
+/* The tiny pretrained model, 6 training prompts (3 iterations of 2 make an epoch) and 4
+ * held-out ones. */
+static void setup_grpo(struct test_run_paths *p) {
+    test_run_paths_init(p, true);
+    write_prompts(p->train, 0, 6, 0);
+    write_prompts(p->val, 20, 4, 0);
+}
+
+/* exact_match of the answer (never met by the tiny model: val_accuracy is its pass
+ * rate) and a letter or digit anywhere in the completion (about half of the random
+ * completions of 3-4 tokens have one): rewards 0, 0.5 or 1. */
+#define REWARD_MIXED                                                                                  \
+    "\"reward\":{\"verifiers\":[{\"type\":\"exact_match\",\"weight\":0.5},{\"type\":\"regex_match\"," \
+    "\"pattern\":\"[0-9a-z]\",\"weight\":0.5}]}"
+/* The letter-or-digit check alone: 0 or 1, groups of 3 all equal about a quarter of the time. */
+#define REWARD_BINARY "\"reward\":{\"verifiers\":[{\"type\":\"regex_match\",\"pattern\":\"[0-9a-z]\"}]}"
+/* Always 0 (no completion comes near 1000 tokens): every group is degenerate. */
+#define REWARD_CONSTANT \
+    "\"reward\":{\"verifiers\":[{\"type\":\"length_penalty\",\"max_tokens\":1000,\"cache_tokens\":0}]}"
+
+/* A spec of `type` over p's model and validation prompts, with extra (sections, each
+ * followed by a comma) and train as data.train, written to p->spec and loaded. */
+static int load_spec(const struct test_run_paths *p, const char *type, const char *train, const char *out,
+                     const char *extra, struct job_spec *spec, struct smelt_error *err) {
+    char text[8192];
+    int n = snprintf(text, sizeof text,
+                     "{\"type\":\"%s\",\"model\":\"%s\",%s\"data\":{\"train\":\"%s\",\"validation\":\"%s\"},"
+                     "\"output_dir\":\"%s\",\"seed\":7}",
+                     type, p->model, extra, train, p->val, out);
+    cr_assert(n > 0 && (size_t)n < sizeof text);
+    test_write_text(p->spec, text);
+    return job_spec_load(p->spec, spec, err);
+}
+
+/* Runs the grpo job of extra over p's data into out, to the end or as o says. */
+static void run_grpo(const struct test_run_paths *p, const char *out, const char *extra,
+                     const struct trainer_options *o, struct trainer_result *res) {
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    TEST_OK(load_spec(p, "grpo", p->train, out, extra, &spec, &err), &err);
+    TEST_OK(trainer_run(&spec, o, res, &err), &err);
+}
+
+/* The error trainer_run gives for the grpo job of extra over train. */
+static void expect_run_refused(const struct test_run_paths *p, const char *train, const char *extra,
+                               struct smelt_error *err) {
+    struct job_spec spec;
+    struct trainer_result res;
+    static const struct trainer_options o = {.quiet = true};
+    TEST_OK(load_spec(p, "grpo", train, p->out, extra, &spec, err), err);
+    TEST_EXPECT_ERROR(trainer_run(&spec, &o, &res, err), SMELT_EINVAL, err);
+}
+
+static const struct trainer_options quiet = {.quiet = true};
+
+/* Every line of type `type` of out_dir/metrics.jsonl, in order (at most cap); the
+ * caller frees them (free_lines). */
+static int read_lines(const char *out_dir, const char *type, json_t **lines, int cap) {
+    char path[700];
+    static char text[1 << 16];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    int n = 0;
+    while (fgets(text, sizeof text, f)) {
+        cr_assert(strchr(text, '\n'), "a metrics line longer than %zu bytes", sizeof text);
+        json_t *j = json_loads(text, 0, NULL);
+        cr_assert(j, "bad metrics line %s", text);
+        const char *t = json_string_value(json_object_get(j, "type"));
+        if (t && strcmp(t, type) == 0) {
+            cr_assert(n < cap, "more than %d %s lines", cap, type);
+            lines[n++] = j;
+        } else {
+            json_decref(j);
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+static void free_lines(json_t **lines, int n) {
+    for (int i = 0; i < n; i++) json_decref(lines[i]);
+}
+
+static int64_t int_at(const json_t *line, const char *key) {
+    const json_t *v = json_object_get(line, key);
+    cr_assert(json_is_integer(v), "%s is not an integer", key);
+    return (int64_t)json_integer_value(v);
+}
+
+static double num_at(const json_t *line, const char *key) {
+    const json_t *v = json_object_get(line, key);
+    cr_assert(json_is_number(v), "%s is not a number", key);
+    return json_number_value(v);
+}
+
+/* The weights of the model directory dir, into a new array (free it). */
+static float *model_weights_of(const char *dir, int64_t *n) {
+    struct smelt_error err = {0};
+    struct model *m;
+    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
+    *n = m->n_weights;
+    float *w = malloc((size_t)*n * sizeof *w);
+    cr_assert(w);
+    memcpy(w, m->weights.data, (size_t)*n * sizeof *w);
+    model_free(m);
+    return w;
+}
+
+/* ---- (1) the spec ---- */
+
+#define MINIMAL_RL "\"rl\":{" REWARD_MIXED "},"
+
+Test(grpo, spec_defaults_and_round_trip) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct smelt_error err = {0};
+    struct job_spec spec, back;
+    TEST_OK(load_spec(&p, "grpo", p.train, p.out, MINIMAL_RL, &spec, &err), &err);
+    cr_expect_eq(spec.type, JOB_GRPO);
+    cr_expect_eq(spec.rl.num_generations, 8);
+    cr_expect_eq(spec.rl.minibatches, 1);
+    cr_expect_eq(spec.rl.ppo_epochs, 1);
+    cr_expect_eq(spec.rl.max_new_tokens, 64);
+    cr_expect_eq(spec.rl.loss_type, RL_LOSS_DAPO);
+    cr_expect_eq(spec.rl.loss_agg, -1, "loss_agg is not auto");
+    cr_expect(spec.rl.epsilon == 0.2 && spec.rl.epsilon_high == 0.2, "epsilon %g / %g", spec.rl.epsilon,
+              spec.rl.epsilon_high);
+    cr_expect(spec.rl.beta == 0 && spec.rl.dual_clip == 0 && spec.rl.tis_cap == 0);
+    cr_expect_eq(spec.rl.advantage_estimator, RL_ADV_GRPO);
+    cr_expect_eq(spec.rl.kl_estimator, RL_KL_K3);
+    cr_expect(spec.rl.scale_rewards && !spec.rl.mask_truncated_completions && !spec.rl.dynamic_sampling);
+    cr_expect_eq(spec.rl.placement, RL_PLACEMENT_COLOCATED);
+    struct rl_policy_config c;
+    job_rl_loss_config(&spec, &c);
+    cr_expect_eq(c.agg, RL_AGG_TOKEN_MEAN, "dapo aggregates by token");
+    cr_expect_eq(c.max_completion_len, 64);
+
+    /* Each loss type's own clip range; epsilon alone sets both ends but CISPO's cap. */
+    static const struct {
+        const char *rl;
+        enum rl_loss_type type;
+        double lo, hi;
+        enum rl_loss_agg agg;
+    } clip[] = {
+        {"\"loss_type\":\"gspo\",", RL_LOSS_GSPO, 3e-4, 4e-4, RL_AGG_SEQ_MEAN_TOKEN_MEAN},
+        {"\"loss_type\":\"cispo\",", RL_LOSS_CISPO, 0.2, 4.0, RL_AGG_TOKEN_MEAN},
+        {"\"loss_type\":\"cispo\",\"epsilon\":0.1,", RL_LOSS_CISPO, 0.1, 4.0, RL_AGG_TOKEN_MEAN},
+        {"\"loss_type\":\"grpo\",", RL_LOSS_GRPO, 0.2, 0.2, RL_AGG_SEQ_MEAN_TOKEN_MEAN},
+        {"\"loss_type\":\"dr_grpo\",", RL_LOSS_DR_GRPO, 0.2, 0.2, RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM},
+        {"\"epsilon\":0.1,", RL_LOSS_DAPO, 0.1, 0.1, RL_AGG_TOKEN_MEAN},
+        {"\"epsilon\":0.1,\"epsilon_high\":0.28,", RL_LOSS_DAPO, 0.1, 0.28, RL_AGG_TOKEN_MEAN},
+        {"\"loss_type\":\"grpo\",\"loss_agg\":\"token_mean\",", RL_LOSS_GRPO, 0.2, 0.2, RL_AGG_TOKEN_MEAN},
+    };
+    for (size_t i = 0; i < sizeof clip / sizeof *clip; i++) {
+        char extra[1024];
+        snprintf(extra, sizeof extra, "\"rl\":{%s" REWARD_MIXED "},", clip[i].rl);
+        TEST_OK(load_spec(&p, "grpo", p.train, p.out, extra, &spec, &err), &err);
+        cr_expect_eq(spec.rl.loss_type, clip[i].type, "%s", clip[i].rl);
+        cr_expect(spec.rl.epsilon == clip[i].lo && spec.rl.epsilon_high == clip[i].hi, "%s: epsilon %g / %g",
+                  clip[i].rl, spec.rl.epsilon, spec.rl.epsilon_high);
+        job_rl_loss_config(&spec, &c);
+        cr_expect(c.eps_low == clip[i].lo && c.eps_high == clip[i].hi && c.agg == clip[i].agg, "%s", clip[i].rl);
+    }
+
+    /* Written back with every default, and read again to the same spec (a minimal one
+     * and one that sets many fields). */
+    static const char *const round_trip[] = {
+        MINIMAL_RL,
+        "\"rl\":{\"num_generations\":4,\"minibatches\":2,\"ppo_epochs\":3,\"max_iterations\":9,\"max_new_tokens\":5,"
+        "\"temperature\":0.7,\"top_k\":20,\"top_p\":0.9,\"min_p\":0.05,\"loss_type\":\"cispo\",\"epsilon\":0.1,"
+        "\"dual_clip\":3,\"beta\":0.04,\"kl_estimator\":\"k2\",\"advantage_estimator\":\"rloo\","
+        "\"scale_rewards\":false,\"mask_truncated_completions\":true,\"dynamic_sampling\":true,\"tis_cap\":2,"
+        "\"tis_level\":\"sequence\",\"tis_mode\":\"mask\",\"kv_memory_mb\":64," REWARD_MIXED "},",
+    };
+    for (size_t i = 0; i < sizeof round_trip / sizeof *round_trip; i++) {
+        TEST_OK(load_spec(&p, "grpo", p.train, p.out, round_trip[i], &spec, &err), &err);
+        void *j;
+        TEST_OK(job_spec_to_json(&spec, &j, &err), &err);
+        cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "grpo");
+        json_t *rl = json_object_get(j, "rl");
+        cr_assert(json_is_object(rl), "no \"rl\" object written");
+        cr_expect(json_is_object(json_object_get(rl, "reward")), "no rl.reward written");
+        for (int f = 0; f < JOB_N_RL_FIELDS; f++)
+            cr_expect(json_object_get(rl, JOB_RL_FIELDS[f].name), "rl.%s not written", JOB_RL_FIELDS[f].name);
+        memset(&back, 0xa5, sizeof back);
+        TEST_OK(job_spec_from_json(j, "round trip", &back, &err), &err);
+        cr_expect_eq(memcmp(&spec, &back, sizeof spec), 0, "spec %zu changed through JSON", i);
+        json_decref(j);
+    }
+    /* Another job type writes no rl section and takes an empty one. */
+    TEST_OK(load_spec(&p, "sft", p.train, p.out, "\"rl\":{},", &spec, &err), &err);
+    void *j;
+    TEST_OK(job_spec_to_json(&spec, &j, &err), &err);
+    cr_expect_null(json_object_get(j, "rl"), "an sft spec written with an rl section");
+    json_decref(j);
+    test_tmp_teardown();
+}
+
+Test(grpo, spec_refusals_name_the_field) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    /* says: what the message must hold (the field's path, or for an unknown key the
+     * section and the key, as every section words it). */
+    static const struct {
+        const char *type, *extra, *field, *says;
+    } refused[] = {
+        {"grpo", "", "rl.reward", "rl.reward"},
+        {"grpo", "\"rl\":{\"num_generation\":4," REWARD_MIXED "},", "rl.num_generation",
+         "rl: unknown field 'num_generation'"},
+        {"grpo", "\"rl\":{\"dual_clip\":0.5," REWARD_MIXED "},", "rl.dual_clip", "rl.dual_clip"},
+        {"grpo", "\"rl\":{\"advantage_estimator\":\"gae\"," REWARD_MIXED "},", "rl.advantage_estimator",
+         "rl.advantage_estimator"},
+        {"grpo", "\"rl\":{\"placement\":\"split\"," REWARD_MIXED "},", "rl.placement", "rl.placement"},
+        {"grpo", "\"rl\":{\"epsilon\":1," REWARD_MIXED "},", "rl.epsilon", "rl: field 'epsilon'"},
+        {"grpo", "\"rl\":{\"num_generations\":1," REWARD_MIXED "},", "rl.num_generations",
+         "rl: field 'num_generations'"},
+        {"grpo", "\"rl\":{\"tis_cap\":0.5," REWARD_MIXED "},", "rl.tis_cap", "rl.tis_cap"},
+        {"grpo", "\"rl\":{\"loss_type\":\"ppo\"," REWARD_MIXED "},", "rl.loss_type", "rl.loss_type"},
+        {"grpo", "\"rl\":{\"reward\":{\"verifiers\":[{\"type\":\"llm_judge\"}]}},", "rl.reward.verifiers[0].type",
+         "rl.reward.verifiers[0].type"},
+        {"sft", "\"rl\":{\"num_generations\":4},", "rl", "rl: only a grpo job"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        TEST_EXPECT_ERROR(load_spec(&p, refused[i].type, p.train, p.out, refused[i].extra, &spec, &err),
+                          SMELT_EINVAL, &err);
+        cr_expect_str_eq(err.field, refused[i].field, "%s", err.message);
+        cr_expect(strstr(err.message, refused[i].says), "the message does not say \"%s\": %s", refused[i].says,
+                  err.message);
+        cr_expect(strstr(err.message, p.spec), "the message does not name the spec file: %s", err.message);
+    }
+    test_tmp_teardown();
+}
+
+/* ---- (2) what a grpo job refuses when it starts ---- */
+
+#define RUN_RL(more) "\"rl\":{\"num_generations\":2,\"max_new_tokens\":3,\"kv_memory_mb\":2," more REWARD_MIXED "},"
+
+Test(grpo, setup_refusals_say_what_is_wrong) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct smelt_error err = {0};
+    char other[600];
+
+    snprintf(other, sizeof other, "%s.sft", p.train);
+    test_write_text(other, "{\"prompt\": \"ab>\", \"completion\": \"ba\"}\n");
+    expect_run_refused(&p, other, RUN_RL(""), &err);
+    cr_expect(strstr(err.message, other) && strstr(err.message, "sft rows") && strstr(err.message, "prompts rows"),
+              "%s", err.message);
+    cr_expect_str_eq(err.field, "data.train");
+
+    snprintf(other, sizeof other, "%s.noanswer", p.train);
+    write_prompts(other, 0, 6, 3);
+    expect_run_refused(&p, other, RUN_RL(""), &err);
+    char at[700];
+    snprintf(at, sizeof at, "%s:3", other);
+    cr_expect(strstr(err.message, at) && strstr(err.message, "answer") && strstr(err.message, "exact_match"),
+              "the message does not name %s, the answer and the verifier: %s", at, err.message);
+    cr_expect(strncmp(err.field, "data.train", 10) == 0, "field %s: %s", err.field, err.message);
+
+    /* The same row in the validation file. */
+    write_prompts(p.val, 20, 4, 2);
+    expect_run_refused(&p, p.train, RUN_RL(""), &err);
+    snprintf(at, sizeof at, "%s:2", p.val);
+    cr_expect(strstr(err.message, at), "the message does not name %s: %s", at, err.message);
+    cr_expect(strncmp(err.field, "data.validation", 15) == 0, "field %s: %s", err.field, err.message);
+    write_prompts(p.val, 20, 4, 0);
+
+    expect_run_refused(&p, p.train, "\"hyperparameters\":{\"max_steps\":3}," RUN_RL(""), &err);
+    cr_expect_str_eq(err.field, "hyperparameters.max_steps", "%s", err.message);
+    cr_expect(strstr(err.message, "rl.max_iterations"), "%s", err.message);
+
+    /* The longest prompt (bos + 5 letters + '>') and 122 new tokens: 129 > 128. */
+    expect_run_refused(&p, p.train, "\"rl\":{\"num_generations\":2,\"max_new_tokens\":122," REWARD_MIXED "},", &err);
+    cr_expect_str_eq(err.field, "rl.max_new_tokens", "%s", err.message);
+    cr_expect(strstr(err.message, "129") && strstr(err.message, "128"), "%s", err.message);
+    /* 121 fits exactly: the check is not off by one (one iteration runs). */
+    struct trainer_result res;
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s-fits", p.out);
+    run_grpo(&p, out2,
+             "\"hyperparameters\":{\"batch_size\":1},\"rl\":{\"num_generations\":2,\"max_new_tokens\":121,"
+             "\"kv_memory_mb\":2,\"max_iterations\":1," REWARD_MIXED "},\"eval\":{\"accuracy_examples\":1},",
+             &quiet, &res);
+    cr_expect_eq(res.steps, 1);
+
+    /* A reference in a full fine-tune would need a second copy of the weights. */
+    expect_run_refused(&p, p.train, RUN_RL("\"beta\":0.1,"), &err);
+    cr_expect_str_eq(err.field, "rl.beta", "%s", err.message);
+    test_tmp_teardown();
+}
+
+/* ---- (3) a short run ---- */
+
+#define SHORT_RUN                                                                                       \
+    "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":4,"      \
+    "\"max_new_tokens\":4,\"max_iterations\":3,\"kv_memory_mb\":2,\"temperature\":0.8," REWARD_MIXED "},"
+
+/* Reward and loss of every train line of out, into reward[0..3) and loss[0..3). */
+static void read_reward_loss(const char *out, double *reward, double *loss) {
+    int steps[4];
+    cr_assert_eq(test_read_metric(out, "train", "reward", reward, steps, 4), 3);
+    cr_assert_eq(test_read_metric(out, "train", "loss", loss, NULL, 4), 3);
+    for (int i = 0; i < 3; i++) cr_expect_eq(steps[i], i + 1, "train line %d at step %d", i, steps[i]);
+}
+
+Test(grpo, a_short_colocated_run_logs_every_iteration) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct trainer_result res;
+    run_grpo(&p, p.out, SHORT_RUN, &quiet, &res);
+    cr_expect_eq(res.steps, 3);
+    cr_expect(!res.stopped);
+
+    json_t *ev[4], *tr[8], *sm[8], *fin[2];
+    int n_eval = read_lines(p.out, "eval", ev, 4);
+    cr_assert_eq(n_eval, 1, "eval lines: %d (one at step 0 expected)", n_eval);
+    cr_expect_eq(int_at(ev[0], "step"), 0);
+    double v = num_at(ev[0], "val_reward");
+    cr_expect(v >= 0 && v <= 1, "val_reward %g", v);
+    cr_expect_eq(int_at(ev[0], "val_samples"), 4);
+
+    int n_train = read_lines(p.out, "train", tr, 8);
+    cr_assert_eq(n_train, 3);
+    for (int i = 0; i < n_train; i++) {
+        const json_t *t = tr[i];
+        cr_expect_eq(int_at(t, "step"), i + 1);
+        cr_expect_eq(int_at(t, "iteration"), i + 1);
+        cr_expect_eq(int_at(t, "policy_version"), i + 1);
+        cr_expect_eq(int_at(t, "samples"), 8);
+        cr_expect_eq(int_at(t, "samples_trained"), 8);
+        cr_expect_eq(int_at(t, "samples_failed"), 0);
+        cr_expect_eq(int_at(t, "prompts"), 2);
+        double r = num_at(t, "reward"), rmax = num_at(t, "reward_max");
+        cr_expect(r >= 0 && r <= 1 && rmax >= r && rmax <= 1, "iteration %d: reward %g, max %g", i + 1, r, rmax);
+        cr_expect(num_at(t, "reward_std") >= 0);
+        double regex = num_at(t, "rewards/regex_match/mean"), exact = num_at(t, "rewards/exact_match/mean");
+        cr_expect(fabs(0.5 * regex + 0.5 * exact - r) < 1e-12, "iteration %d: reward %.17g is not 0.5 * %g + 0.5 * %g",
+                  i + 1, r, regex, exact);
+        double len = num_at(t, "completions/mean_length");
+        cr_expect(len >= 1 && len <= 4 && int_at(t, "completions/max_length") <= 4, "mean length %g", len);
+        double diff = num_at(t, "rollout/logprob_diff_mean"), dmax = num_at(t, "rollout/logprob_diff_max");
+        cr_expect(diff >= 0 && diff < 1e-5 && dmax >= diff && dmax < 1e-3,
+                  "iteration %d: rollout/trainer logprob difference mean %g, max %g", i + 1, diff, dmax);
+        double fz = num_at(t, "frac_reward_zero_std");
+        cr_expect(fz >= 0 && fz <= 1);
+        cr_expect(isfinite(num_at(t, "loss")) && (fz == 1 || num_at(t, "grad_norm") > 0), "iteration %d: no update",
+                  i + 1);
+        cr_expect(fabs(num_at(t, "ratio_mean") - 1) < 1e-3, "one step per iteration: ratios are 1, got %g",
+                  num_at(t, "ratio_mean"));
+    }
+    free_lines(tr, n_train);
+
+    /* A samples line after each train line: the first sample of each group (2 here). */
+    int n_samples = read_lines(p.out, "samples", sm, 8);
+    cr_expect_eq(n_samples, 3);
+    for (int i = 0; i < n_samples; i++) {
+        cr_expect_eq(int_at(sm[i], "step"), i + 1);
+        const json_t *arr = json_object_get(sm[i], "samples");
+        cr_assert(json_is_array(arr));
+        cr_expect_eq(json_array_size(arr), 2, "samples line %d holds %zu samples, not one per prompt (2)", i,
+                     json_array_size(arr));
+        for (size_t k = 0; k < json_array_size(arr); k++) {
+            const json_t *x = json_array_get(arr, k);
+            const char *fr = json_string_value(json_object_get(x, "finish_reason"));
+            cr_expect(json_is_string(json_object_get(x, "prompt")) &&
+                          json_is_string(json_object_get(x, "completion")) && fr &&
+                          (strcmp(fr, "stop") == 0 || strcmp(fr, "length") == 0),
+                      "a bad sample in line %d", i);
+            double r = num_at(x, "reward");
+            cr_expect(r == 0 || r == 0.5 || r == 1, "sample reward %g", r);
+        }
+    }
+    free_lines(sm, n_samples);
+
+    cr_assert_eq(read_lines(p.out, "final", fin, 2), 1);
+    double vr = num_at(fin[0], "val_reward"), va = num_at(fin[0], "val_accuracy");
+    cr_expect(vr >= 0 && vr <= 1 && va >= 0 && va <= 1, "final val_reward %g, val_accuracy %g", vr, va);
+    cr_expect_eq(int_at(fin[0], "step"), 3);
+    free_lines(fin, 1);
+    free_lines(ev, n_eval);
+
+    /* The same spec again: the same samples, rewards and updates, bit for bit. */
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s-again", p.out);
+    run_grpo(&p, out2, SHORT_RUN, &quiet, &res);
+    double r1[4], l1[4], r2[4], l2[4];
+    read_reward_loss(p.out, r1, l1);
+    read_reward_loss(out2, r2, l2);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(r1[i], r2[i], "iteration %d: reward %.17g vs %.17g", i + 1, r1[i], r2[i]);
+        cr_expect_eq(l1[i], l2[i], "iteration %d: loss %.17g vs %.17g", i + 1, l1[i], l2[i]);
+    }
+    test_tmp_teardown();
+}
+
+/* ---- (4) the gradient through the packing ---- */
+
+/* Generated tokens' logprobs of samples s[0..n) run one at a time (nothing packed), in
+ * float64 from the logits: log_softmax(logits[n_prompt - 1 + j])[token j]. */
+static void unpacked_logprobs(struct trainer_run *r, const struct rl_sample *s, int n, const int64_t *start,
+                              double *out) {
+    struct smelt_error err = {0};
+    int64_t V = r->model->config.vocab_size;
+    for (int i = 0; i < n; i++) {
+        const struct dataset_prompt *p = &r->train->prompts[s[i].row];
+        int64_t T = p->n + s[i].n;
+        int32_t ids[64], cu[2] = {0, (int32_t)T};
+        cr_assert(T <= 64);
+        memcpy(ids, p->ids, (size_t)p->n * sizeof *ids);
+        memcpy(ids + p->n, s[i].ids, (size_t)s[i].n * sizeof *ids);
+        float *logits = malloc((size_t)(T * V) * sizeof *logits);
+        cr_assert(logits);
+        int64_t shape[2] = {T, V};
+        struct tensor tl = tensor_f32(logits, 2, shape);
+        struct model_batch mb = {.n_tokens = T, .n_seqs = 1, .ids = ids, .cu_seqlens = cu};
+        TEST_OK(model_forward(r->model, r->acts, &mb, NULL, &tl, NULL, &err), &err);
+        for (int64_t j = 0; j < s[i].n; j++) {
+            const float *row = logits + (p->n - 1 + j) * V;
+            double mx = row[0], z = 0;
+            for (int64_t v = 1; v < V; v++) mx = fmax(mx, row[v]);
+            for (int64_t v = 0; v < V; v++) z += exp((double)row[v] - mx);
+            out[start[i] + j] = (double)row[s[i].ids[j]] - mx - log(z);
+        }
+        free(logits);
+    }
+}
+
+/* The clipped surrogate with a k3 KL, in float64 (rl_loss.h's formula for grpo, dapo and
+ * dr_grpo; no dual clip, no TIS): what the step's loss must be. */
+static double closed_form_loss(const struct rl_policy_config *c, int n, const int64_t *start, const double *logp,
+                               const float *old, const float *ref, const double *adv) {
+    cr_assert(c->kl_estimator == RL_KL_K3 && c->dual_clip == 0 && c->tis_cap == 0);
+    cr_assert(c->type != RL_LOSS_GSPO && c->type != RL_LOSS_CISPO);
+    double tokens = (double)start[n], total = 0;
+    for (int i = 0; i < n; i++) {
+        double ni = (double)(start[i + 1] - start[i]), w;
+        switch (c->agg) {
+        case RL_AGG_TOKEN_MEAN: w = 1 / tokens; break;
+        case RL_AGG_SEQ_MEAN_TOKEN_MEAN: w = 1 / (ni * n); break;
+        default: w = 1 / ((double)c->max_completion_len * n); break;
+        }
+        for (int64_t t = start[i]; t < start[i + 1]; t++) {
+            double ratio = exp(logp[t] - old[t]), A = adv[t];
+            double clipped = fmin(fmax(ratio, 1 - c->eps_low), 1 + c->eps_high);
+            double d = ref[t] - logp[t];
+            total += w * (fmax(-ratio * A, -clipped * A) + c->beta * (exp(d) - d - 1));
+        }
+    }
+    return total;
+}
+
+struct grad_case {
+    struct trainer_run *r;
+    struct rl_sample *s;
+    int n;
+    const int64_t *start;
+    const float *old, *ref, *mask;
+    const double *adv;
+};
+
+static double model_loss(const struct grad_case *g, const struct rl_policy_config *c) {
+    double logp[64];
+    unpacked_logprobs(g->r, g->s, g->n, g->start, logp);
+    return closed_form_loss(c, g->n, g->start, logp, g->old, g->ref, g->adv);
+}
+
+/* What grpo.c's update does for one optimizer step (minibatch_step / micro_step): the
+ * samples in two micro-batches [0, split) and [split, n), each built, run forward,
+ * gathered, through the loss with the step's norm, scattered and run backward, the
+ * gradients accumulating. Returns the summed loss; the policy logprobs go to cur, the
+ * loss's counts to st. */
+static double packed_step(const struct grad_case *g, const struct rl_policy_config *c, int split, float *cur,
+                          double *coef, struct rl_policy_stats *st) {
+    struct smelt_error err = {0};
+    struct trainer_run *r = g->r;
+    struct rl_norm norm = {0};
+    TEST_OK(rl_norm_accumulate(&norm, g->n, g->start, g->mask, &err), &err);
+    TEST_OK(tensor_zero(r->grads, &err), &err);
+    int bounds[3] = {0, split, g->n};
+    double loss = 0;
+    *st = (struct rl_policy_stats){0};
+    for (int m = 0; m < 2; m++) {
+        int a = bounds[m], k = bounds[m + 1] - a;
+        struct dataset_batch b;
+        double nll;
+        TEST_OK(rl_batch_build(r, r->train, g->s + a, k, &b, &err), &err);
+        cr_assert_eq(b.n_seqs, k);
+        TEST_OK(run_forward_batch(r, &b, &nll, &err), &err);
+        rl_batch_gather(r, r->train, &b, g->s + a, k, cur);
+        int64_t rel[16], o = g->start[a];
+        for (int i = 0; i <= k; i++) rel[i] = g->start[a + i] - o;
+        struct rl_seqs seqs = {.n_seq = k, .start = rel, .logp = cur + o, .old_logp = g->old + o,
+                               .ref_logp = g->ref + o, .mask = g->mask + o, .adv = g->adv + o};
+        struct rl_policy_stats ps;
+        TEST_OK(rl_policy_loss(c, &seqs, norm, coef + o, &ps, &err), &err);
+        loss += ps.loss;
+        rl_policy_stats_merge(st, &ps);
+        rl_batch_scatter(r, r->train, &b, g->s + a, k, coef);
+        TEST_OK(run_backward_tokens(r, &b, r->host_logprobs, &err), &err);
+    }
+    return loss;
+}
+
+Test(grpo, step_gradient_matches_finite_differences) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    TEST_OK(load_spec(&p, "grpo", p.train, p.out,
+                      "\"hyperparameters\":{\"batch_size\":2},\"rl\":{\"num_generations\":4,\"max_new_tokens\":4,"
+                      "\"loss_type\":\"grpo\"," REWARD_MIXED "},",
+                      &spec, &err), &err);
+    struct trainer_run r = {.spec = &spec, .quiet = true, .algo = &GRPO_ALGO};
+    TEST_OK(run_setup(&r, &err), &err);
+    TEST_OK(GRPO_ALGO.prepare(&r, &err), &err);
+    /* Larger weights than the 0.02 init, so that every path carries gradient. */
+    float *w = r.model->weights.data;
+    struct test_rng rng = {23};
+    for (int64_t i = 0; i < r.model->n_weights; i++) w[i] += (float)test_rng_uniform(&rng, -0.2, 0.2);
+
+    /* Samples of different prompts (of 4 to 7 tokens) and lengths, two of one prompt, one
+     * ending with eos, as an iteration lays them out. */
+    enum { N = 6 };
+    static const int64_t rows[N] = {0, 0, 1, 2, 3, 5}, lens[N] = {1, 4, 2, 3, 4, 2};
+    static const double seq_adv[N] = {0.9, -1.1, 0.4, -0.3, 1.3, -0.7};
+    int32_t ids[N][4];
+    struct rl_sample s[N];
+    int64_t start[N + 1] = {0};
+    double adv[64];
+    float old[64], ref[64], mask[64], cur[64];
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < 4; j++) ids[i][j] = (int32_t)(test_rng_next(&rng) % 256);
+        if (i == 3) ids[i][lens[i] - 1] = tokenizer_special_ids(r.tok)->eos;
+        s[i] = (struct rl_sample){.row = rows[i], .ids = ids[i], .n = lens[i], .off = start[i], .trained = true};
+        start[i + 1] = start[i] + lens[i];
+        for (int64_t t = start[i]; t < start[i + 1]; t++) {
+            adv[t] = seq_adv[i];
+            mask[t] = 1;
+        }
+    }
+    int64_t n_tok = start[N];
+    cr_assert(n_tok <= 64);
+    /* The old policy: the current one moved by small log-ratios (inside the clip range)
+     * and, on every third token, by 0.6 (far outside it: no gradient from the surrogate). */
+    double lp0[64];
+    unpacked_logprobs(&r, s, N, start, lp0);
+    for (int64_t t = 0; t < n_tok; t++) {
+        double shift = t % 3 == 0 ? (t % 2 ? 0.6 : -0.6) : test_rng_uniform(&rng, -0.05, 0.05);
+        old[t] = (float)(lp0[t] + shift);
+        ref[t] = (float)(lp0[t] + test_rng_uniform(&rng, -0.5, 0.5));
+    }
+    struct grad_case g = {.r = &r, .s = s, .n = N, .start = start, .old = old, .ref = ref, .mask = mask, .adv = adv};
+
+    /* grpo with a KL (seq_mean_token_mean), dapo (token_mean), dr_grpo (sum_norm). */
+    struct rl_policy_config cfgs[3];
+    job_rl_loss_config(&spec, &cfgs[0]);
+    cfgs[0].beta = 0.1;
+    rl_policy_config_default(RL_LOSS_DAPO, &cfgs[1]);
+    rl_policy_config_default(RL_LOSS_DR_GRPO, &cfgs[2]);
+    cfgs[2].max_completion_len = 4;
+    cr_assert_eq(cfgs[0].agg, RL_AGG_SEQ_MEAN_TOKEN_MEAN);
+    static const int splits[3] = {3, 2, 5};
+    for (int ci = 0; ci < 3; ci++) {
+        const struct rl_policy_config *c = &cfgs[ci];
+        double coef[64];
+        struct rl_policy_stats st;
+        double got_loss = packed_step(&g, c, splits[ci], cur, coef, &st);
+        cr_expect(st.n_tokens == n_tok && st.clip_low + st.clip_high > 0 && st.clip_low + st.clip_high < n_tok,
+                  "config %d: %lld of %lld tokens clipped: both paths of the surrogate should be taken", ci,
+                  (long long)(st.clip_low + st.clip_high), (long long)st.n_tokens);
+        for (int64_t t = 0; t < n_tok; t++)
+            cr_expect(fabs(cur[t] - lp0[t]) < 1e-5, "token %lld: packed logprob %.9g, alone %.9g", (long long)t,
+                      cur[t], lp0[t]);
+        double want_loss = closed_form_loss(c, N, start, lp0, old, ref, adv);
+        cr_expect(fabs(got_loss - want_loss) < 1e-5 * fabs(want_loss) + 1e-7, "config %d: loss %.9g, closed form %.9g",
+                  ci, got_loss, want_loss);
+        const float *gr = r.model->grads.data;
+        for (int i = 0; i < r.model->n_params; i++) {
+            const struct model_param *par = &r.model->params[i];
+            for (int k = 0; k < 2; k++) {
+                int64_t j = par->offset + (int64_t)(test_rng_next(&rng) % (uint64_t)par->numel);
+                float saved = w[j];
+                const float h = 1e-2f;
+                w[j] = saved + h;
+                double lp = model_loss(&g, c);
+                w[j] = saved - h;
+                double lm = model_loss(&g, c);
+                w[j] = saved;
+                double fd = (lp - lm) / (2.0 * (double)h), got = gr[j];
+                cr_expect(fabs(fd - got) <= 2e-2 * fabs(fd) + 3e-5,
+                          "config %d: %s[%lld]: step gradient %.6g, finite difference %.6g", ci,
+                          par->name, (long long)(j - par->offset), got, fd);
+            }
+        }
+    }
+    run_teardown(&r);
+    test_tmp_teardown();
+}
+
+/* ---- (5) exact resume ---- */
+
+/* Every train line's `key` of out (in order), and their steps. */
+static int train_values(const char *out, const char *key, double *v, int *steps, int cap) {
+    return test_read_metric(out, "train", key, v, steps, cap);
+}
+
+static void expect_same_rewards(const char *a, const char *b, int n) {
+    double ra[16], rb[16];
+    cr_assert_eq(train_values(a, "reward", ra, NULL, 16), n);
+    cr_assert_eq(train_values(b, "reward", rb, NULL, 16), n);
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(ra[i], rb[i], "iteration %d: reward %.17g uninterrupted vs %.17g resumed", i + 1, ra[i], rb[i]);
+}
+
+/* One optimizer step per iteration: test_expect_resume_exact's six steps are six
+ * iterations; 6 prompts in batches of 2 make the stop after 3 an epoch boundary. */
+#define RESUME_RL(more)                                                                                   \
+    "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":3,"        \
+    "\"max_new_tokens\":3,\"max_iterations\":6,\"kv_memory_mb\":2," more REWARD_MIXED "},"
+
+Test(grpo, full_run_resumes_bit_identically) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    test_expect_resume_exact(&p, run_grpo, RESUME_RL("") "\"checkpoint\":{\"every_steps\":2},", "val_reward");
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s2", p.out);
+    expect_same_rewards(p.out, out2, 6);
+    test_tmp_teardown();
+}
+
+/* test_expect_resume_exact for several optimizer steps per iteration: a train line per
+ * iteration at steps spi, 2 spi, ...; a stop requested after `stop` steps takes effect
+ * at the end of that iteration. */
+static void expect_resume_exact_iterations(const struct test_run_paths *p, const char *extra, int iterations,
+                                           int spi, int stop) {
+    struct trainer_result res;
+    struct trainer_options all = {.quiet = true}, stopped = {.quiet = true, .stop_after_step = stop},
+                           resume = {.quiet = true, .resume = "latest"};
+    run_grpo(p, p->out, extra, &all, &res);
+    cr_expect_eq(res.steps, iterations * spi);
+    cr_expect(res.base_unchanged);
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s2", p->out);
+    run_grpo(p, out2, extra, &stopped, &res);
+    int stop_at = (stop + spi - 1) / spi * spi;
+    cr_expect(res.stopped && res.steps == stop_at, "stopped %d after %lld steps, expected %d", res.stopped,
+              (long long)res.steps, stop_at);
+    run_grpo(p, out2, extra, &resume, &res);
+    cr_expect_eq(res.steps, iterations * spi);
+    cr_expect(res.base_unchanged);
+    static const char *const keys[] = {"loss", "reward", "kl", "grad_norm", "ratio_mean"};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        double a[16], b[16];
+        int sa[16], sb[16];
+        cr_assert_eq(train_values(p->out, keys[k], a, sa, 16), iterations);
+        cr_assert_eq(train_values(out2, keys[k], b, sb, 16), iterations);
+        for (int i = 0; i < iterations; i++) {
+            cr_expect(sa[i] == (i + 1) * spi && sb[i] == sa[i], "train line %d at steps %d / %d", i, sa[i], sb[i]);
+            cr_expect_eq(a[i], b[i], "iteration %d: %s %.17g uninterrupted vs %.17g resumed", i + 1, keys[k], a[i],
+                         b[i]);
+        }
+    }
+    double fa, fb;
+    cr_assert_eq(test_read_metric(p->out, "final", "val_reward", &fa, NULL, 1), 1);
+    cr_assert_eq(test_read_metric(out2, "final", "val_reward", &fb, NULL, 1), 1);
+    cr_expect_eq(fa, fb, "final val_reward %.17g vs %.17g", fa, fb);
+}
+
+/* LoRA with a KL to the reference (the base with the adapter off) and dropout; two
+ * epochs of two minibatches: 4 optimizer steps per iteration. A stop asked after step 5
+ * ends the second iteration (step 8), in the middle of the prompts' first epoch. */
+Test(grpo, lora_run_with_reference_resumes_bit_identically) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    expect_resume_exact_iterations(
+        &p,
+        RESUME_RL("\"ppo_epochs\":2,\"minibatches\":2,\"beta\":0.04,")
+        "\"lora\":{\"rank\":4,\"alpha\":8,\"dropout\":0.1},\"checkpoint\":{\"every_steps\":4},",
+        6, 4, 5);
+    /* The KL to the reference is measured, and the adapter moved the policy from it. */
+    double kl[8];
+    cr_assert_eq(train_values(p.out, "kl", kl, NULL, 8), 6);
+    cr_expect(kl[5] > 0, "kl %g at the last iteration", kl[5]);
+    test_tmp_teardown();
+}
+
+/* The reference of a LoRA job is the base with the adapter off. With one step per
+ * iteration and no dropout the KL is measured on the policy that generated: at the
+ * first iteration the fresh adapter adds exactly nothing, so the KL is exactly 0; after
+ * updates it is not (a reference taken with the adapter on would stay at 0). */
+Test(grpo, lora_reference_is_the_base) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct trainer_result res;
+    run_grpo(&p, p.out,
+             "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":3,"
+             "\"max_new_tokens\":3,\"max_iterations\":3,\"kv_memory_mb\":2,\"beta\":0.04," REWARD_MIXED "},"
+             "\"lora\":{\"rank\":4,\"alpha\":8},",
+             &quiet, &res);
+    cr_expect(res.base_unchanged);
+    double kl[4];
+    cr_assert_eq(train_values(p.out, "kl", kl, NULL, 4), 3);
+    cr_expect_eq(kl[0], 0.0, "iteration 1: kl %.17g with a fresh adapter", kl[0]);
+    cr_expect(kl[1] > 0 && kl[2] > 0, "kl %g, %g after updates", kl[1], kl[2]);
+    test_tmp_teardown();
+}
+
+/* ---- (6) which samples train ---- */
+
+/* One iteration's sample and group counts, from its train line (clipped: cut at
+ * max_new_tokens; degenerate_groups: groups whose rewards are all equal). */
+struct counts {
+    int64_t samples, trained, clipped, prompts, degenerate_groups;
+};
+
+static struct counts iteration_counts(const json_t *t) {
+    struct counts c = {.samples = int_at(t, "samples"), .trained = int_at(t, "samples_trained"),
+                       .prompts = int_at(t, "prompts")};
+    c.clipped = (int64_t)llround(num_at(t, "completions/clipped_ratio") * (double)c.samples);
+    c.degenerate_groups = (int64_t)llround(num_at(t, "frac_reward_zero_std") * (double)c.prompts);
+    cr_expect_eq(int_at(t, "samples_failed"), 0);
+    return c;
+}
+
+static void add_counts(struct counts *acc, struct counts c) {
+    acc->samples += c.samples;
+    acc->trained += c.trained;
+    acc->clipped += c.clipped;
+    acc->prompts += c.prompts;
+    acc->degenerate_groups += c.degenerate_groups;
+}
+
+#define SAMPLING_RUN(reward, more)                                                                           \
+    "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":3,"          \
+    "\"max_new_tokens\":3,\"max_iterations\":3,\"kv_memory_mb\":2," more reward "},"
+
+/* A reward that never varies: every group is degenerate. With dynamic sampling nothing
+ * trains (every iteration draws its 4 rounds of prompts, then passes), the run still
+ * ends, and the weights are those it started from; without, every sample trains (with
+ * zero advantages). */
+Test(grpo, dynamic_sampling_drops_degenerate_groups) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct trainer_result res;
+    run_grpo(&p, p.out, SAMPLING_RUN(REWARD_CONSTANT, "\"dynamic_sampling\":true,"), &quiet, &res);
+    cr_expect_eq(res.steps, 3);
+    json_t *tr[8];
+    int n = read_lines(p.out, "train", tr, 8);
+    cr_assert_eq(n, 3, "the run did not complete its iterations");
+    for (int i = 0; i < n; i++) {
+        struct counts c = iteration_counts(tr[i]);
+        cr_expect_eq(c.prompts, 8, "iteration %d: %lld prompts (4 rounds of 2 expected)", i + 1, (long long)c.prompts);
+        cr_expect_eq(c.samples, 24);
+        cr_expect_eq(c.trained, 0, "iteration %d: %lld samples of degenerate groups trained", i + 1,
+                     (long long)c.trained);
+        cr_expect_eq(num_at(tr[i], "frac_reward_zero_std"), 1.0);
+        cr_expect_eq(num_at(tr[i], "reward"), 0.0);
+        cr_expect_eq(num_at(tr[i], "grad_norm"), 0.0);
+    }
+    free_lines(tr, n);
+    int64_t n0, n1;
+    char out[700];
+    snprintf(out, sizeof out, "%s/output", p.out);
+    float *w0 = model_weights_of(p.model, &n0), *w1 = model_weights_of(out, &n1);
+    cr_assert_eq(n0, n1);
+    cr_expect_eq(memcmp(w0, w1, (size_t)n0 * sizeof *w0), 0, "the weights changed although nothing trained");
+    free(w0);
+    free(w1);
+
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s-all", p.out);
+    run_grpo(&p, out2, SAMPLING_RUN(REWARD_CONSTANT, ""), &quiet, &res);
+    n = read_lines(out2, "train", tr, 8);
+    cr_assert_eq(n, 3);
+    for (int i = 0; i < n; i++) {
+        struct counts c = iteration_counts(tr[i]);
+        cr_expect(c.prompts == 2 && c.samples == 6 && c.trained == 6,
+                  "iteration %d without dynamic sampling: %lld prompts, %lld samples, %lld trained", i + 1,
+                  (long long)c.prompts, (long long)c.samples, (long long)c.trained);
+    }
+    free_lines(tr, n);
+    test_tmp_teardown();
+}
+
+/* A reward of 0 or 1: the groups that train are exactly the mixed ones, and rounds of
+ * prompts are drawn until 2 of them are (at most 4 rounds). */
+Test(grpo, dynamic_sampling_trains_the_mixed_groups) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct trainer_result res;
+    run_grpo(&p, p.out, SAMPLING_RUN(REWARD_BINARY, "\"dynamic_sampling\":true,"), &quiet, &res);
+    json_t *tr[8];
+    int n = read_lines(p.out, "train", tr, 8);
+    cr_assert_eq(n, 3);
+    struct counts sum = {0};
+    for (int i = 0; i < n; i++) {
+        struct counts c = iteration_counts(tr[i]);
+        add_counts(&sum, c);
+        int64_t kept = c.prompts - c.degenerate_groups;
+        cr_expect_eq(c.samples, 3 * c.prompts);
+        cr_expect(c.prompts % 2 == 0 && c.prompts >= 2 && c.prompts <= 8, "iteration %d: %lld prompts", i + 1,
+                  (long long)c.prompts);
+        cr_expect_eq(c.trained, 3 * kept, "iteration %d: %lld trained, %lld mixed groups of 3", i + 1,
+                     (long long)c.trained, (long long)kept);
+        cr_expect(kept >= 2 || c.prompts == 8,
+                  "iteration %d: stopped drawing with %lld mixed groups after %lld prompts",
+                  i + 1, (long long)kept, (long long)c.prompts);
+        /* Only the last round may complete the batch. */
+        cr_expect(c.prompts == 2 || kept - 2 < 2, "iteration %d: %lld mixed groups over %lld prompts", i + 1,
+                  (long long)kept, (long long)c.prompts);
+        /* One verifier of weight 1: its mean is the reward's, over every sample drawn. */
+        double reward = num_at(tr[i], "reward"), verifier = num_at(tr[i], "rewards/regex_match/mean");
+        cr_expect(fabs(reward - verifier) < 1e-12,
+                  "iteration %d: reward %.17g over %lld samples, rewards/regex_match/mean %.17g", i + 1, reward,
+                  (long long)c.samples, verifier);
+    }
+    free_lines(tr, n);
+    cr_expect(sum.degenerate_groups > 0 && sum.degenerate_groups < sum.prompts,
+              "a run that does not tell: %lld degenerate groups of %lld", (long long)sum.degenerate_groups,
+              (long long)sum.prompts);
+    test_tmp_teardown();
+}
+
+/* Makes the tiny model end its completions early and often: every embedding's first
+ * coordinate becomes 1 and eos's 1 + lift. That coordinate dominates the residual
+ * stream (the rest is about 0.02 * sqrt(63)), so after the final norm (about 8 on it)
+ * the logits are nearly equal but eos's, ahead by about 8 * lift. */
+static void make_eos_likely(const char *dir, float lift) {
+    struct smelt_error err = {0};
+    struct model *m;
+    struct tokenizer *tok;
+    TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
+    TEST_OK(tokenizer_load(dir, &tok, &err), &err);
+    int64_t eos = tokenizer_special_ids(tok)->eos, C = m->config.hidden_size;
+    cr_assert(eos >= 0 && eos < m->config.vocab_size && m->config.tie_word_embeddings);
+    float *wte = m->w.wte.data;
+    for (int64_t v = 0; v < m->config.vocab_size; v++) wte[v * C] = 1;
+    wte[eos * C] = 1 + lift;
+    TEST_OK(model_save(m, dir, false, &err), &err);
+    model_free(m);
+    tokenizer_free(tok);
+}
+
+/* With eos likely, some completions stop and others are cut at max_new_tokens: under
+ * mask_truncated_completions exactly the cut ones do not train. */
+Test(grpo, mask_truncated_completions_leaves_out_the_cut_samples) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    make_eos_likely(p.model, 0.6f);
+    struct trainer_result res;
+    run_grpo(&p, p.out, SAMPLING_RUN(REWARD_BINARY, "\"mask_truncated_completions\":true,"), &quiet, &res);
+    json_t *tr[8];
+    int n = read_lines(p.out, "train", tr, 8);
+    cr_assert_eq(n, 3);
+    struct counts sum = {0};
+    for (int i = 0; i < n; i++) {
+        struct counts c = iteration_counts(tr[i]);
+        add_counts(&sum, c);
+        cr_expect_eq(c.trained, c.samples - c.clipped, "iteration %d: %lld trained of %lld samples, %lld cut", i + 1,
+                     (long long)c.trained, (long long)c.samples, (long long)c.clipped);
+    }
+    free_lines(tr, n);
+    cr_expect(sum.clipped > 0 && sum.clipped < sum.samples, "a run that does not tell: %lld cut of %lld",
+              (long long)sum.clipped, (long long)sum.samples);
+
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s-all", p.out);
+    run_grpo(&p, out2, SAMPLING_RUN(REWARD_BINARY, ""), &quiet, &res);
+    n = read_lines(out2, "train", tr, 8);
+    cr_assert_eq(n, 3);
+    struct counts all = {0};
+    for (int i = 0; i < n; i++) {
+        struct counts c = iteration_counts(tr[i]);
+        add_counts(&all, c);
+        cr_expect_eq(c.trained, c.samples, "iteration %d without the mask: %lld trained of %lld", i + 1,
+                     (long long)c.trained, (long long)c.samples);
+    }
+    free_lines(tr, n);
+    cr_expect(all.clipped > 0, "no cut sample without the mask either");
+    test_tmp_teardown();
+}

@@ -1,0 +1,192 @@
+/* The job spec's "rl" section (GRPO): its table of fields, the reward spec and the
+ * checks that involve several fields. docs/job-spec.md documents it. */
+#include "trainer/trainer_internal.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "rewards/rewards.h"
+
+static const char *const PLACEMENT_NAMES[] = {[RL_PLACEMENT_COLOCATED] = "colocated", [RL_PLACEMENT_SPLIT] = "split"};
+
+const char *rl_placement_name(enum rl_placement p) { return PLACEMENT_NAMES[p]; }
+
+static int placement_parse(const char *name, void *value, struct smelt_error *err) {
+    for (int i = 0; i < 2; i++)
+        if (strcmp(name, PLACEMENT_NAMES[i]) == 0) {
+            *(enum rl_placement *)value = (enum rl_placement)i;
+            return SMELT_OK;
+        }
+    return error_set(err, SMELT_EINVAL, "\"%s\" is not a placement (colocated, split)", name);
+}
+
+static const char *placement_format(const void *value) { return rl_placement_name(*(const enum rl_placement *)value); }
+
+/* loss_agg: "auto" (-1) or an aggregation. */
+static int agg_parse(const char *name, void *value, struct smelt_error *err) {
+    if (strcmp(name, "auto") == 0) {
+        *(int *)value = -1;
+        return SMELT_OK;
+    }
+    enum rl_loss_agg agg;
+    TRY(rl_loss_agg_from_name(name, &agg, err));
+    *(int *)value = (int)agg;
+    return SMELT_OK;
+}
+
+static const char *agg_format(const void *value) {
+    int v = *(const int *)value;
+    if (v < 0) return "auto";
+    enum rl_loss_agg agg = (enum rl_loss_agg)v;
+    return rl_loss_agg_to_name(&agg);
+}
+
+#define RL_AT(member, T) \
+    (offsetof(struct job_spec, rl.member) + 0 * sizeof(_Generic(((struct job_spec *)0)->rl.member, T: 1)))
+#define RL_INT(member, d, lo, hi) \
+    {.name = #member, .kind = JOB_FIELD_INT, .offset = RL_AT(member, int64_t), .def = d, .min = lo, .max = hi}
+#define RL_NUMBER(member, d, lo, hi) \
+    {.name = #member, .kind = JOB_FIELD_NUMBER, .offset = RL_AT(member, double), .def = d, .min = lo, .max = hi}
+#define RL_BOOL(member, d) \
+    {.name = #member, .kind = JOB_FIELD_BOOL, .offset = RL_AT(member, bool), .def = d, .min = 0, .max = 1}
+#define RL_NAME(member, T, d, parse, format)                                                                    \
+    {.name = #member, .kind = JOB_FIELD_NAME, .offset = RL_AT(member, T), .def_name = d, .from_name = parse, \
+     .to_name = format}
+
+/* The order is the order of checking. */
+const struct job_hp_field JOB_RL_FIELDS[] = {
+    RL_INT(num_generations, 8, 2, 256),
+    RL_INT(minibatches, 1, 1, 4096),
+    RL_INT(ppo_epochs, 1, 1, 100),
+    RL_INT(max_iterations, 0, 0, 0x1p40),
+    RL_INT(max_new_tokens, 64, 1, 1 << 20),
+    {.name = "temperature", .kind = JOB_FIELD_NUMBER, .offset = RL_AT(temperature, double), .def = 1.0, .min = 0.0,
+     .max = 100.0, .min_excluded = true},
+    RL_INT(top_k, 0, 0, 1 << 30),
+    {.name = "top_p", .kind = JOB_FIELD_NUMBER, .offset = RL_AT(top_p, double), .def = 1.0, .min = 0.0, .max = 1.0,
+     .min_excluded = true},
+    RL_NUMBER(min_p, 0.0, 0.0, 0.999999),
+    RL_NAME(loss_type, enum rl_loss_type, "dapo", rl_loss_type_from_name, rl_loss_type_to_name),
+    RL_NAME(loss_agg, int, "auto", agg_parse, agg_format),
+    /* absent: the loss type's own (rl_policy_config_default) */
+    RL_NUMBER(epsilon, 0.2, 0.0, 0.999999),
+    RL_NUMBER(epsilon_high, 0.2, 0.0, 100.0),
+    RL_NUMBER(dual_clip, 0.0, 0.0, 1000.0),
+    RL_NUMBER(beta, 0.0, 0.0, 1000.0),
+    RL_NAME(kl_estimator, enum rl_kl_estimator, "k3", rl_kl_estimator_from_name, rl_kl_estimator_to_name),
+    RL_NAME(advantage_estimator, enum rl_adv_estimator, "grpo", rl_adv_estimator_from_name,
+            rl_adv_estimator_to_name),
+    RL_BOOL(scale_rewards, true),
+    RL_BOOL(mask_truncated_completions, false),
+    RL_BOOL(dynamic_sampling, false),
+    RL_NUMBER(tis_cap, 0.0, 0.0, 1e6),
+    RL_NAME(tis_level, enum rl_tis_level, "token", rl_tis_level_from_name, rl_tis_level_to_name),
+    RL_NAME(tis_mode, enum rl_tis_mode, "truncate", rl_tis_mode_from_name, rl_tis_mode_to_name),
+    RL_NAME(placement, enum rl_placement, "colocated", placement_parse, placement_format),
+    RL_INT(rollout_workers, 1, 1, 64),
+    RL_INT(kv_memory_mb, 256, 1, 1 << 20),
+};
+const int JOB_N_RL_FIELDS = (int)(sizeof JOB_RL_FIELDS / sizeof JOB_RL_FIELDS[0]);
+
+/* The reward spec: checked by building the stage once, kept as compact JSON. */
+static int parse_reward(const json_t *obj, const char *w, struct job_spec *s, struct smelt_error *err) {
+    const json_t *reward = json_object_get(obj, "reward");
+    if (!reward || json_is_null(reward))
+        return error_set_field(err, SMELT_EINVAL, "reward",
+                               "%s.reward: missing (a GRPO job needs a reward: docs/rewards.md)", w);
+    char rw[300];
+    snprintf(rw, sizeof rw, "%s.reward", w);
+    struct reward_stage *stage;
+    TRY(error_in_field(err, reward_stage_create(reward, rw, &stage, err), "reward"));
+    reward_stage_free(stage);
+    char *text = json_dumps(reward, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) return error_set(err, SMELT_ENOMEM, "%s.reward: out of memory", w);
+    size_t len = strlen(text);
+    int rc = len < sizeof s->rl.reward ? SMELT_OK
+                                       : error_set_field(err, SMELT_EINVAL, "reward", "%s.reward: longer than %zu bytes",
+                                                         w, sizeof s->rl.reward - 1);
+    if (!rc) memcpy(s->rl.reward, text, len + 1);
+    free(text);
+    return rc;
+}
+
+/* The clip range a loss type takes where the spec gives none (TRL's epsilon_high is
+ * epsilon when only epsilon is given). */
+static void default_clip(const json_t *obj, struct job_spec *s) {
+    struct rl_policy_config d;
+    rl_policy_config_default(s->rl.loss_type, &d);
+    bool low = json_object_get(obj, "epsilon") != NULL, high = json_object_get(obj, "epsilon_high") != NULL;
+    if (!low) s->rl.epsilon = d.eps_low;
+    if (!high) s->rl.epsilon_high = low && s->rl.loss_type != RL_LOSS_CISPO ? s->rl.epsilon : d.eps_high;
+}
+
+void job_rl_loss_config(const struct job_spec *s, struct rl_policy_config *out) {
+    rl_policy_config_default(s->rl.loss_type, out);
+    if (s->rl.loss_agg >= 0) out->agg = (enum rl_loss_agg)s->rl.loss_agg;
+    out->eps_low = s->rl.epsilon;
+    out->eps_high = s->rl.epsilon_high;
+    out->dual_clip = s->rl.dual_clip;
+    out->beta = s->rl.beta;
+    out->kl_estimator = s->rl.kl_estimator;
+    out->tis_cap = s->rl.tis_cap;
+    out->tis_level = s->rl.tis_level;
+    out->tis_mode = s->rl.tis_mode;
+    out->max_completion_len = s->rl.max_new_tokens;
+}
+
+/* What one field cannot say alone. */
+static int check_rl(struct job_spec *s, const char *w, struct smelt_error *err) {
+    if (s->rl.dual_clip != 0 && s->rl.dual_clip <= 1)
+        return error_set_field(err, SMELT_EINVAL, "dual_clip", "%s.dual_clip: must be 0 (off) or above 1, got %g", w,
+                               s->rl.dual_clip);
+    if (s->rl.advantage_estimator == RL_ADV_GAE)
+        return error_set_field(err, SMELT_EINVAL, "advantage_estimator",
+                               "%s.advantage_estimator: \"gae\" needs a critic (PPO), which a grpo job does not have", w);
+    if (s->rl.placement == RL_PLACEMENT_SPLIT)
+        return error_set_field(err, SMELT_EINVAL, "placement",
+                               "%s.placement: \"split\" (smelt-rollout workers) is not wired to the loop yet: use "
+                               "\"colocated\"", w);
+    if (s->rl.tis_cap != 0 && s->rl.tis_cap < 1)
+        return error_set_field(err, SMELT_EINVAL, "tis_cap", "%s.tis_cap: must be 0 (off) or at least 1, got %g", w,
+                               s->rl.tis_cap);
+    return SMELT_OK;
+}
+
+int job_parse_rl(const json_t *obj, const char *where, struct job_spec *s, struct smelt_error *err) {
+    static const char *const extra[] = {"reward", NULL};
+    char w[256];
+    snprintf(w, sizeof w, "%s: rl", where);
+    if (!job_type_is_rl(s->type)) {
+        if (json_object_size(obj) == 0) return SMELT_OK;
+        return error_set(err, SMELT_EINVAL, "%s: only a grpo job has an rl section", w);
+    }
+    TRY(job_parse_fields(obj, JOB_RL_FIELDS, JOB_N_RL_FIELDS, extra, w, s, err));
+    TRY(parse_reward(obj, w, s, err));
+    default_clip(obj, s);
+    TRY(check_rl(s, w, err));
+    struct rl_policy_config c;
+    job_rl_loss_config(s, &c);
+    int rc = rl_policy_config_check(&c, err);
+    if (rc) error_wrap(err, rc, "%s", w);
+    return rc;
+}
+
+int job_rl_to_json(const struct job_spec *s, json_t **out, struct smelt_error *err) {
+    json_t *rl = json_object();
+    int bad = !rl;
+    for (int i = 0; !bad && i < JOB_N_RL_FIELDS; i++) {
+        json_t *v = job_field_json(&JOB_RL_FIELDS[i], s);
+        bad |= !v || json_object_set_new(rl, JOB_RL_FIELDS[i].name, v);
+    }
+    json_error_t jerr;
+    json_t *reward = bad ? NULL : json_loads(s->rl.reward, 0, &jerr);
+    bad |= !reward || json_object_set_new(rl, "reward", reward);
+    if (bad) {
+        json_decref(rl);
+        return error_set(err, SMELT_ENOMEM, "job_spec_to_json: out of memory");
+    }
+    *out = rl;
+    return SMELT_OK;
+}
