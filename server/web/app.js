@@ -372,8 +372,12 @@ const SERIES = [
   {chart: 'grad', name: 'grad norm', keys: ['grad_norm']},
   {chart: 'tps', name: 'tokens/s', keys: ['tokens_per_s']},
   {chart: 'reward', name: 'reward', keys: ['reward', 'reward_mean', 'mean_reward', 'rewards']},
+  {chart: 'reward', name: 'val. reward', keys: ['val_reward']},
+  {chart: 'reward', name: 'val. accuracy', keys: ['val_accuracy']},
   {chart: 'kl', name: 'KL', keys: ['kl', 'kl_mean', 'mean_kl', 'kl_div']},
-  {chart: 'length', name: 'length', keys: ['response_length', 'mean_response_length', 'length', 'gen_len']},
+  {chart: 'kl', name: 'rollout/trainer |Δlogprob|', keys: ['rollout/logprob_diff_mean']},
+  {chart: 'length', name: 'length', keys: ['completions/mean_length', 'response_length', 'mean_response_length',
+                                          'length', 'gen_len']},
 ];
 const CHARTS = ['loss', 'lr', 'grad', 'tps', 'reward', 'kl', 'length'];
 const OPTIONAL_CHARTS = new Set(['reward', 'kl', 'length']);
@@ -396,6 +400,9 @@ function resetCharts() {
     if (OPTIONAL_CHARTS.has(name)) $(name + '-chart-figure').hidden = true;
   }
   $('charts-unavailable').hidden = chartsAvailable();
+  state.samplesStep = 0;
+  $('samples').tBodies[0].replaceChildren();
+  $('samples-figure').hidden = true;
 }
 
 function ensureChart(name) {
@@ -424,9 +431,27 @@ function ensureChart(name) {
   });
 }
 
+/* An RL iteration's samples line (prompt, completion, reward): the newest one is shown. */
+function showSamples(step, samples) {
+  if (!Array.isArray(samples) || (state.samplesStep || 0) > step) return;
+  state.samplesStep = step;
+  const rows = samples.map((x) => el('tr', {},
+    el('td', {}, String(step)),
+    el('td', {class: 'mono'}, String(x.prompt ?? '')),
+    el('td', {class: 'mono'}, String(x.completion ?? '')),
+    el('td', {}, fmtNumber(x.reward)),
+    el('td', {}, String(x.finish_reason ?? ''))));
+  $('samples').tBodies[0].replaceChildren(...rows);
+  $('samples-figure').hidden = rows.length === 0;
+}
+
 /* One metrics record (a metrics.jsonl line or an event's data) at `step`. */
 function absorbMetrics(step, record) {
   if (!Number.isInteger(step) || !record || typeof record !== 'object') return;
+  if (record.type === 'samples') {
+    showSamples(step, record.samples);
+    return;
+  }
   for (const s of SERIES) {
     if (s.types && !s.types.includes(record.type)) continue;
     const key = s.keys.find((k) => typeof record[k] === 'number' && isFinite(record[k]));
@@ -527,11 +552,14 @@ async function selectJob(id) {
   }
   await loadMetricsHistory(sel);
   if (state.selected !== sel) return;
+  sel.historyLoaded = true;
   startStream(sel);
 }
 
+/* The job's metrics rows after the last one read (all of them the first time): the charts'
+ * history, then, polled, what the event stream does not carry (an RL iteration's samples). */
 async function loadMetricsHistory(sel) {
-  let after = 0;
+  let after = sel.metricsAfter || 0;
   for (;;) {
     let page;
     try {
@@ -546,6 +574,7 @@ async function loadMetricsHistory(sel) {
       if (record.type === undefined) record.type = row.type;
       absorbMetrics(row.step, record);
       after = Math.max(after, row.id);
+      sel.metricsAfter = after;
     }
     if (!page.has_more || !(page.data || []).length) return;
   }
@@ -572,6 +601,7 @@ async function refreshDetail() {
   else reportError('Reading the checkpoints of ' + sel.id, ckpts.reason);
   if (log.status === 'fulfilled') renderLog(log.value);
   else reportError('Reading the log of ' + sel.id, log.reason);
+  if (sel.historyLoaded) await loadMetricsHistory(sel);
 }
 
 function field(label, value, mono) {

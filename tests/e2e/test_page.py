@@ -315,6 +315,30 @@ def test_rl_charts_appear_with_rl_metrics(browser, smeltd):
     assert browser.find_element(By.ID, "loss-chart").get_attribute("data-points") == "2"
 
 
+def test_grpo_reward_curves_and_samples(browser, smeltd):
+    """A GRPO job's train lines (reward, mismatch, completion length), its held-out reward and
+    accuracy, and the samples line of an iteration: the curves on the reward, KL and length
+    charts, the newest samples in a table (text shown as text)."""
+    open_page(browser, smeltd)
+    assert browser.find_element(By.ID, "samples-figure").get_property("hidden")
+    browser.execute_script(
+        "absorbMetrics(0, {type: 'eval', val_reward: 0.5, val_accuracy: 0.5});"
+        "absorbMetrics(1, {type: 'train', loss: 0.0, reward: 0.25, kl: 0.0, 'rollout/logprob_diff_mean': 1e-7,"
+        " 'completions/mean_length': 4});"
+        "absorbMetrics(1, {type: 'samples', samples: [{prompt: '<b>1+1=</b>', completion: '002', reward: 1,"
+        " finish_reason: 'stop'}]});"
+        "absorbMetrics(2, {type: 'samples', samples: [{prompt: '2+2=', completion: '004', reward: 1, finish_reason:"
+        " 'stop'}, {prompt: '2+3=', completion: '006', reward: 0, finish_reason: 'length'}]});")
+    wait_for(browser, lambda d: d.find_element(By.ID, "reward-chart").get_attribute("data-points") == "3", 5,
+             "three points on the reward chart")
+    assert browser.find_element(By.ID, "kl-chart").get_attribute("data-points") == "2"
+    assert browser.find_element(By.ID, "length-chart").get_attribute("data-points") == "1"
+    assert not browser.find_element(By.ID, "samples-figure").get_property("hidden")
+    # #job-detail is hidden here (no job open): read the rows' text content
+    rows = [r.get_attribute("textContent") for r in browser.find_elements(By.CSS_SELECTOR, "#samples tbody tr")]
+    assert len(rows) == 2 and "004" in rows[0] and "length" in rows[1], rows
+
+
 def test_dpo_metrics_share_the_loss_chart(browser, smeltd):
     """A DPO job's reward margin and preference accuracy (train lines / step events, and
     val_ on evaluations) are drawn on the loss chart, against a second axis."""
