@@ -195,7 +195,7 @@ test: deps-test
 # Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
 # OpenMP threads (OpenBLAS runs in the same pool) are capped so parallel test workers do
 # not oversubscribe.
-test-unit: $(UNIT_BIN)
+test-unit: $(UNIT_BIN) $(BUILD)/smelt-rollout
 	$(tsan_begin)
 	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) ASAN_OPTIONS=detect_leaks=1 $(UNIT_BIN) --jobs 2
 	$(tsan_end)

@@ -39,7 +39,10 @@
  *                stop?: [string of 1..256 bytes] (<= 16, needs a tokenizer),
  *                stop_token_ids?: [int] (<= 16 together with the eos ids),
  *                ignore_eos?: bool (false: the model's eos ids, from config.json and the
- *                tokenizer, end a sample too)}
+ *                tokenizer, end a sample too), more?: bool (false; true: more requests of
+ *                this client's batch follow to this worker, and the engine holds its next
+ *                step until the last one arrives or ROLLOUT_WORKER_HOLD_MS pass, so a batch
+ *                is scheduled as a local engine given all of it would schedule it)}
  *               frame 2 (optional): int32 prompt token ids; exactly one of "prompt" or
  *               frame 2 is given. Unknown fields are refused, and so is a request whose
  *               prompt plus max_new_tokens cannot fit the worker's KV cache.

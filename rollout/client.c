@@ -214,7 +214,12 @@ static void check_liveness(struct rollout_client *c, int64_t now) {
     for (int k = 0; k < c->n_workers; k++) {
         struct client_worker *w = &c->workers[k];
         if (!owes(w)) continue;
-        if (!w->asked_ms && now - w->last_heard_ms >= c->config.quiet_ms) {
+        if (c->config.alive && !c->config.alive(c->config.alive_ctx, k)) {
+            struct smelt_error err = {0};
+            error_set(&err, SMELT_EIO, "rollout client: worker %s is gone (its caller says so)", w->endpoint);
+            log_error("%s", err.message);
+            fail_worker(c, w, &err);
+        } else if (!w->asked_ms && now - w->last_heard_ms >= c->config.quiet_ms) {
             /* A full queue: asked again next time (sending waits are bounded by themselves). */
             struct smelt_error err = {0};
             json_t *h = json_object();
@@ -448,8 +453,9 @@ static json_t *stop_arrays(const struct rollout_request *r, json_t **stop) {
 }
 
 /* gen.request's header: every sampling field as the engine takes it, and ignore_eos, so
- * that the worker stops on the request's stop ids alone, as the engine does. */
-static json_t *request_header(const struct rollout_client *c, const struct rollout_request *r, int i) {
+ * that the worker stops on the request's stop ids alone, as the engine does; "more" when
+ * another request of the batch goes to the same worker after it. */
+static json_t *request_header(const struct rollout_client *c, const struct rollout_request *r, int i, bool more) {
     char id[48];
     snprintf(id, sizeof id, "%" PRIu64 ":%d", c->batch_seq, i);
     json_t *stop, *stop_ids = stop_arrays(r, &stop);
@@ -459,6 +465,10 @@ static json_t *request_header(const struct rollout_client *c, const struct rollo
                           (double)r->sampling.temperature, "top_k", (json_int_t)r->sampling.top_k, "top_p",
                           (double)r->sampling.top_p, "min_p", (double)r->sampling.min_p, "seed", (json_int_t)r->seed,
                           "stop_token_ids", stop_ids, "stop", stop, "ignore_eos", 1);
+    if (h && more && json_object_set_new(h, "more", json_true())) {
+        json_decref(h);
+        return NULL;
+    }
     return h; /* json_pack's "o" took both arrays, also when it failed */
 }
 
@@ -471,6 +481,16 @@ static int least_loaded(struct rollout_client *c) {
     }
     c->next_worker = (best + 1) % c->n_workers;
     return best;
+}
+
+/* Each request's worker, chosen before anything is sent (so that each request can say
+ * whether more follow to its worker): the one owing the fewest samples at that point. */
+static void assign_workers(struct rollout_client *c, const struct rollout_request *requests, int n_requests) {
+    for (int i = 0; i < n_requests; i++) {
+        c->reqs[i].worker = least_loaded(c);
+        c->workers[c->reqs[i].worker].samples_owed += requests[i].n;
+    }
+    for (int i = 0; i < n_requests; i++) c->workers[c->reqs[i].worker].samples_owed -= requests[i].n;
 }
 
 /* Ends a failed batch: what still runs is aborted (its results are another batch's from
@@ -532,16 +552,18 @@ int rollout_client_submit(struct rollout_client *c, const struct rollout_request
     c->batch_failed = false;
     c->out = *out;
     int64_t deadline = mono_ms() + c->config.timeout_ms;
+    assign_workers(c, requests, n_requests);
     int rc = SMELT_OK;
     for (int i = 0; i < n_requests && !rc; i++) {
         const struct rollout_request *r = &requests[i];
-        int k = least_loaded(c);
+        int k = c->reqs[i].worker;
         struct client_worker *w = &c->workers[k];
         struct msg_array prompt = {(void *)r->prompt, (size_t)r->n_prompt * sizeof(int32_t)};
-        rc = send_to(c, w, MSG_GEN_REQUEST, request_header(c, r, i), &prompt, 1, deadline, err);
+        bool more = false;
+        for (int j = i + 1; j < n_requests && !more; j++) more = c->reqs[j].worker == k;
+        rc = send_to(c, w, MSG_GEN_REQUEST, request_header(c, r, i, more), &prompt, 1, deadline, err);
         if (rc) break;
         owe_from_now(w);
-        c->reqs[i].worker = k;
         w->samples_owed += r->n;
     }
     if (rc) end_batch(c, BATCH_NONE);

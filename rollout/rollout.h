@@ -138,6 +138,12 @@ struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
  * ROLLOUT_WORKER_IDLE_POLL_MS only when the engine is idle; each finished sample goes
  * back at once to the client that asked for it.
  *
+ * A request with "more" (the rest of its client's batch for this worker follows: the
+ * rollout client sets it) holds the engine's next step until a request without it
+ * arrives, or ROLLOUT_WORKER_HOLD_MS pass: the engine's first step then sees the whole
+ * batch, as a local engine given every request before stepping does, so a worker makes
+ * the same batches, hence the same logprobs, whatever the network's timing.
+ *
  * Requests are checked whole before the engine sees them; a refused one is answered
  * with gen.error naming the field and the worker goes on. Client ids are scoped by
  * client (routing id); the engine sees its own uint64 ids. A client that can no longer
@@ -154,6 +160,9 @@ struct rollout_stats rollout_engine_stats(const struct rollout_engine *engine);
  * borrowed; router is used only by the calling thread while serve runs. */
 
 #define ROLLOUT_WORKER_IDLE_POLL_MS 50
+/* The longest the engine waits for the rest of a batch after a request saying "more"
+ * (a client that dies half-way through sending must not stall the worker). */
+#define ROLLOUT_WORKER_HOLD_MS 1000
 #define ROLLOUT_WORKER_MAX_DRAIN 256
 
 /* The worker also takes new weights (weights.begin / bucket / end, common/msg.h) on the
@@ -221,6 +230,12 @@ struct rollout_client_config {
     int64_t quiet_ms;             /* 0: ROLLOUT_CLIENT_DEFAULT_QUIET_MS */
     int64_t health_timeout_ms;    /* 0: ROLLOUT_CLIENT_DEFAULT_HEALTH_TIMEOUT_MS */
     int64_t bucket_bytes;         /* weight sync buckets; 0: WEIGHTSYNC_DEFAULT_BUCKET_BYTES */
+    /* Optional, for a caller that knows more than the network can tell (the trainer
+     * owns its workers' processes): asked about each worker that owes an answer, every
+     * time liveness is checked; false means worker k (endpoint index) is gone, and what
+     * it owes fails at once instead of after the health timeout. NULL: health checks only. */
+    bool (*alive)(void *ctx, int worker);
+    void *alive_ctx;
 };
 
 /* Where a batch's samples land: n_samples = the sum of the requests' n slots. */

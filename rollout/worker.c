@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "common/log.h"
@@ -15,6 +16,18 @@
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gen.result's arrays are little-endian and go out as the host holds them"
 #endif
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* How long the engine still waits for the rest of a batch (0: it does not). */
+static int64_t hold_left_ms(const struct worker *w) {
+    int64_t left = w->hold_until_ms ? w->hold_until_ms - mono_ms() : 0;
+    return left > 0 ? left : 0;
+}
 
 /* ---- requests in flight ---- */
 
@@ -99,7 +112,8 @@ static void send_error(struct worker *w, const char *route, size_t route_len, co
     worker_send(w, route, route_len, MSG_GEN_ERROR, h, NULL, 0);
 }
 
-/* The sample's text, when the tokenizer has a token for each id. */
+/* The sample's text, when the tokenizer has a token for each id and the text holds no
+ * NUL (headers are read without JSON_ALLOW_NUL: a client would refuse the message). */
 static void add_text(const struct worker *w, json_t *h, const struct rollout_result *r) {
     char *text = NULL;
     size_t len = 0;
@@ -108,7 +122,7 @@ static void add_text(const struct worker *w, json_t *h, const struct rollout_res
         log_debug("rollout worker: a result goes without text: %s", err.message);
         return;
     }
-    json_t *t = json_string_lossy(text, len);
+    json_t *t = len && memchr(text, 0, len) ? NULL : json_string_lossy(text, len);
     if (t) json_object_set_new(h, "text", t);
     free(text);
 }
@@ -186,6 +200,7 @@ static void on_request(struct worker *w, const struct msg *m) {
         send_error(w, m->route, m->route_len, worker_header_id(m), field, err.message);
         return;
     }
+    w->hold_until_ms = req.more ? mono_ms() + ROLLOUT_WORKER_HOLD_MS : 0;
     int rc = SMELT_OK;
     const char *at_fault = NULL;
     uint64_t engine_id = w->next_engine_id++;
@@ -288,9 +303,12 @@ static void on_malformed(struct worker *w, const struct msg *m, int rc, const st
 }
 
 /* Handles what is waiting: blocks up to the idle poll for the first message when the
- * engine has nothing to do, never otherwise. Fails only when the socket does. */
+ * engine has nothing to do or waits for the rest of a batch, never otherwise. Fails
+ * only when the socket does. */
 static int drain(struct worker *w, const atomic_int *stop, struct smelt_error *err) {
-    int timeout_ms = rollout_engine_idle(w->engine) ? ROLLOUT_WORKER_IDLE_POLL_MS : 0;
+    int64_t hold = hold_left_ms(w);
+    if (hold > ROLLOUT_WORKER_IDLE_POLL_MS) hold = ROLLOUT_WORKER_IDLE_POLL_MS;
+    int timeout_ms = rollout_engine_idle(w->engine) ? ROLLOUT_WORKER_IDLE_POLL_MS : (int)hold;
     for (int k = 0; k < ROLLOUT_WORKER_MAX_DRAIN && !atomic_load(stop); k++) {
         struct msg m;
         struct smelt_error why = {0};
@@ -353,7 +371,8 @@ int rollout_worker_run(const struct rollout_worker_setup *setup, struct smelt_er
     int rc = SMELT_OK;
     while (!atomic_load(s->stop) && !rc) {
         rc = drain(&w, s->stop, err);
-        if (!rc && !atomic_load(s->stop) && !rollout_engine_idle(s->engine)) step(&w);
+        bool holding = hold_left_ms(&w) > 0; /* the rest of a batch is on its way */
+        if (!rc && !atomic_load(s->stop) && !rollout_engine_idle(s->engine) && !holding) step(&w);
         deliver_finished(&w);
     }
     const char *why = rc ? "the worker's socket failed" : "the worker is stopping";

@@ -31,6 +31,7 @@ struct worker_request {
      * live. */
     struct rollout_request r;
     int32_t *prompt_owned;        /* the encoded text prompt (malloc'd), or NULL */
+    bool more;                    /* the client's batch has more requests for this worker */
 };
 
 /* The id of a gen.request / gen.abort header when it is a usable one (a string of 1..64
@@ -63,6 +64,9 @@ struct worker {
     int n_reqs, cap_reqs;
     uint64_t next_engine_id;
     int64_t requests_served, step_errors;
+    /* Monotonic ms until which the engine waits for the rest of a batch (a request said
+     * "more"); 0: no wait. */
+    int64_t hold_until_ms;
     char last_error[SMELT_ERROR_MESSAGE_BYTES]; /* "" unless the last engine step failed */
     /* Weight sync: one at a time, owned by the client that began it. */
     struct weightsync_receiver rx;

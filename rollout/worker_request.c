@@ -15,7 +15,7 @@
 
 static const char *const known_fields[] = {"v", "id", "prompt", "n", "max_new_tokens", "temperature",
                                            "top_k", "top_p", "min_p", "seed", "stop", "stop_token_ids",
-                                           "ignore_eos", NULL};
+                                           "ignore_eos", "more", NULL};
 
 /* Names the field at fault; returns rc so that callers write `return refuse(...)`. */
 static int refuse(char *field, const char *name, int rc) {
@@ -221,6 +221,8 @@ int worker_request_parse(const struct msg *m, const struct worker_limits *lim, s
     if (!rc) rc = read_numbers(m->header, &out->r, field, err);
     if (!rc) rc = read_stop_strings(m->header, lim, &out->r, field, err);
     if (!rc) rc = read_stop_ids(m->header, lim, &out->r, field, err);
+    if (!rc && json_field_bool(m->header, "more", false, false, &out->more, WHERE, err))
+        rc = refuse(field, "more", SMELT_EINVAL);
     if (!rc) rc = read_prompt(m, lim, out, field, err);
     if (!rc) rc = check_fits(lim, &out->r, field, err);
     if (rc) worker_request_free(out);

@@ -1,10 +1,12 @@
 /* GRPO (and its RLOO / REINFORCE++ variants): one run_algo step is one iteration —
  * a batch of prompts, num_generations samples of each from the current policy, their
  * rewards, advantages, then ppo_epochs x minibatches optimizer steps on the samples —
- * after which the policy version is the number of iterations done. run.c drives the
- * run (checkpoints, evaluation, stopping), so a resumed job continues exactly: the
- * prompt cursor is the loader's, and every random stream is a pure function of the
- * seed, the version and the prompt (rl_sample_seed, run_dropout_seed). */
+ * after which the policy version is the number of iterations done (in the split
+ * placement the new weights are then pushed to the rollout workers, which hold that
+ * version from then on). run.c drives the run (checkpoints, evaluation, stopping), so
+ * a resumed job continues exactly: the prompt cursor is the loader's, and every random
+ * stream is a pure function of the seed, the version and the prompt (rl_sample_seed,
+ * run_dropout_seed). */
 #include "trainer/trainer_internal.h"
 
 #include <jansson.h>
@@ -15,6 +17,7 @@
 
 #include "common/common.h"
 #include "rewards/rewards.h"
+#include "weightsync/weightsync.h"
 
 struct rl_state {
     struct reward_stage *reward;
@@ -33,6 +36,7 @@ struct rl_state {
     int64_t *start;                 /* [cap * RL_ROUNDS + 1] */
     int64_t cap_tokens;
     bool recorded_start_eval;
+    struct rl_workers *workers;     /* split placement: the smelt-rollout processes */
     json_t *errors;                 /* the iteration's failed rewards: [{line, error}], the first few */
 };
 
@@ -44,6 +48,8 @@ struct rl_state {
 
 struct rl_buffers *rl_buffers(struct trainer_run *r) { return &r->rl->buf; }
 
+struct rl_workers *rl_workers(struct trainer_run *r) { return r->rl ? r->rl->workers : NULL; }
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -52,6 +58,7 @@ static double now_s(void) {
 
 void rl_state_free(struct rl_state *s) {
     if (!s) return;
+    rl_workers_stop(s->workers);
     reward_stage_free(s->reward);
     json_decref(s->errors);
     rl_samples_clear(s->samples, s->cap * RL_ROUNDS);
@@ -138,7 +145,9 @@ static int grpo_prepare(struct trainer_run *r, struct smelt_error *err) {
                                "rl.beta: a KL to the reference in a full fine-tune needs a second copy of the "
                                "model, which smelt does not keep yet: use LoRA (the reference is the base with "
                                "the adapter off) or beta 0");
-    return alloc_state(r, rl, err);
+    TRY(alloc_state(r, rl, err));
+    if (s->rl.placement == RL_PLACEMENT_SPLIT) TRY(rl_workers_start(r, rl->cap, &rl->workers, err));
+    return SMELT_OK;
 }
 
 int rl_plan(struct trainer_run *r, struct smelt_error *err) {
@@ -263,7 +272,8 @@ struct iteration {
     double verifier_sum[REWARD_MAX_VERIFIERS];   /* each verifier's scores, every round */
     int64_t verifier_n[REWARD_MAX_VERIFIERS];
     int64_t failed, groups, groups_degenerate, gen_tokens, trained_tokens;
-    double t_generate, t_score, t_reference, t_update;
+    double t_generate, t_score, t_reference, t_update, t_sync;
+    int64_t sync_bytes;            /* per worker: the model's or the adapter's size */
 };
 
 /* Samples from the next prompt batch(es) into rl->samples, scored; with dynamic sampling,
@@ -484,6 +494,16 @@ static int update(struct trainer_run *r, int n, struct update_totals *tot, struc
     return SMELT_OK;
 }
 
+/* The split placement: the updated weights to every worker, as the next version. */
+static int sync_workers(struct trainer_run *r, int64_t version, struct iteration *it, struct smelt_error *err) {
+    struct weightsync_report rep = {0};
+    double t0 = now_s();
+    TRY(rl_workers_sync(r->rl->workers, r, version, &rep, err));
+    it->t_sync = now_s() - t0;
+    it->sync_bytes = rep.bytes;
+    return SMELT_OK;
+}
+
 /* ---- metrics ---- */
 
 static void put(json_t *o, const char *key, double v) { json_object_set_new(o, key, isfinite(v) ? json_real(v) : json_null()); }
@@ -610,6 +630,7 @@ static int grpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *
     t0 = now_s();
     TRY(update(r, n, &tot, st, err));
     it.t_update = now_s() - t0;
+    if (rl->workers) TRY(sync_workers(r, version + 1, &it, err));
     struct rl_mismatch mm = {0};
     TRY(rl_logprob_mismatch(rl->old, rl->rollout, rl->mask, rl->start[n], &mm, err));
 
@@ -636,8 +657,8 @@ static int grpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *
     put(m, "time/score_s", it.t_score);
     put(m, "time/reference_s", it.t_reference);
     put(m, "time/update_s", it.t_update);
-    put(m, "time/sync_s", 0);
-    json_object_set_new(m, "sync_bytes", json_integer(0));
+    put(m, "time/sync_s", it.t_sync);
+    json_object_set_new(m, "sync_bytes", json_integer(it.sync_bytes));
     put(m, "generate_tokens_per_s", it.t_generate > 0 ? (double)it.gen_tokens / it.t_generate : NAN);
     st->metrics = m;
     samples_line(r, it.n_samples);

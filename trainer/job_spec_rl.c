@@ -144,10 +144,10 @@ static int check_rl(struct job_spec *s, const char *w, struct smelt_error *err) 
     if (s->rl.advantage_estimator == RL_ADV_GAE)
         return error_set_field(err, SMELT_EINVAL, "advantage_estimator",
                                "%s.advantage_estimator: \"gae\" needs a critic (PPO), which a grpo job does not have", w);
-    if (s->rl.placement == RL_PLACEMENT_SPLIT)
-        return error_set_field(err, SMELT_EINVAL, "placement",
-                               "%s.placement: \"split\" (smelt-rollout workers) is not wired to the loop yet: use "
-                               "\"colocated\"", w);
+    if (s->rl.placement == RL_PLACEMENT_COLOCATED && s->rl.rollout_workers != 1)
+        return error_set_field(err, SMELT_EINVAL, "rollout_workers",
+                               "%s.rollout_workers: %lld workers need \"placement\": \"split\"; colocated runs one "
+                               "engine in the trainer's process", w, (long long)s->rl.rollout_workers);
     if (s->rl.tis_cap != 0 && s->rl.tis_cap < 1)
         return error_set_field(err, SMELT_EINVAL, "tis_cap", "%s.tis_cap: must be 0 (off) or at least 1, got %g", w,
                                s->rl.tis_cap);

@@ -1,23 +1,28 @@
 /* Generation for the RL loop: the prompts of an iteration, n samples each, through the
- * paged engine. Colocated placement: the engine runs in the trainer's process on the
- * trainer's own model (one copy of the weights, the adapter applied unmerged), and is
- * created for each generation and freed before the update, so its KV cache is not
- * held while the trainer's activations are.
+ * paged engine.
+ *   Colocated placement: the engine runs in the trainer's process on the trainer's own
+ *   model (one copy of the weights, the adapter applied unmerged), and is created for
+ *   each generation and freed before the update, so its KV cache is not held while the
+ *   trainer's activations are.
+ *   Split placement: the same requests go to the smelt-rollout workers (rl_workers.c),
+ *   whose engines are set up as the colocated one is (rl_engine_config), so that one
+ *   worker makes the same samples.
  *
  * Every sample's stream is seeded from (job seed, policy version, prompt row, sample):
  * a resumed job draws the same samples as one never stopped. */
 #include "trainer/trainer_internal.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "common/common.h"
 #include "rollout/rollout.h"
 
+/* 63 bits: the workers' protocol carries a seed as a JSON integer (at most 2^63 - 1),
+ * and both placements must draw the same streams. */
 uint64_t rl_sample_seed(const struct trainer_run *r, int64_t version, int64_t row) {
     uint64_t z = rng_mix64(r->spec->seed ^ 0x67e9e7a7e5eedull);
     z = rng_mix64(z ^ ((uint64_t)version + RNG_GOLDEN));
-    return rng_mix64(z ^ ((uint64_t)row * RNG_GOLDEN + 1));
+    return rng_mix64(z ^ ((uint64_t)row * RNG_GOLDEN + 1)) >> 1;
 }
 
 /* The ids that end a sample: the model's eos ids and the tokenizer's. */
@@ -34,16 +39,13 @@ static void eos_ids(const struct trainer_run *r, struct rollout_request *q) {
     }
 }
 
-/* An engine for n_seqs samples of ds's prompts, its KV cache no larger than they can
- * fill (at most kv_memory_mb): the pool is allocated for every generation. */
-static int engine_for(struct trainer_run *r, const struct dataset *ds, int64_t n_seqs, struct rollout_engine **out,
-                      struct smelt_error *err) {
+void rl_engine_config(const struct trainer_run *r, const struct dataset *ds, int64_t n_seqs,
+                      struct rollout_config *out) {
     const struct job_spec *s = r->spec;
     int64_t per_seq = rl_longest_sample(r, ds) + ROLLOUT_KV_BLOCK_TOKENS; /* a partial block each */
     int64_t need = n_seqs * per_seq * model_kv_bytes_per_token(r->model), cap = s->rl.kv_memory_mb << 20;
-    struct rollout_config ec = {.kv_memory_bytes = need < cap ? need : cap, .max_batch_tokens = 2048,
-                                .max_seqs = (int)(n_seqs < 256 ? n_seqs : 256), .prefill_chunk = 512};
-    return error_wrap(err, rollout_engine_create(r->model, r->tok, &ec, out, err), "rollout engine");
+    *out = (struct rollout_config){.kv_memory_bytes = need < cap ? need : cap, .max_batch_tokens = 2048,
+                                   .max_seqs = (int)(n_seqs < 256 ? n_seqs : 256), .prefill_chunk = 512};
 }
 
 /* Files each result as sample (request id) * n + index of out. */
@@ -64,23 +66,16 @@ static int take_results(struct rollout_engine *e, int n, struct rl_sample *out, 
     return SMELT_OK;
 }
 
-int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n, const struct sample_params *sp,
-                int64_t max_new_tokens, int64_t version, struct rl_sample *out, struct smelt_error *err) {
-    memset(out, 0, (size_t)n_prompts * (size_t)n * sizeof *out);
-    for (int p = 0; p < n_prompts; p++)
-        for (int k = 0; k < n; k++) out[p * n + k] = (struct rl_sample){.row = rows[p], .version = version};
+/* The colocated placement: an engine on the trainer's model, freed before returning. */
+static int generate_colocated(struct trainer_run *r, const struct dataset *ds, const struct rollout_request *q,
+                              int n_prompts, int n, struct rl_sample *out, struct smelt_error *err) {
+    struct rollout_config ec;
     struct rollout_engine *e;
-    TRY(engine_for(r, ds, (int64_t)n_prompts * n, &e, err));
+    rl_engine_config(r, ds, (int64_t)n_prompts * n, &ec);
+    TRY(error_wrap(err, rollout_engine_create(r->model, r->tok, &ec, &e, err), "rollout engine"));
     if (r->lora) lora_set_training(r->lora, false);
     int rc = SMELT_OK;
-    for (int p = 0; p < n_prompts && !rc; p++) {
-        const struct dataset_prompt *dp = &ds->prompts[rows[p]];
-        struct rollout_request q = {.id = (uint64_t)p, .prompt = dp->ids, .n_prompt = dp->n, .n = n,
-                                    .sampling = *sp, .seed = rl_sample_seed(r, version, rows[p]),
-                                    .max_new_tokens = max_new_tokens};
-        eos_ids(r, &q);
-        rc = rollout_engine_add(e, &q, err);
-    }
+    for (int p = 0; p < n_prompts && !rc; p++) rc = rollout_engine_add(e, &q[p], err);
     while (!rc && !rollout_engine_idle(e)) {
         rc = rollout_engine_step(e, err);
         if (!rc) rc = take_results(e, n, out, err);
@@ -88,6 +83,27 @@ int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *
     if (!rc) rc = take_results(e, n, out, err);
     if (r->lora) lora_set_training(r->lora, true);
     rollout_engine_free(e);
+    return rc;
+}
+
+int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
+                const struct sample_params *sp, int64_t max_new_tokens, int64_t version, struct rl_sample *out,
+                struct smelt_error *err) {
+    for (int p = 0; p < n_prompts; p++)
+        for (int k = 0; k < n; k++) out[p * n + k] = (struct rl_sample){.row = rows[p], .version = version};
+    struct rollout_request *q = calloc((size_t)(n_prompts > 0 ? n_prompts : 1), sizeof *q);
+    if (!q) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
+    for (int p = 0; p < n_prompts; p++) {
+        const struct dataset_prompt *dp = &ds->prompts[rows[p]];
+        q[p] = (struct rollout_request){.id = (uint64_t)p, .prompt = dp->ids, .n_prompt = dp->n, .n = n,
+                                        .sampling = *sp, .seed = rl_sample_seed(r, version, rows[p]),
+                                        .max_new_tokens = max_new_tokens};
+        eos_ids(r, &q[p]);
+    }
+    int rc = r->spec->rl.placement == RL_PLACEMENT_SPLIT
+                 ? rl_workers_generate(rl_workers(r), r, q, n_prompts, version, out, err)
+                 : generate_colocated(r, ds, q, n_prompts, n, out, err);
+    free(q);
     for (int i = 0; !rc && i < n_prompts * n; i++)
         if (!out[i].ids && out[i].n == 0 && !out[i].finish_reason)
             rc = error_set(err, SMELT_EBACKEND, "rollout: sample %d of prompt line %lld never finished", i % n,

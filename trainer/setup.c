@@ -253,9 +253,11 @@ int run_setup(struct trainer_run *r, struct smelt_error *err) {
 }
 
 void run_teardown(struct trainer_run *r) {
+    /* First, whatever ended the run (an error, a stop): the split placement's rollout
+     * workers are stopped and reaped here (rl_workers_stop). */
+    rl_state_free(r->rl);
     run_metrics_close(r);
     dpo_state_free(r->dpo);
-    rl_state_free(r->rl);
     reward_state_free(r->reward);
     free(r->host_logprobs);
     tensor_free(&r->logprobs);

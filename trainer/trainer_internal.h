@@ -131,7 +131,11 @@ int reward_micro_batch(struct trainer_run *r, const struct dataset_batch *b, boo
                        struct smelt_error *err);
 void reward_state_free(struct reward_state *s);
 
-/* ---- the RL loop (grpo.c, rl_rollout.c, rl_batch.c) ---- */
+/* ---- the RL loop (grpo.c, rl_rollout.c, rl_workers.c, rl_batch.c) ---- */
+
+struct rollout_config;
+struct rollout_request;
+struct weightsync_report;
 
 /* One generated completion and what the iteration learns about it. */
 struct rl_sample {
@@ -156,16 +160,54 @@ struct rl_buffers {
     int64_t cap_seqs;
 };
 struct rl_buffers *rl_buffers(struct trainer_run *r);
+/* The split placement's workers (NULL when colocated, or before they start). */
+struct rl_workers *rl_workers(struct trainer_run *r);
 
 /* rl_rollout.c */
-/* The stream seed of a prompt's samples at a policy version. */
+/* The stream seed of a prompt's samples at a policy version (63 bits). */
 uint64_t rl_sample_seed(const struct trainer_run *r, int64_t version, int64_t row);
+/* The engine settings for n_seqs samples of ds's prompts at once: KV cache no larger than
+ * they can fill (at most rl.kv_memory_mb), every sequence running at once (at most
+ * 256). The colocated engine is made with them for each generation; the split
+ * placement's workers take the same step limits (and the whole rl.kv_memory_mb). */
+void rl_engine_config(const struct trainer_run *r, const struct dataset *ds, int64_t n_seqs,
+                      struct rollout_config *out);
 /* n samples of each of ds's prompts rows[0..n_prompts) into out[p * n + k] (out holds
- * n_prompts * n; its old contents are overwritten, not freed). */
+ * n_prompts * n; its old contents are overwritten, not freed), by the placement's
+ * engine: the trainer's own (colocated) or the rollout workers (split). */
 int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
                 const struct sample_params *sp, int64_t max_new_tokens, int64_t version, struct rl_sample *out,
                 struct smelt_error *err);
 void rl_samples_clear(struct rl_sample *s, int n); /* frees what each owns, zeroes them */
+
+/* rl_workers.c: the split placement's smelt-rollout processes (the file's comment says
+ * how they are started, fed, watched and stopped). Owned by the RL state; every
+ * function but rl_workers_stop runs on the training thread only. */
+struct rl_workers;
+/* Starts rl.rollout_workers workers on the trainer's current weights (LoRA: its adapter
+ * too), waits until each serves (a worker that ends or stays silent fails the call,
+ * naming it and quoting its log) and connects to them. cap: the most samples one
+ * generation asks for. *out is set at once: rl_workers_stop ends whatever started, also
+ * after a failure. */
+int rl_workers_start(struct trainer_run *r, int64_t cap, struct rl_workers **out, struct smelt_error *err);
+/* The requests q[0..n_requests) (all with the same n) on the workers, their samples into
+ * out[p * n + k] (ids, rollout logprobs, n, finish reason; row and version are the
+ * caller's). Every sample must come from policy version `version`; workers holding an
+ * older one get the trainer's weights as `version` first (a resumed job). A worker that
+ * dies fails the call at once, naming it. */
+int rl_workers_generate(struct rl_workers *ws, struct trainer_run *r, const struct rollout_request *q,
+                        int n_requests, int64_t version, struct rl_sample *out, struct smelt_error *err);
+/* Pushes the trainer's weights (LoRA: the adapter's only) to every worker as policy
+ * version `version` (newer than the one they hold); report (may be NULL): bytes and
+ * times. */
+int rl_workers_sync(struct rl_workers *ws, struct trainer_run *r, int64_t version, struct weightsync_report *report,
+                    struct smelt_error *err);
+/* SIGTERM to every worker, SIGKILL to those still there after a grace period, each
+ * reaped; then the connection and ws are freed. NULL: nothing. */
+void rl_workers_stop(struct rl_workers *ws);
+/* The smelt-rollout program to run instead of the one next to this executable (NULL:
+ * that one again): for tests, whose executable lives elsewhere. */
+void rl_workers_set_program(const char *path);
 
 /* rl_batch.c: samples through the trainer's model. */
 /* Samples [first, first + n) of ds's prompts as one packed batch (its arrays are the

@@ -2,9 +2,11 @@
 is smelt's own: `{"type": "grpo", "grpo": {"hyperparameters": {...}, "reward": {...}}}`):
 a prompts file is uploaded, the job runs its iterations with the rollout engine in the
 trainer's process, its events carry the reward and the rollout/trainer logprob mismatch
-every iteration and the held-out reward at each evaluation, and a bad reward spec, an
-RL hyperparameter out of range or a file of another kind is refused with the request's
-path in `param`."""
+every iteration and the held-out reward at each evaluation; the same job in the split
+placement (smelt-rollout workers started by the trainer, new weights pushed to them
+after every iteration) succeeds with the weight sync's bytes in its events; and a bad
+reward spec, an RL hyperparameter out of range or a file of another kind is refused
+with the request's path in `param`."""
 import json
 
 from conftest import TRAIN_FILE, VAL_FILE
@@ -74,6 +76,30 @@ def test_grpo_job_runs_and_reports_rewards(smeltd):
     assert finished and "validation reward=" in finished[0], finished
 
 
+def test_grpo_job_in_split_placement_syncs_its_workers(smeltd):
+    train = upload(smeltd, prompts_rows(TRAIN_FILE, 16), "grpo_split_train.jsonl")
+    val = upload(smeltd, prompts_rows(VAL_FILE, 4), "grpo_split_val.jsonl")
+    hp = {"batch_size": 4, "num_generations": 4, "max_new_tokens": 4, "max_iterations": 3,
+          "learning_rate_multiplier": 10, "kv_memory_mb": 4, "placement": "split", "rollout_workers": 2}
+    status, job = smeltd.request("POST", J, grpo_request(train, val, hp=hp))
+    assert status == 200, job
+    status, raw = smeltd.request("GET", J + "/" + job["id"])
+    assert raw["spec"]["rl"]["placement"] == "split" and raw["spec"]["rl"]["rollout_workers"] == 2, raw
+    job = smeltd.wait_job(job["id"], ("succeeded", "failed", "cancelled"), timeout=300)
+    assert job["status"] == "succeeded", (job, smeltd.read_log())
+    status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
+    assert status == 200, events
+    steps = [e["data"] for e in events["data"]
+             if e["type"] == "metrics" and e.get("data") and "train_loss" in e["data"]]
+    assert len(steps) == 3, events["data"]
+    for d in steps:
+        # model_init random: the workers start on a copy of the trainer's weights, and
+        # every iteration pushes the whole model (f32) to each of them
+        assert d["sync_bytes"] > 0 and d["time/sync_s"] > 0, d
+        assert d["policy_version"] == d["step"] and d["samples"] == 16, d
+        assert d["rollout/logprob_diff_mean"] < 1e-3, d
+
+
 def refused(smeltd, body, param, *words):
     status, err = smeltd.request("POST", J, body)
     assert status == 400, err
@@ -94,7 +120,9 @@ def test_grpo_bad_requests_name_the_field(smeltd):
     refused(smeltd, body, "method.grpo.reward", "reward")
     refused(smeltd, grpo_request(train, val, hp={"num_generations": 1}),
             "method.grpo.hyperparameters.num_generations")
-    refused(smeltd, grpo_request(train, val, hp={"placement": "split"}), "method.grpo.hyperparameters.placement")
+    refused(smeltd, grpo_request(train, val, hp={"placement": "split", "rollout_workers": 0}),
+            "method.grpo.hyperparameters.rollout_workers")
+    refused(smeltd, grpo_request(train, val, hp={"placement": "elsewhere"}), "method.grpo.hyperparameters.placement")
     refused(smeltd, grpo_request(train, val, hp={"telepathy": 1}), "method.grpo.hyperparameters.telepathy")
     status, sft = smeltd.upload(TRAIN_FILE)
     assert status == 200, sft

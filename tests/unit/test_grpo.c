@@ -3,13 +3,23 @@
  * (rl_batch_build / gather / scatter and the model's backward) against central finite
  * differences of a float64 closed form of the loss over samples run one at a time;
  * exact resume (a full fine-tune, and LoRA with a reference and several optimizer steps
- * per iteration); which samples dynamic sampling and mask_truncated_completions train. */
+ * per iteration); which samples dynamic sampling and mask_truncated_completions train;
+ * the split placement (smelt-rollout processes): the same run as colocated bit for bit,
+ * full and LoRA, the bytes each weight sync moves, no process left behind, a killed
+ * worker or one that fails to start failing the run at once and naming it, exact
+ * resume. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "trainer/trainer_internal.h"
@@ -208,7 +218,8 @@ Test(grpo, spec_defaults_and_round_trip) {
         "\"temperature\":0.7,\"top_k\":20,\"top_p\":0.9,\"min_p\":0.05,\"loss_type\":\"cispo\",\"epsilon\":0.1,"
         "\"dual_clip\":3,\"beta\":0.04,\"kl_estimator\":\"k2\",\"advantage_estimator\":\"rloo\","
         "\"scale_rewards\":false,\"mask_truncated_completions\":true,\"dynamic_sampling\":true,\"tis_cap\":2,"
-        "\"tis_level\":\"sequence\",\"tis_mode\":\"mask\",\"kv_memory_mb\":64," REWARD_MIXED "},",
+        "\"tis_level\":\"sequence\",\"tis_mode\":\"mask\",\"kv_memory_mb\":64,\"placement\":\"split\","
+        "\"rollout_workers\":3," REWARD_MIXED "},",
     };
     for (size_t i = 0; i < sizeof round_trip / sizeof *round_trip; i++) {
         TEST_OK(load_spec(&p, "grpo", p.train, p.out, round_trip[i], &spec, &err), &err);
@@ -250,7 +261,10 @@ Test(grpo, spec_refusals_name_the_field) {
         {"grpo", "\"rl\":{\"dual_clip\":0.5," REWARD_MIXED "},", "rl.dual_clip", "rl.dual_clip"},
         {"grpo", "\"rl\":{\"advantage_estimator\":\"gae\"," REWARD_MIXED "},", "rl.advantage_estimator",
          "rl.advantage_estimator"},
-        {"grpo", "\"rl\":{\"placement\":\"split\"," REWARD_MIXED "},", "rl.placement", "rl.placement"},
+        {"grpo", "\"rl\":{\"placement\":\"elsewhere\"," REWARD_MIXED "},", "rl.placement", "rl.placement"},
+        {"grpo", "\"rl\":{\"placement\":\"split\",\"rollout_workers\":0," REWARD_MIXED "},",
+         "rl.rollout_workers", "rl: field 'rollout_workers'"},
+        {"grpo", "\"rl\":{\"rollout_workers\":2," REWARD_MIXED "},", "rl.rollout_workers", "rl.rollout_workers"},
         {"grpo", "\"rl\":{\"epsilon\":1," REWARD_MIXED "},", "rl.epsilon", "rl: field 'epsilon'"},
         {"grpo", "\"rl\":{\"num_generations\":1," REWARD_MIXED "},", "rl.num_generations",
          "rl: field 'num_generations'"},
@@ -331,9 +345,10 @@ Test(grpo, setup_refusals_say_what_is_wrong) {
 
 /* ---- (3) a short run ---- */
 
-#define SHORT_RUN                                                                                       \
-    "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":4,"      \
+#define SHORT_RUN_WITH(more)                                                                             \
+    "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{" more "\"num_generations\":4,"  \
     "\"max_new_tokens\":4,\"max_iterations\":3,\"kv_memory_mb\":2,\"temperature\":0.8," REWARD_MIXED "},"
+#define SHORT_RUN SHORT_RUN_WITH("")
 
 /* Reward and loss of every train line of out, into reward[0..3) and loss[0..3). */
 static void read_reward_loss(const char *out, double *reward, double *loss) {
@@ -917,5 +932,299 @@ Test(grpo, mask_truncated_completions_leaves_out_the_cut_samples) {
     }
     free_lines(tr, n);
     cr_expect(all.clipped > 0, "no cut sample without the mask either");
+    test_tmp_teardown();
+}
+
+/* ---- (7) the split placement ---- */
+
+/* The smelt-rollout built beside these tests (BUILD/tests/unit_tests -> BUILD/smelt-rollout):
+ * the trainer looks next to its own executable, which here is the test program. */
+static void use_built_rollout(void) {
+    char exe[600], prog[700];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    cr_assert(n > 0);
+    exe[n] = 0;
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(exe, '/');
+        cr_assert(slash);
+        *slash = 0;
+    }
+    snprintf(prog, sizeof prog, "%s/smelt-rollout", exe);
+    cr_assert(access(prog, X_OK) == 0, "%s is missing: the split placement's tests run the built smelt-rollout "
+              "(make BUILD=... all)", prog);
+    rl_workers_set_program(prog);
+}
+
+/* The smelt-rollout processes whose parent is this one (zombies included), their pids
+ * into pids (at most cap); how many. */
+static int rollout_children(pid_t *pids, int cap) {
+    DIR *d = opendir("/proc");
+    cr_assert(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], text[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue; /* gone meanwhile */
+        size_t len = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[len] = 0;
+        char *open = strchr(text, '('), *close = strrchr(text, ')');
+        if (!open || !close || close < open) continue;
+        char state;
+        int ppid;
+        if (sscanf(close + 1, " %c %d", &state, &ppid) != 2 || ppid != (int)getpid()) continue;
+        *close = 0;
+        if (strcmp(open + 1, "smelt-rollout") != 0) continue;
+        if (n < cap) pids[n] = (pid_t)atoi(e->d_name);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void expect_no_rollout_children(const char *when) {
+    pid_t pids[8];
+    int n = rollout_children(pids, 8);
+    cr_expect_eq(n, 0, "%s: %d smelt-rollout processes are left (the first pid %d)", when, n, n ? (int)pids[0] : 0);
+}
+
+/* key of every train line of a and b, equal bit for bit. */
+static void expect_same_train(const char *a, const char *b, const char *key, int n) {
+    double va[16], vb[16];
+    cr_assert_eq(train_values(a, key, va, NULL, 16), n, "%s", key);
+    cr_assert_eq(train_values(b, key, vb, NULL, 16), n, "%s", key);
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(va[i], vb[i], "iteration %d: %s %.17g colocated vs %.17g split", i + 1, key, va[i], vb[i]);
+}
+
+/* Everything the two placements log of the same spec: each iteration's rewards, losses,
+ * gradient norms, ratios and rollout/trainer mismatch, and the held-out rewards. */
+static void expect_same_run(const char *colocated, const char *split, int iterations) {
+    static const char *const keys[] = {"reward", "reward_std", "loss", "grad_norm", "kl", "ratio_mean",
+                                       "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/kl",
+                                       "completions/mean_length"};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) expect_same_train(colocated, split, keys[k], iterations);
+    double ea[4], eb[4], fa, fb;
+    cr_assert_eq(test_read_metric(colocated, "eval", "val_reward", ea, NULL, 4), 1);
+    cr_assert_eq(test_read_metric(split, "eval", "val_reward", eb, NULL, 4), 1);
+    cr_expect_eq(ea[0], eb[0], "val_reward at step 0: %.17g colocated vs %.17g split", ea[0], eb[0]);
+    cr_assert_eq(test_read_metric(colocated, "final", "val_reward", &fa, NULL, 1), 1);
+    cr_assert_eq(test_read_metric(split, "final", "val_reward", &fb, NULL, 1), 1);
+    cr_expect_eq(fa, fb, "final val_reward: %.17g colocated vs %.17g split", fa, fb);
+}
+
+/* Every iteration's sync: `bytes` per worker (0 and no time colocated). */
+static void expect_syncs(const char *out, int iterations, double bytes) {
+    double b[16], t[16];
+    cr_assert_eq(train_values(out, "sync_bytes", b, NULL, 16), iterations);
+    cr_assert_eq(train_values(out, "time/sync_s", t, NULL, 16), iterations);
+    for (int i = 0; i < iterations; i++) {
+        cr_expect_eq(b[i], bytes, "iteration %d: sync_bytes %.0f, expected %.0f", i + 1, b[i], bytes);
+        cr_expect(bytes > 0 ? t[i] > 0 : t[i] == 0, "iteration %d: time/sync_s %g", i + 1, t[i]);
+    }
+}
+
+/* One worker schedules as the colocated engine does (rl_engine_config), on the same
+ * weights and GEMM kernels: the same samples and logprobs, so the same run. The worker
+ * loads the model directory the trainer loaded, and every full sync moves the model. */
+Test(grpo, a_split_run_is_the_colocated_run_bit_for_bit) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    use_built_rollout();
+    struct trainer_result res;
+    run_grpo(&p, p.out, SHORT_RUN, &quiet, &res);
+    char split[600];
+    snprintf(split, sizeof split, "%s-split", p.out);
+    run_grpo(&p, split, SHORT_RUN_WITH("\"placement\":\"split\","), &quiet, &res);
+    cr_expect_eq(res.steps, 3);
+    expect_no_rollout_children("after the run");
+    expect_same_run(p.out, split, 3);
+    double params;
+    cr_assert_eq(test_read_metric(split, "start", "model_params", &params, NULL, 1), 1);
+    expect_syncs(split, 3, 4 * params);
+    expect_syncs(p.out, 3, 0);
+    char log[700];
+    snprintf(log, sizeof log, "%s/rollout-0.log", split);
+    cr_expect(path_exists(log), "no %s", log);
+    test_tmp_teardown();
+}
+
+/* LoRA: the workers hold an adapter of the trainer's configuration and each sync moves
+ * its tensors only — as many bytes as the saved adapter's parameters, far fewer than the
+ * model's; the run is still the colocated one. */
+Test(grpo, a_split_lora_run_syncs_only_the_adapter) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    use_built_rollout();
+#define LORA_RUN(more) SHORT_RUN_WITH(more) "\"lora\":{\"rank\":4,\"alpha\":8},"
+    struct trainer_result res;
+    run_grpo(&p, p.out, LORA_RUN(""), &quiet, &res);
+    char split[600];
+    snprintf(split, sizeof split, "%s-split", p.out);
+    run_grpo(&p, split, LORA_RUN("\"placement\":\"split\","), &quiet, &res);
+    cr_expect(res.base_unchanged);
+    expect_no_rollout_children("after the run");
+    expect_same_run(p.out, split, 3);
+    /* The adapter's size, from the adapter the run saved, loaded on the model. */
+    struct smelt_error err = {0};
+    struct model *m;
+    struct lora *adapter;
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/output", split);
+    TEST_OK(model_load(p.model, BACKEND_CPU, &m, &err), &err);
+    TEST_OK(lora_load(m, dir, &adapter, &err), &err);
+    double bytes = 4.0 * (double)adapter->n_weights, model_bytes = 4.0 * (double)m->n_weights;
+    lora_free(adapter);
+    model_free(m);
+    cr_expect(bytes > 0 && bytes < model_bytes / 10, "adapter %.0f bytes, model %.0f", bytes, model_bytes);
+    expect_syncs(split, 3, bytes);
+    test_tmp_teardown();
+}
+
+/* The test's second thread: waits for the run's first train line, then SIGKILLs one of
+ * its rollout workers (which one: the log its stderr goes to says). */
+struct killer {
+    char metrics[700];
+    pid_t pid;
+    int index;           /* the worker's, from its log's name; -1: none killed */
+    struct timespec at;
+};
+
+static bool has_train_line(const char *path) {
+    char *text = NULL;
+    size_t len;
+    struct smelt_error ignore = {0};
+    if (file_read_all(path, &text, &len, &ignore)) return false;
+    bool yes = strstr(text, "\"type\":\"train\"") != NULL;
+    free(text);
+    return yes;
+}
+
+static void *kill_a_worker(void *arg) {
+    struct killer *k = arg;
+    k->index = -1;
+    for (int tries = 0; tries < 60000 && !has_train_line(k->metrics); tries++) usleep(1000);
+    pid_t pids[4];
+    int n = rollout_children(pids, 4);
+    if (n < 1) return NULL;
+    k->pid = pids[n - 1];
+    char fd[64], log[700];
+    snprintf(fd, sizeof fd, "/proc/%d/fd/2", (int)k->pid);
+    ssize_t len = readlink(fd, log, sizeof log - 1);
+    log[len > 0 ? len : 0] = 0;
+    const char *at = strstr(log, "/rollout-");
+    if (!at || sscanf(at, "/rollout-%d.log", &k->index) != 1) return NULL;
+    clock_gettime(CLOCK_MONOTONIC, &k->at);
+    kill(k->pid, SIGKILL);
+    return NULL;
+}
+
+static double since(const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* A worker killed mid-run (after the first iteration, in whatever the trainer does
+ * next: generating, syncing): the run fails at once, not after the client's health
+ * timeout (over a minute), naming the worker, how it ended and its log; the other
+ * worker is stopped too. */
+Test(grpo, a_killed_worker_fails_the_run_at_once_naming_it) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    use_built_rollout();
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    TEST_OK(load_spec(&p, "grpo", p.train, p.out,
+                      "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"placement\":\"split\","
+                      "\"rollout_workers\":2,\"num_generations\":4,\"max_new_tokens\":4,\"max_iterations\":200,"
+                      "\"kv_memory_mb\":2," REWARD_MIXED "},",
+                      &spec, &err),
+            &err);
+    struct killer k = {0};
+    snprintf(k.metrics, sizeof k.metrics, "%s/metrics.jsonl", p.out);
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, kill_a_worker, &k), 0);
+    struct trainer_result res;
+    int rc = trainer_run(&spec, &quiet, &res, &err);
+    pthread_join(thread, NULL);
+    cr_assert(k.index >= 0, "no worker was killed (the run ended with %s: %s)", error_code_name(rc), err.message);
+    double took = since(&k.at);
+    cr_expect_eq(rc, SMELT_EIO, "the run went on after its worker was killed: %s (%s)", error_code_name(rc),
+                 err.message);
+    cr_expect(res.steps < 200, "all %lld steps ran", (long long)res.steps);
+    cr_expect_lt(took, 10.0, "the run failed %.1f s after the kill", took);
+    char worker[32], log[48];
+    snprintf(worker, sizeof worker, "rollout worker %d ", k.index);
+    snprintf(log, sizeof log, "rollout-%d.log", k.index);
+    cr_expect(strstr(err.message, worker) && strstr(err.message, "SIGKILL") && strstr(err.message, log),
+              "the error should name %s, SIGKILL and %s: %s", worker, log, err.message);
+    expect_no_rollout_children("after the failed run");
+    test_tmp_teardown();
+}
+
+/* A worker that ends before it serves (here a stand-in program that says why on stderr
+ * and exits 3) fails the job at setup, naming it, how it ended and its log's last words;
+ * the other worker is stopped too. */
+Test(grpo, a_worker_that_fails_to_start_fails_the_job_naming_it) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    char bin[600], prog[700];
+    struct smelt_error err = {0};
+    TEST_OK(dir_create_all(test_tmp_path(bin, sizeof bin, "bin"), &err), &err);
+    snprintf(prog, sizeof prog, "%s/smelt-rollout", bin); /* the name the leftover check looks for */
+    test_write_text(prog, "#!/bin/sh\necho \"smelt-rollout: --model: the weights are unreadable\" >&2\nexit 3\n");
+    cr_assert_eq(chmod(prog, 0755), 0);
+    rl_workers_set_program(prog);
+    struct job_spec spec;
+    struct trainer_result res;
+    TEST_OK(load_spec(&p, "grpo", p.train, p.out, SHORT_RUN_WITH("\"placement\":\"split\",\"rollout_workers\":2,"),
+                      &spec, &err),
+            &err);
+    TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_EIO, &err);
+    cr_expect(strstr(err.message, "rollout worker ") && strstr(err.message, "exited with status 3 before serving") &&
+                  strstr(err.message, "the weights are unreadable") && strstr(err.message, "/rollout-"),
+              "the error should name the worker, its exit and its log: %s", err.message);
+    cr_expect_eq(res.steps, 0);
+    expect_no_rollout_children("after the failed start");
+    test_tmp_teardown();
+}
+
+/* Stopped after 3 iterations and resumed: the resumed trainer starts its workers on the
+ * starting weights (model_init random: a copy in output_dir/rollout-model/, removed once
+ * loaded) and pushes the checkpoint's as version 3 before generating; the run logs what
+ * an uninterrupted one does. */
+Test(grpo, a_split_run_resumes_bit_identically) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    use_built_rollout();
+    test_expect_resume_exact(&p, run_grpo,
+                             "\"model_init\":\"random\"," RESUME_RL("\"placement\":\"split\",")
+                             "\"checkpoint\":{\"every_steps\":2},",
+                             "val_reward");
+    char out2[600], path[700];
+    snprintf(out2, sizeof out2, "%s2", p.out);
+    expect_same_rewards(p.out, out2, 6);
+    snprintf(path, sizeof path, "%s/rollout-model", out2);
+    cr_expect(!path_exists(path), "%s is still there", path);
+    /* The worker's log: it loaded the copy, both times, and took version 3 at the resume. */
+    snprintf(path, sizeof path, "%s/rollout-0.log", out2);
+    char *log = NULL;
+    size_t len;
+    struct smelt_error err = {0};
+    TEST_OK(file_read_all(path, &log, &len, &err), &err);
+    int loaded = 0;
+    const char *resumed = NULL;
+    for (const char *at = log; (at = strstr(at, "/rollout-model on cpu")); at++) {
+        loaded++;
+        resumed = at;
+    }
+    cr_assert_eq(loaded, 2, "the worker loaded the weights' copy %d times: %s", loaded, log);
+    cr_expect(strstr(resumed, "full weights of version 3 in use"), "no sync of version 3 at the resume: %s", resumed);
+    free(log);
+    expect_no_rollout_children("after the runs");
     test_tmp_teardown();
 }

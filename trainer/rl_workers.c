@@ -1,0 +1,560 @@
+/* The split placement's rollout workers: rl.rollout_workers `smelt-rollout` processes
+ * that the trainer starts at setup, sends every generation to (rollout/'s client), pushes
+ * the new weights to after every update (weightsync/ over the same sockets), and stops in
+ * every exit path.
+ *
+ * Processes. fork + execve of the smelt-rollout next to this executable, with an argv
+ * array (never a shell) built before the fork: the child makes only async-signal-safe
+ * calls, since other threads (OpenMP's, ZeroMQ's) may hold locks at fork time. Each
+ * child gets its own process group, so a SIGTERM meant for the trainer's group (the
+ * agent's stop, a terminal's ^C) reaches the trainer alone, which finishes its
+ * iteration, checkpoints and then stops its workers; PR_SET_PDEATHSIG SIGTERM, so a
+ * trainer killed outright leaves no worker behind; stdout and stderr appended to
+ * output_dir/rollout-<i>.log; OPENBLAS_CORETYPE set to the trainer's own kernel set, so
+ * a worker computes with the trainer's GEMM kernels (the same logprobs). Each binds
+ * tcp://127.0.0.1:* (no fixed port) and the trainer reads the endpoint from the line
+ * "smelt-rollout: serving on ENDPOINT" it writes to its log. Children are reaped by pid,
+ * never as "any child": the trainer may run inside a program with children of its own.
+ *
+ * Weights. The workers start on the trainer's starting weights: the model directory the
+ * trainer loaded when its weights are that directory's, else a copy of them written to
+ * output_dir/rollout-model/ (random init, an adapter output merged into its base) and
+ * removed once every worker has loaded it (a worker's engine starts at policy version
+ * 0, which no push can carry, so a copy it is). With LoRA the fresh adapter is saved to
+ * output_dir/rollout-adapter/ and passed as --adapter: the workers then hold an adapter
+ * of the same configuration, which "lora" syncs overwrite. A worker holding an older
+ * version than a generation asks for (a resumed job) gets the trainer's weights first.
+ *
+ * Liveness. Every wait of the client (rollout.h: generation, weight sync) asks this file
+ * whether each worker still runs (waitpid(WNOHANG) on its pid), so a worker that dies
+ * fails the call within the client's poll slice, and the error names it, its endpoint,
+ * how it ended and the last lines of its log. A worker that runs but stays silent is
+ * declared dead by the client's health checks. */
+#include "trainer/trainer_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "rollout/rollout.h"
+#include "weightsync/weightsync.h"
+
+/* Loading a large model from disk takes a while; a worker that has not bound by then is
+ * stuck. */
+#define START_TIMEOUT_MS 300000
+/* A worker stops within its idle poll and a socket linger (rollout/); SIGKILL after. */
+#define STOP_GRACE_MS 5000
+/* How often the wait for the workers to serve looks at their logs and processes. */
+#define WATCH_MS 20
+/* The end of a worker's log quoted in an error (the message holds 512 bytes). */
+#define LOG_TAIL_BYTES 200
+#define SERVING "smelt-rollout: serving on "
+
+struct rl_worker {
+    pid_t pid;                 /* 0: never started, or reaped */
+    int status;                /* its wait status, once reaped */
+    bool ended;                /* reaped: status says how it ended */
+    off_t log_from;            /* this run's part of the log starts here */
+    char log[JOB_PATH_BYTES + 32];
+    char endpoint[ROLLOUT_CLIENT_ENDPOINT_BYTES];
+};
+
+struct rl_workers {
+    int n;
+    struct rl_worker *w;          /* [n] */
+    struct rollout_client *client;
+    int64_t version;              /* the policy version every worker holds */
+    /* Where a generation's samples land: cap samples of max_tokens. */
+    int64_t cap, max_tokens;
+    int32_t *ids;                 /* [cap * max_tokens] */
+    float *logprobs;              /* [cap * max_tokens] */
+    int64_t *n_tokens, *versions; /* [cap] */
+    const char **finish;          /* [cap] */
+    int *made_by;                 /* [cap] the worker (endpoint index) */
+};
+
+static char program_override[JOB_PATH_BYTES];
+
+void rl_workers_set_program(const char *path) {
+    snprintf(program_override, sizeof program_override, "%s", path ? path : "");
+}
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int64_t ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ---- what the workers run ---- */
+
+/* smelt-rollout in the folder of this executable (or the tests' override). */
+static int program_path(char *out, size_t cap, struct smelt_error *err) {
+    if (program_override[0]) {
+        snprintf(out, cap, "%s", program_override);
+    } else {
+        char exe[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0) return error_set(err, SMELT_EIO, "rl: cannot find this program's folder (/proc/self/exe)");
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        size_t len = slash ? (size_t)(slash - exe) : 0;
+        static const char name[] = "/smelt-rollout";
+        if (len + sizeof name > cap) return error_set(err, SMELT_EINVAL, "rl: the program folder's path is too long");
+        memcpy(out, exe, len);
+        memcpy(out + len, name, sizeof name);
+    }
+    if (access(out, X_OK) != 0)
+        return error_set_field(err, SMELT_ENOTFOUND, "rl.placement",
+                               "rl.placement: split needs smelt-rollout, and %s is %s (it is built beside "
+                               "smelt-trainer: make)", out, errno == ENOENT ? "missing" : "not executable");
+    return SMELT_OK;
+}
+
+/* Whether the trainer's weights are those of the model directory it loaded. */
+static bool weights_are_the_directory(const struct trainer_run *r) {
+    char cfg[JOB_PATH_BYTES + 32];
+    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", r->spec->model);
+    return !r->spec->model_init_random && r->base_path[0] && !path_exists(cfg);
+}
+
+/* output_dir/name, emptied. */
+static int fresh_dir(const struct trainer_run *r, const char *name, char *dir, size_t cap, struct smelt_error *err) {
+    TRY(path_join(dir, cap, r->spec->output_dir, name, err));
+    TRY(dir_remove_all(dir, err));
+    return dir_create_all(dir, err);
+}
+
+/* The model directory the workers load, and (LoRA) the adapter they hold. */
+static int worker_weights(struct trainer_run *r, char *model_dir, char *adapter_dir, size_t cap,
+                          struct smelt_error *err) {
+    adapter_dir[0] = 0;
+    if (weights_are_the_directory(r)) {
+        snprintf(model_dir, cap, "%s", r->base_path);
+    } else {
+        TRY(fresh_dir(r, "rollout-model", model_dir, cap, err));
+        TRY(error_wrap(err, model_save(r->model, model_dir, false, err), "rl: the workers' model"));
+    }
+    if (!r->lora) return SMELT_OK;
+    TRY(fresh_dir(r, "rollout-adapter", adapter_dir, cap, err));
+    return error_wrap(err, lora_save(r->lora, adapter_dir, model_dir, err), "rl: the workers' adapter");
+}
+
+/* Once every worker has loaded it, the copy of the weights is not needed (it is as large
+ * as the model in f32). */
+static void drop_model_copy(const struct trainer_run *r) {
+    char dir[JOB_PATH_BYTES + 32];
+    struct smelt_error err = {0};
+    if (weights_are_the_directory(r)) return;
+    if (path_join(dir, sizeof dir, r->spec->output_dir, "rollout-model", &err) || dir_remove_all(dir, &err))
+        log_warn("rl: the workers' copy of the weights stays: %s", err.message);
+}
+
+/* ---- starting them ---- */
+
+/* What a child needs, made before the fork so that the child allocates nothing. */
+struct spawn_plan {
+    const char *argv[24];
+    char **envp;
+    pid_t parent;
+    int max_fd;                /* close_range's fallback */
+};
+
+static void free_envp(char **envp) {
+    for (char **p = envp; p && *p; p++) free(*p);
+    free(envp);
+}
+
+/* This process's environment with OPENBLAS_CORETYPE set to the kernels it runs. */
+static char **worker_envp(void) {
+    extern char **environ;
+    size_t n = 0;
+    while (environ && environ[n]) n++;
+    char **envp = calloc(n + 2, sizeof *envp);
+    if (!envp) return NULL;
+    size_t k = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; i++)
+        if (strncmp(environ[i], "OPENBLAS_CORETYPE=", 18) != 0) ok = (envp[k++] = strdup(environ[i])) != NULL;
+    const char *kernels = backend_cpu_blas_kernels();
+    if (ok && strcmp(kernels, "unknown") != 0) {
+        size_t len = strlen(kernels) + 19;
+        ok = (envp[k] = malloc(len)) != NULL;
+        if (ok) snprintf(envp[k++], len, "OPENBLAS_CORETYPE=%s", kernels);
+    }
+    if (ok) return envp;
+    free_envp(envp);
+    return NULL;
+}
+
+static void write_str(int fd, const char *s) {
+    size_t len = strlen(s);
+    while (len > 0) {
+        ssize_t n = write(fd, s, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        s += n;
+        len -= (size_t)n;
+    }
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only. */
+static _Noreturn void child_exec(const struct spawn_plan *p, int log_fd, int null_fd) {
+    /* The forking thread's mask and handlers must not survive into the worker: it has
+     * to see SIGTERM. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
+    if (dup2(log_fd, 1) < 0 || dup2(log_fd, 2) < 0 || dup2(null_fd, 0) < 0) _exit(127);
+    setpgid(0, 0);
+    /* The death signal follows the forking thread; if the trainer is already gone it
+     * will never come, so stop here. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != p->parent) _exit(127);
+    if (close_range(3, ~0U, 0) != 0)
+        for (int fd = 3; fd < p->max_fd; fd++) close(fd);
+    execve(p->argv[0], (char *const *)p->argv, p->envp);
+    write_str(2, "smelt-trainer: execve ");
+    write_str(2, p->argv[0]);
+    write_str(2, " failed\n");
+    _exit(127);
+}
+
+/* open() with the descriptor above stderr, so the child's dup2 onto 0..2 never clobbers it. */
+static int open_high(const char *path, int flags, mode_t mode) {
+    int fd = open(path, flags | O_CLOEXEC, mode);
+    if (fd >= 0 && fd <= 2) {
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        close(fd);
+        fd = high;
+    }
+    return fd;
+}
+
+static int spawn(const struct spawn_plan *p, int i, struct rl_worker *w, struct smelt_error *err) {
+    int log_fd = open_high(w->log, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
+    if (log_fd < 0) return error_set(err, SMELT_EIO, "rl: rollout worker %d: %s: %s", i, w->log, strerror(errno));
+    int null_fd = open_high("/dev/null", O_RDONLY, 0);
+    struct stat st;
+    w->log_from = fstat(log_fd, &st) == 0 ? st.st_size : 0;
+    pid_t pid = null_fd < 0 ? -1 : fork();
+    if (pid == 0) child_exec(p, log_fd, null_fd);
+    int e = errno;
+    close(log_fd);
+    if (null_fd >= 0) close(null_fd);
+    if (pid < 0) return error_set(err, SMELT_EIO, "rl: starting rollout worker %d: %s", i, strerror(e));
+    setpgid(pid, pid); /* also here: a stop before the child ran finds the group (EACCES after exec is fine) */
+    w->pid = pid;
+    return SMELT_OK;
+}
+
+/* The last bytes of worker i's log from this run, on one line. */
+static void log_tail(const struct rl_worker *w, char *out, size_t cap) {
+    out[0] = 0;
+    FILE *f = fopen(w->log, "r");
+    if (!f) return;
+    struct stat st;
+    off_t from = fstat(fileno(f), &st) == 0 ? st.st_size - (off_t)(cap - 1) : 0;
+    if (from < w->log_from) from = w->log_from;
+    size_t n = fseeko(f, from, SEEK_SET) == 0 ? fread(out, 1, cap - 1, f) : 0;
+    fclose(f);
+    out[n] = 0;
+    char *whole = from > w->log_from ? strchr(out, '\n') : NULL; /* cut in a line: from the next */
+    if (whole && whole[1]) {
+        n -= (size_t)(whole + 1 - out);
+        memmove(out, whole + 1, n + 1);
+    }
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' ')) out[--n] = 0;
+    for (size_t k = 0; k < n; k++)
+        if (out[k] == '\n') out[k] = '|';
+}
+
+static void describe_end(int status, char *out, size_t cap) {
+    if (status == -1) snprintf(out, cap, "ended (reaped elsewhere)");
+    else if (WIFEXITED(status)) snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(out, cap, "was killed by signal %d (SIG%s)", WTERMSIG(status),
+                 sigabbrev_np(WTERMSIG(status)) ? sigabbrev_np(WTERMSIG(status)) : "?");
+    else snprintf(out, cap, "ended (wait status %d)", status);
+}
+
+/* The error of worker i, which ended `during` something: how, and its log's last lines. */
+static int ended_error(const struct rl_workers *ws, int i, const char *during, struct smelt_error *err) {
+    const struct rl_worker *w = &ws->w[i];
+    char how[64], tail[LOG_TAIL_BYTES];
+    describe_end(w->status, how, sizeof how);
+    log_tail(w, tail, sizeof tail);
+    return error_set(err, SMELT_EIO, "rl: rollout worker %d (%s) %s %s; the end of %s: %s", i,
+                     w->endpoint[0] ? w->endpoint : "not serving yet", how, during, w->log, tail[0] ? tail : "(empty)");
+}
+
+/* Reaps worker i if it ended; true when it did (now or before). ECHILD: someone else
+ * reaped it (SIGCHLD ignored), so it ended, how is unknown. */
+static bool reaped(struct rl_worker *w) {
+    if (w->ended) return true;
+    if (w->pid <= 0) return false;
+    int status = 0;
+    pid_t got = waitpid(w->pid, &status, WNOHANG);
+    if (got != w->pid && !(got < 0 && errno == ECHILD)) return false;
+    w->ended = true;
+    w->status = got == w->pid ? status : -1;
+    w->pid = 0;
+    return true;
+}
+
+/* SMELT_OK while every worker runs; else the first ended one's error. */
+static int check_alive(struct rl_workers *ws, const char *during, struct smelt_error *err) {
+    for (int i = 0; i < ws->n; i++)
+        if (reaped(&ws->w[i])) return ended_error(ws, i, during, err);
+    return SMELT_OK;
+}
+
+/* Worker i's endpoint, once its log says it serves. */
+static bool read_endpoint(struct rl_worker *w) {
+    char *text = NULL;
+    size_t len = 0;
+    struct smelt_error ignore = {0};
+    if (file_read_all(w->log, &text, &len, &ignore)) return false;
+    const char *at = (off_t)len > w->log_from ? strstr(text + w->log_from, SERVING) : NULL;
+    const char *eol = at ? strchr(at, '\n') : NULL;
+    size_t n = eol ? (size_t)(eol - at) - strlen(SERVING) : 0;
+    if (eol && n > 0 && n < sizeof w->endpoint) {
+        memcpy(w->endpoint, at + strlen(SERVING), n);
+        w->endpoint[n] = 0;
+    }
+    free(text);
+    return w->endpoint[0] != 0;
+}
+
+/* Until every worker serves (or one ends, or the time is up). */
+static int wait_serving(struct rl_workers *ws, struct smelt_error *err) {
+    int64_t deadline = mono_ms() + START_TIMEOUT_MS;
+    for (;;) {
+        int ready = 0;
+        for (int i = 0; i < ws->n; i++) {
+            struct rl_worker *w = &ws->w[i];
+            if (w->endpoint[0] || read_endpoint(w)) ready++;
+            else if (reaped(w)) return ended_error(ws, i, "before serving", err);
+        }
+        if (ready == ws->n) return SMELT_OK;
+        if (mono_ms() >= deadline)
+            for (int i = 0; i < ws->n; i++)
+                if (!ws->w[i].endpoint[0]) {
+                    char tail[LOG_TAIL_BYTES];
+                    log_tail(&ws->w[i], tail, sizeof tail);
+                    return error_set(err, SMELT_EIO, "rl: rollout worker %d did not serve within %d s; the end of "
+                                     "%s: %s", i, START_TIMEOUT_MS / 1000, ws->w[i].log, tail[0] ? tail : "(empty)");
+                }
+        sleep_ms(WATCH_MS);
+    }
+}
+
+/* The argv of every worker (the same: each binds a port of its own). */
+static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_plan *p, char (*text)[JOB_PATH_BYTES],
+                   struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    struct rollout_config ec;
+    rl_engine_config(r, r->train, cap, &ec);
+    TRY(program_path(text[0], JOB_PATH_BYTES, err));
+    TRY(worker_weights(r, text[1], text[2], JOB_PATH_BYTES, err));
+    snprintf(text[3], JOB_PATH_BYTES, "%lld", (long long)s->rl.kv_memory_mb);
+    snprintf(text[4], JOB_PATH_BYTES, "%lld", (long long)ec.max_batch_tokens);
+    snprintf(text[5], JOB_PATH_BYTES, "%d", ec.max_seqs);
+    snprintf(text[6], JOB_PATH_BYTES, "%lld", (long long)ec.prefill_chunk);
+    const char *argv[] = {text[0], "--model", text[1], "--bind", "tcp://127.0.0.1:*", "--kv-memory-mb", text[3],
+                          "--max-batch-tokens", text[4], "--max-seqs", text[5], "--prefill-chunk", text[6],
+                          "--backend", backend_name(s->backend)};
+    int n = (int)(sizeof argv / sizeof *argv);
+    memcpy(p->argv, argv, sizeof argv);
+    if (text[2][0]) {
+        p->argv[n++] = "--adapter";
+        p->argv[n++] = text[2];
+    }
+    p->argv[n] = NULL;
+    long max_fd = sysconf(_SC_OPEN_MAX);
+    p->max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536;
+    p->parent = getpid();
+    p->envp = worker_envp();
+    return p->envp ? SMELT_OK : error_set(err, SMELT_ENOMEM, "rl: out of memory");
+}
+
+static int alloc_results(struct rl_workers *ws, int64_t cap, int64_t max_tokens, struct smelt_error *err) {
+    ws->cap = cap;
+    ws->max_tokens = max_tokens;
+    ws->ids = malloc((size_t)(cap * max_tokens) * sizeof *ws->ids);
+    ws->logprobs = malloc((size_t)(cap * max_tokens) * sizeof *ws->logprobs);
+    ws->n_tokens = malloc((size_t)cap * sizeof *ws->n_tokens);
+    ws->versions = malloc((size_t)cap * sizeof *ws->versions);
+    ws->finish = malloc((size_t)cap * sizeof *ws->finish);
+    ws->made_by = malloc((size_t)cap * sizeof *ws->made_by);
+    bool ok = ws->ids && ws->logprobs && ws->n_tokens && ws->versions && ws->finish && ws->made_by;
+    return ok ? SMELT_OK : error_set(err, SMELT_ENOMEM, "rl: out of memory for %lld samples", (long long)cap);
+}
+
+/* The client's liveness hook: the trainer knows at once when a worker's process ends. */
+static bool worker_alive(void *ctx, int k) { return !reaped(&((struct rl_workers *)ctx)->w[k]); }
+
+static int connect_client(struct rl_workers *ws, struct smelt_error *err) {
+    const char *endpoints[ROLLOUT_CLIENT_MAX_WORKERS];
+    for (int i = 0; i < ws->n; i++) endpoints[i] = ws->w[i].endpoint;
+    struct rollout_client_config cc = {.endpoints = endpoints, .n_endpoints = ws->n, .alive = worker_alive,
+                                       .alive_ctx = ws};
+    return error_wrap(err, rollout_client_create(&cc, &ws->client, err), "rl: connecting to the rollout workers");
+}
+
+/* A failed client call: when a worker's process ended, that is the reason given. */
+static int client_failure(struct rl_workers *ws, int rc, const char *during, struct smelt_error *err) {
+    struct smelt_error dead = {0};
+    if (check_alive(ws, during, &dead)) {
+        *err = dead;
+        return dead.code;
+    }
+    return error_wrap(err, rc, "rl: the rollout workers, %s", during);
+}
+
+static int start_all(struct trainer_run *r, struct rl_workers *ws, struct smelt_error *err) {
+    char text[7][JOB_PATH_BYTES];
+    struct spawn_plan plan = {0};
+    int rc = plan_of(r, ws->cap, &plan, text, err);
+    for (int i = 0; !rc && i < ws->n; i++) {
+        struct rl_worker *w = &ws->w[i];
+        char name[32];
+        snprintf(name, sizeof name, "rollout-%d.log", i);
+        rc = path_join(w->log, sizeof w->log, r->spec->output_dir, name, err);
+        if (!rc) rc = spawn(&plan, i, w, err);
+    }
+    free_envp(plan.envp);
+    if (!rc) log_info("rl: %d rollout workers (%s) starting on %s%s%s", ws->n, text[0], text[1],
+                      text[2][0] ? ", adapter " : "", text[2]);
+    return rc;
+}
+
+int rl_workers_start(struct trainer_run *r, int64_t cap, struct rl_workers **out, struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    struct rl_workers *ws = calloc(1, sizeof *ws);
+    if (!ws) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
+    *out = ws; /* from here on, rl_workers_stop ends whatever was started */
+    ws->n = (int)s->rl.rollout_workers;
+    ws->w = calloc((size_t)ws->n, sizeof *ws->w);
+    if (!ws->w) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
+    TRY(alloc_results(ws, cap, s->rl.max_new_tokens, err));
+    TRY(start_all(r, ws, err));
+    TRY(wait_serving(ws, err));
+    drop_model_copy(r);
+    TRY(connect_client(ws, err));
+    for (int i = 0; i < ws->n; i++) log_info("rl: rollout worker %d serves on %s", i, ws->w[i].endpoint);
+    return SMELT_OK;
+}
+
+/* ---- weights ---- */
+
+int rl_workers_sync(struct rl_workers *ws, struct trainer_run *r, int64_t version, struct weightsync_report *report,
+                    struct smelt_error *err) {
+    TRY(check_alive(ws, "before the weight sync", err));
+    int rc = r->lora ? rollout_client_push_lora(ws->client, r->lora, version, report, err)
+                     : rollout_client_push_model(ws->client, r->model, version, report, err);
+    if (rc) return client_failure(ws, rc, "during the weight sync", err);
+    ws->version = version;
+    return SMELT_OK;
+}
+
+/* ---- generating ---- */
+
+/* Sample k of the batch into x, which must carry the version the trainer expects. */
+static int take_sample(struct rl_workers *ws, int64_t k, int64_t version, struct rl_sample *x,
+                       struct smelt_error *err) {
+    if (ws->versions[k] != version) {
+        const struct rl_worker *w = &ws->w[ws->made_by[k]];
+        return error_set(err, SMELT_EBACKEND, "rl: rollout worker %d (%s) made sample %lld with policy version %lld; "
+                         "the trainer expects version %lld (its weights did not arrive)", ws->made_by[k], w->endpoint,
+                         (long long)k, (long long)ws->versions[k], (long long)version);
+    }
+    int64_t n = ws->n_tokens[k];
+    x->ids = malloc((size_t)(n ? n : 1) * sizeof *x->ids);
+    x->rollout_logp = malloc((size_t)(n ? n : 1) * sizeof *x->rollout_logp);
+    if (!x->ids || !x->rollout_logp) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
+    memcpy(x->ids, ws->ids + k * ws->max_tokens, (size_t)n * sizeof *x->ids);
+    memcpy(x->rollout_logp, ws->logprobs + k * ws->max_tokens, (size_t)n * sizeof *x->rollout_logp);
+    x->n = n;
+    x->finish_reason = ws->finish[k];
+    return SMELT_OK;
+}
+
+int rl_workers_generate(struct rl_workers *ws, struct trainer_run *r, const struct rollout_request *q,
+                        int n_requests, int64_t version, struct rl_sample *out, struct smelt_error *err) {
+    int64_t total = 0;
+    for (int i = 0; i < n_requests; i++) total += q[i].n;
+    if (total > ws->cap)
+        return error_set(err, SMELT_EINVAL, "rl: %lld samples at once, the workers' results hold %lld",
+                         (long long)total, (long long)ws->cap);
+    if (ws->version > version)
+        return error_set(err, SMELT_EINVAL, "rl: the workers hold policy version %lld, newer than %lld",
+                         (long long)ws->version, (long long)version);
+    if (ws->version < version) { /* a resumed job: the workers hold the starting weights */
+        struct weightsync_report rep;
+        TRY(rl_workers_sync(ws, r, version, &rep, err));
+    }
+    struct rollout_client_results res = {.max_tokens = ws->max_tokens, .ids = ws->ids, .logprobs = ws->logprobs,
+                                         .n_tokens = ws->n_tokens, .policy_version = ws->versions,
+                                         .finish_reason = ws->finish, .worker = ws->made_by};
+    TRY(check_alive(ws, "before generating", err));
+    int rc = rollout_client_generate(ws->client, q, n_requests, &res, err);
+    if (rc) return client_failure(ws, rc, "while generating", err);
+    for (int64_t k = 0; k < total; k++) TRY(take_sample(ws, k, version, &out[k], err));
+    return SMELT_OK;
+}
+
+/* ---- stopping ---- */
+
+static void signal_live(struct rl_workers *ws, int sig) {
+    for (int i = 0; i < ws->n; i++)
+        if (ws->w[i].pid > 0 && !reaped(&ws->w[i])) kill(ws->w[i].pid, sig);
+}
+
+static bool all_reaped(struct rl_workers *ws) {
+    bool all = true;
+    for (int i = 0; i < ws->n; i++) all = (ws->w[i].pid <= 0 || reaped(&ws->w[i])) && all;
+    return all;
+}
+
+void rl_workers_stop(struct rl_workers *ws) {
+    if (!ws) return;
+    signal_live(ws, SIGTERM);
+    int64_t deadline = mono_ms() + STOP_GRACE_MS;
+    while (!all_reaped(ws) && mono_ms() < deadline) sleep_ms(5);
+    for (int i = 0; i < ws->n; i++) {
+        struct rl_worker *w = &ws->w[i];
+        if (w->pid <= 0) continue;
+        log_warn("rl: rollout worker %d (pid %d) did not stop within %d ms of SIGTERM: SIGKILL", i, (int)w->pid,
+                 STOP_GRACE_MS);
+        kill(w->pid, SIGKILL);
+        while (waitpid(w->pid, &w->status, 0) < 0 && errno == EINTR) {
+        }
+        w->pid = 0;
+    }
+    rollout_client_free(ws->client);
+    free(ws->w);
+    free(ws->ids);
+    free(ws->logprobs);
+    free(ws->n_tokens);
+    free(ws->versions);
+    free(ws->finish);
+    free(ws->made_by);
+    free(ws);
+}
