@@ -17,8 +17,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]\n"
-               "  runs an SFT or DPO job (its \"type\"; docs/job-spec.md); metrics go to stdout and\n"
-               "  OUTPUT_DIR/metrics.jsonl\n");
+               "  runs an SFT, DPO, reward-model or GRPO job (its \"type\"; docs/job-spec.md); metrics go\n"
+               "  to stdout and OUTPUT_DIR/metrics.jsonl\n");
 }
 
 static void on_signal(int sig) {
