@@ -21,6 +21,7 @@
 
 struct rl_state {
     struct reward_stage *reward;
+    struct model *ref_model;        /* a full fine-tune's reference (beta > 0), else NULL */
     struct rl_policy_config loss;
     struct rl_buffers buf;
     int64_t steps_per_iteration;    /* ppo_epochs * minibatches */
@@ -60,6 +61,7 @@ void rl_state_free(struct rl_state *s) {
     if (!s) return;
     rl_workers_stop(s->workers);
     reward_stage_free(s->reward);
+    model_free(s->ref_model);
     json_decref(s->errors);
     rl_samples_clear(s->samples, s->cap * RL_ROUNDS);
     free(s->samples);
@@ -123,6 +125,8 @@ static int alloc_state(struct trainer_run *r, struct rl_state *rl, struct smelt_
     return ok ? SMELT_OK : error_set(err, SMELT_ENOMEM, "rl: out of memory for %lld samples", (long long)n);
 }
 
+static int copy_reference(struct trainer_run *r, struct smelt_error *err);
+
 static int grpo_prepare(struct trainer_run *r, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     struct rl_state *rl = calloc(1, sizeof *rl);
@@ -140,11 +144,7 @@ static int grpo_prepare(struct trainer_run *r, struct smelt_error *err) {
     rl->steps_per_iteration = s->rl.ppo_epochs * s->rl.minibatches;
     rl->cap = (int)(s->hp.batch_size * s->rl.num_generations);
     if (r->val && r->val->n > rl->cap) rl->cap = (int)r->val->n;
-    if (s->rl.beta > 0 && !r->lora)
-        return error_set_field(err, SMELT_EINVAL, "rl.beta",
-                               "rl.beta: a KL to the reference in a full fine-tune needs a second copy of the "
-                               "model, which smelt does not keep yet: use LoRA (the reference is the base with "
-                               "the adapter off) or beta 0");
+    if (s->rl.beta > 0 && !r->lora) TRY(copy_reference(r, err));
     TRY(alloc_state(r, rl, err));
     if (s->rl.placement == RL_PLACEMENT_SPLIT) TRY(rl_workers_start(r, rl->cap, &rl->workers, err));
     return SMELT_OK;
@@ -370,13 +370,28 @@ static int forward_all(struct trainer_run *r, int n, float *dst, struct smelt_er
     return rc;
 }
 
-/* The reference's logprobs: the base with the adapter off (grpo_prepare refuses a
- * reference for a full fine-tune). */
+/* The reference's logprobs: the base with the adapter off (LoRA), or the copy of the
+ * starting weights (a full fine-tune), run in the policy's place on the same activation
+ * buffers (same config; the policy's own forward comes after, for its backward). */
 static int reference_pass(struct trainer_run *r, int n, struct smelt_error *err) {
+    if (!r->lora) {
+        struct model *policy = r->model;
+        r->model = r->rl->ref_model;
+        int rc = forward_all(r, n, r->rl->ref, err);
+        r->model = policy;
+        return rc;
+    }
     lora_detach(r->lora);
     int rc = forward_all(r, n, r->rl->ref, err);
     int arc = lora_attach(r->lora, err);
     return rc ? rc : arc;
+}
+
+/* A full fine-tune's reference: a copy of the weights before any update (prepare runs
+ * before a checkpoint is restored, so a resumed job copies the same starting weights). */
+static int copy_reference(struct trainer_run *r, struct smelt_error *err) {
+    TRY(model_init_random(&r->model->config, 0, r->model->backend, &r->rl->ref_model, err));
+    return tensor_copy(&r->rl->ref_model->weights, &r->model->weights, err);
 }
 
 /* REINFORCE++: token-level returns (the KL to the reference in the reward when beta >

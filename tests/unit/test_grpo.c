@@ -336,10 +336,6 @@ Test(grpo, setup_refusals_say_what_is_wrong) {
              "\"kv_memory_mb\":2,\"max_iterations\":1," REWARD_MIXED "},\"eval\":{\"accuracy_examples\":1},",
              &quiet, &res);
     cr_expect_eq(res.steps, 1);
-
-    /* A reference in a full fine-tune would need a second copy of the weights. */
-    expect_run_refused(&p, p.train, RUN_RL("\"beta\":0.1,"), &err);
-    cr_expect_str_eq(err.field, "rl.beta", "%s", err.message);
     test_tmp_teardown();
 }
 
@@ -756,6 +752,24 @@ Test(grpo, lora_reference_is_the_base) {
     double kl[4];
     cr_assert_eq(train_values(p.out, "kl", kl, NULL, 4), 3);
     cr_expect_eq(kl[0], 0.0, "iteration 1: kl %.17g with a fresh adapter", kl[0]);
+    cr_expect(kl[1] > 0 && kl[2] > 0, "kl %g, %g after updates", kl[1], kl[2]);
+    test_tmp_teardown();
+}
+
+/* A full fine-tune keeps a copy of the starting weights as the reference: the KL is 0 at
+ * the first iteration (one step per iteration: the policy is still the reference) and
+ * grows after the updates. */
+Test(grpo, full_reference_is_the_starting_model) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct trainer_result res;
+    run_grpo(&p, p.out,
+             "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":3,"
+             "\"max_new_tokens\":3,\"max_iterations\":3,\"kv_memory_mb\":2,\"beta\":0.04," REWARD_MIXED "},",
+             &quiet, &res);
+    double kl[4];
+    cr_assert_eq(train_values(p.out, "kl", kl, NULL, 4), 3);
+    cr_expect_eq(kl[0], 0.0, "iteration 1: kl %.17g against the starting weights", kl[0]);
     cr_expect(kl[1] > 0 && kl[2] > 0, "kl %g, %g after updates", kl[1], kl[2]);
     test_tmp_teardown();
 }
