@@ -239,8 +239,8 @@ def main():
           f"llama-22m: random weights; smelt ms = generate/score/reference/update/sync; TRL ms = "
           f"generate/score/rest")
     print(f"{'model':<10} {'placement':<9} {'params':>9} {'new':>3} {'thr s/T':>7} {'iters':>5} "
-          f"{'smelt smp/s':>11} {'TRL smp/s':>9} {'smelt/TRL':>9} {'smelt ms':>20} {'TRL ms':>13} "
-          f"{'len s/T':>9} {'reward s/T':>11}")
+          f"{'smelt smp/s':>11} {'TRL smp/s':>9} {'smelt/TRL':>9} {'smelt ms':>22} {'TRL ms':>15} "
+          f"{'len s/T':>11} {'reward s/T':>11}")
     start = time.perf_counter()
     for name, max_new, iterations in MODELS:
         if args.only and name != args.only:
@@ -267,7 +267,8 @@ def main():
                     smelt, problem = run_smelt(args.trainer, work, model_dir, prompts_path, max_new, iterations,
                                                placement, args.threads, args.openblas_threads)
                 if smelt and smelt["samples"] != want:
-                    problem = f"smelt generated {sorted(smelt['samples'])} samples per iteration, expected {sorted(want)}"
+                    problem = (f"smelt generated {sorted(smelt['samples'])} samples per iteration, "
+                               f"expected {sorted(want)}")
                     smelt = None
                 if smelt and smelt["first_prompt"] != f"<|bos|>{rows[0]['prompt']}":
                     problem = (f"smelt's first sample's prompt is {smelt['first_prompt']!r}, expected "
@@ -278,13 +279,14 @@ def main():
                     smelt = None
                 row = (f"{name:<10} {placement:<9} {trl_run['trainable']:>9} {max_new:>3} "
                        f"{(smelt['threads'] if smelt else '-')!s:>3}/{trl_run['threads']:<3} {iterations:>5} ")
-                trl_cols = f"{ms(trl_run['split']):>13}"
+                trl_cols = f"{ms(trl_run['split']):>15}"
                 if smelt is None:
-                    print(row + f"{'-':>11} {trl_run['rate']:>9.1f} {'-':>9} {'-':>20} {trl_cols} "
-                          f"{'-':>4}/{trl_run['length']:<4.2f} {'-':>5}/{trl_run['reward']:<5.3f}  ({problem})")
+                    print(row + f"{'-':>11} {trl_run['rate']:>9.1f} {'-':>9} {'-':>22} {trl_cols} "
+                          f"{'-':>5}/{trl_run['length']:<5.2f} {'-':>5}/{trl_run['reward']:<5.3f}  ({problem})")
                 else:
-                    print(row + f"{smelt['rate']:>11.1f} {trl_run['rate']:>9.1f} {smelt['rate'] / trl_run['rate']:>9.2f} "
-                          f"{ms(smelt['split']):>20} {trl_cols} {smelt['length']:>4.2f}/{trl_run['length']:<4.2f} "
+                    print(row + f"{smelt['rate']:>11.1f} {trl_run['rate']:>9.1f} "
+                          f"{smelt['rate'] / trl_run['rate']:>9.2f} "
+                          f"{ms(smelt['split']):>22} {trl_cols} {smelt['length']:>5.2f}/{trl_run['length']:<5.2f} "
                           f"{smelt['reward']:>5.3f}/{trl_run['reward']:<5.3f}")
                 sys.stdout.flush()
     print(f"total {time.perf_counter() - start:.1f} s")

@@ -30,7 +30,8 @@ int sample_params_check(const struct sample_params *p, struct smelt_error *err);
 /* Picks a token from logits[0..V): softmax at the temperature, then top-k, then min-p
  * (drop tokens below min_p times the top probability), then top-p (the smallest prefix
  * by probability whose mass reaches top_p), one uniform from rng over what is left
- * (none when greedy). work: room for V candidates (no allocation per token). */
+ * (none when greedy), walked in order of probability when a filter is on and in id order
+ * when none is. work: room for V candidates (no allocation per token). */
 int32_t sample_token(const float *logits, int64_t V, const struct sample_params *p, struct rng *rng,
                      struct sample_candidate *work);
 

@@ -3,6 +3,7 @@
 #include "model/generate.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 int sample_params_check(const struct sample_params *p, struct smelt_error *err) {
@@ -37,7 +38,11 @@ int32_t sample_token(const float *logits, int64_t V, const struct sample_params 
         sum += e;
     }
     for (int64_t v = 0; v < V; v++) work[v].prob = (float)(work[v].prob / sum);
-    qsort(work, (size_t)V, sizeof *work, by_prob_desc);
+    /* Only the filters need the candidates in order of probability; without one, the draw
+     * walks them in id order (a sort of the whole vocabulary per token costs more than
+     * the model's step on a small model with a large vocabulary). */
+    bool filtered = (p->top_k > 0 && p->top_k < V) || p->min_p > 0 || p->top_p < 1;
+    if (filtered) qsort(work, (size_t)V, sizeof *work, by_prob_desc);
     int64_t keep = V;
     if (p->top_k > 0 && p->top_k < keep) keep = p->top_k;
     if (p->min_p > 0) {
