@@ -57,6 +57,13 @@ static int load_model(struct trainer_run *r, struct smelt_error *err) {
         TRY(model_config_load(s->model, &config, err));
         return model_init_random(&config, s->seed, s->backend, &r->model, err);
     }
+    /* A new adapter would be trained on base + this adapter merged, but saved naming only
+     * the base: loaded there, it would not be the model that was trained. */
+    if (dir_has(s->model, "adapter_config.json") && s->has_lora)
+        return error_set_field(err, SMELT_EINVAL, "lora",
+                               "lora: %s is a LoRA output; a new adapter on it would be saved against its base "
+                               "without it. Start the LoRA job from its merged model (save_merged), or train in "
+                               "full", s->model);
     if (dir_has(s->model, "adapter_config.json")) return load_adapter_output(r, err);
     return model_load(s->model, s->backend, &r->model, err);
 }

@@ -364,6 +364,14 @@ Test(trainer, lora_run_resumes_bit_identically_and_keeps_the_base) {
     snprintf(next_model, sizeof next_model, "%s/output", out2);
     load_spec(&p, next_model, next_out, "\"hyperparameters\":{\"max_steps\":1},", &spec);
     TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
+
+    /* A LoRA job on the adapter output is refused: its adapter would be saved against the
+     * base without the adapter it was trained on top of. */
+    snprintf(next_out, sizeof next_out, "%s/next-lora", p.out);
+    load_spec(&p, next_model, next_out, "\"hyperparameters\":{\"max_steps\":1},\"lora\":{\"rank\":4},", &spec);
+    TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "lora", "%s", err.message);
+    cr_expect(strstr(err.message, "save_merged") != NULL, "%s", err.message);
     test_tmp_teardown();
 }
 
