@@ -718,8 +718,11 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
                           "log_path", log_path, "metrics_path", metrics_path, "devices", dev_array);
     if (h) send_to_agent(s, agent_id, MSG_WORKER_LAUNCH, h);
     json_decref(h);
-    char what[256];
-    snprintf(what, sizeof what, "Job started on %s (attempt %lld)", agent_id, (long long)attempt);
+    char what[512], list[256] = "";
+    for (int i = 0; i < n_devices && strlen(list) < sizeof list - 24; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%lld", i ? "," : "", (long long)devices[i]);
+    snprintf(what, sizeof what, "Job started on %s (attempt %lld), device%s %s", agent_id, (long long)attempt,
+             n_devices == 1 ? "" : "s", list);
     job_event(s, c, id, "info", "%s", what);
     json_decref(dev_array);
 }

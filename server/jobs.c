@@ -262,6 +262,8 @@ struct job_plan {
     const char *model, *training_file, *validation_file, *suffix;
     json_t *metadata;
     int64_t seed, priority, devices, max_retries, max_runtime;
+    int64_t rollout_devices;   /* resources.rollout.devices; -1: not given */
+    bool devices_given;        /* resources.devices was in the request */
 };
 
 static int check_request_keys(const json_t *request, struct smelt_error *err) {
@@ -348,18 +350,58 @@ static int check_integrations(const json_t *request, struct smelt_error *err) {
     return SMELT_OK;
 }
 
+/* resources: {"devices": N} (the job's devices, all on one agent) or, for an RL job,
+ * {"trainer": {"devices": 1}, "rollout": {"devices": R}}: R rollout workers in the split
+ * placement (each on a device of its own) beside the trainer, gang-allocated together. */
+static int read_role(const json_t *resources, const char *role, int64_t min, int64_t max, int64_t *out,
+                     struct smelt_error *err) {
+    char field[48];
+    snprintf(field, sizeof field, "resources.%s", role);
+    json_t *v = json_object_get(resources, role);
+    if (!json_is_object(v)) return error_set_field(err, SMELT_EINVAL, field, "%s: an object is expected", field);
+    static const char *const keys[] = {"devices", NULL};
+    const char *key = json_unknown_key(v, keys);
+    if (key) return error_set_field(err, SMELT_EINVAL, field, "%s.%.64s: unknown field (devices)", field, key);
+    return error_in_field(err, int_field(v, "devices", min, min, max, out, err), field);
+}
+
 static int read_resources(const json_t *request, struct job_plan *p, struct smelt_error *err) {
     p->devices = JOBS_ONE_PROCESS_DEVICES;
+    p->rollout_devices = -1;
     json_t *v = json_object_get(request, "resources");
     if (!v || json_is_null(v)) return SMELT_OK;
     if (!json_is_object(v)) return error_set_field(err, SMELT_EINVAL, "resources", "resources: an object is expected");
-    static const char *const keys[] = {"devices", NULL};
+    static const char *const keys[] = {"devices", "trainer", "rollout", NULL};
     const char *key = json_unknown_key(v, keys);
-    if (key) return error_set_field(err, SMELT_EINVAL, "resources", "resources.%.64s: unknown field (devices)", key);
+    if (key)
+        return error_set_field(err, SMELT_EINVAL, "resources",
+                               "resources.%.64s: unknown field (devices, trainer, rollout)", key);
+    p->devices_given = json_object_get(v, "devices") != NULL;
     TRY(error_in_field(err, int_field(v, "devices", 1, 1, JOBS_MAX_DEVICES, &p->devices, err), "resources"));
-    if (p->devices != JOBS_ONE_PROCESS_DEVICES)
+    if (json_object_get(v, "trainer")) {
+        int64_t trainer;
+        TRY(read_role(v, "trainer", JOBS_ONE_PROCESS_DEVICES, JOBS_MAX_DEVICES, &trainer, err));
+        if (trainer != JOBS_ONE_PROCESS_DEVICES)
+            return error_set_field(err, SMELT_EINVAL, "resources.trainer.devices",
+                                   "resources.trainer.devices: a trainer runs on one device in this version of "
+                                   "smelt");
+    }
+    if (json_object_get(v, "rollout"))
+        TRY(read_role(v, "rollout", 1, JOBS_MAX_DEVICES - JOBS_ONE_PROCESS_DEVICES, &p->rollout_devices, err));
+    return SMELT_OK;
+}
+
+/* The devices a job takes, once its spec is known: the trainer's, and an RL job's
+ * rollout workers' in the split placement (one device each). A resources.devices the
+ * request gave must agree. */
+static int settle_devices(const struct job_spec *js, struct job_plan *p, struct smelt_error *err) {
+    int64_t want = JOBS_ONE_PROCESS_DEVICES;
+    if (job_type_is_rl(js->type) && js->rl.placement == RL_PLACEMENT_SPLIT) want += js->rl.rollout_workers;
+    if (p->devices_given && p->devices != want)
         return error_set_field(err, SMELT_EINVAL, "resources.devices",
-                               "resources.devices: jobs run on one device in this version of smelt");
+                               "resources.devices: the job runs on %lld device(s) (the trainer%s), not %lld",
+                               (long long)want, want > 1 ? " and one per rollout worker" : "", (long long)p->devices);
+    p->devices = want;
     return SMELT_OK;
 }
 
@@ -496,6 +538,25 @@ static int copy_trainer_fields(const json_t *request, json_t *spec, struct smelt
     return SMELT_OK;
 }
 
+/* resources.rollout.devices: the split placement with that many workers, in the spec's
+ * rl section (where the hyperparameters may say the same, never something else). */
+static int place_rollout(const struct hp_source *src, const struct job_plan *p, json_t *rl, struct smelt_error *err) {
+    if (p->rollout_devices < 0) return SMELT_OK;
+    if (!rl)
+        return error_set_field(err, SMELT_EINVAL, "resources.rollout", "resources.rollout: a %s job has no "
+                               "rollout workers (only RL methods do)", src->method->type);
+    json_t *placement = json_object_get(rl, "placement"), *workers = json_object_get(rl, "rollout_workers");
+    if (placement && !(json_is_string(placement) && strcmp(json_string_value(placement), "split") == 0))
+        return error_set_field(err, SMELT_EINVAL, "resources.rollout", "resources.rollout: rollout devices mean "
+                               "the split placement; %s.placement says otherwise", src->where);
+    if (workers && !(json_is_integer(workers) && json_integer_value(workers) == p->rollout_devices))
+        return error_set_field(err, SMELT_EINVAL, "resources.rollout", "resources.rollout: %lld device(s) run "
+                               "%lld rollout worker(s); %s.rollout_workers says otherwise",
+                               (long long)p->rollout_devices, (long long)p->rollout_devices, src->where);
+    TRY(set_member(rl, "placement", json_string("split"), err));
+    return set_member(rl, "rollout_workers", json_integer(p->rollout_devices), err);
+}
+
 static int build_spec(const json_t *request, const struct job_inputs *in, const char *job_dir,
                       const struct hp_source *src, struct job_plan *p, struct smelt_error *err) {
     p->spec = json_pack("{s:s, s:s, s:{s:s}, s:{}, s:s, s:I, s:i}", "type", src->method->spec_type, "model",
@@ -511,6 +572,7 @@ static int build_spec(const json_t *request, const struct job_inputs *in, const 
         if (src->reward) TRY(set_member(rl, "reward", json_incref((json_t *)src->reward), err));
     }
     if (src->hp) TRY(map_hyperparameters(src, json_object_get(p->spec, "hyperparameters"), rl, err));
+    TRY(place_rollout(src, p, rl, err));
     return copy_trainer_fields(request, p->spec, err);
 }
 
@@ -553,7 +615,10 @@ static int check_spec(const struct hp_source *src, struct job_plan *p, struct sm
     struct smelt_error spec_err = {0};
     int rc = job_spec_from_json(p->spec, where, &js, &spec_err);
     if (rc == SMELT_ENOMEM) return error_set(err, rc, "%s", spec_err.message);
-    if (rc == SMELT_OK) return show_hyperparameters(src->method, &js, p, err);
+    if (rc == SMELT_OK) {
+        TRY(settle_devices(&js, p, err));
+        return show_hyperparameters(src->method, &js, p, err);
+    }
     const char *message = spec_err.message;
     if (strncmp(message, where, strlen(where)) == 0 && strncmp(message + strlen(where), ": ", 2) == 0)
         message += strlen(where) + 2;
@@ -562,6 +627,30 @@ static int check_spec(const struct hp_source *src, struct job_plan *p, struct sm
     if (strcmp(param, spec_err.field) == 0 || !param[0])
         return error_set_field(err, SMELT_EINVAL, param, "%s", message);
     return error_set_field(err, SMELT_EINVAL, param, "%s: %s", param, message);
+}
+
+/* A job wanting more devices than the largest online agent has would hold the head of
+ * the queue forever (gang allocation on one agent): refused while some agent is online
+ * (with none online, nothing is known yet and the job waits). */
+static int check_fits(struct store_conn *conn, const struct job_plan *p, struct smelt_error *err) {
+    json_t *agents = NULL;
+    struct smelt_error qerr = {0};
+    if (store_query(conn, &agents, &qerr, "SELECT id, devices AS devices__json FROM agents WHERE status = 'online'",
+                    "") != 0)
+        return error_set(err, SMELT_EIO, "reading the agents: %s", qerr.message);
+    size_t largest = 0, i;
+    json_t *agent;
+    json_array_foreach(agents, i, agent) {
+        size_t n = json_array_size(json_object_get(agent, "devices"));
+        if (n > largest) largest = n;
+    }
+    bool online = json_array_size(agents) > 0;
+    json_decref(agents);
+    if (!online || (int64_t)largest >= p->devices) return SMELT_OK;
+    return error_set_field(err, SMELT_EINVAL, "resources", "resources: the job needs %lld devices on one agent "
+                           "(the trainer%s); the largest online agent has %zu (smeltd/smelt-agent --cpu-slots N "
+                           "offers more CPU slots; fewer rollout workers, or the colocated placement, need fewer)",
+                           (long long)p->devices, p->devices > 1 ? " and one per rollout worker" : "", largest);
 }
 
 static int plan_job(struct server *s, struct store_conn *conn, const char *project, const json_t *request,
@@ -578,7 +667,8 @@ static int plan_job(struct server *s, struct store_conn *conn, const char *proje
     struct job_inputs in;
     TRY(resolve_inputs(s, conn, project, src.method, p, &in, err));
     TRY(build_spec(request, &in, job_dir, &src, p, err));
-    return check_spec(&src, p, err);
+    TRY(check_spec(&src, p, err));
+    return check_fits(conn, p, err);
 }
 
 /* A refusal (400, `param` from err->field) or the server's own failure (500). */
@@ -692,6 +782,19 @@ int jobs_validate(struct server *s, const char *project, json_t *request, struct
     return rc;
 }
 
+/* resources as a request gives them: the devices, and for an RL job in the split
+ * placement the trainer's and the rollout workers' share. */
+static json_t *resources_shown(json_t *row, json_t *spec) {
+    json_t *devices = json_object_get(row, "devices_wanted");
+    json_t *rl = json_object_get(spec, "rl");
+    json_t *placement = json_object_get(rl, "placement");
+    if (!placement || strcmp(json_string_value(placement) ?: "", "split") != 0)
+        return json_pack("{s:O}", "devices", devices);
+    json_int_t workers = json_integer_value(json_object_get(rl, "rollout_workers"));
+    return json_pack("{s:O, s:{s:i}, s:{s:I}}", "devices", devices, "trainer", "devices", JOBS_ONE_PROCESS_DEVICES,
+                     "rollout", "devices", workers ? workers : (json_int_t)1);
+}
+
 static json_t *parse_text(json_t *row, const char *key) {
     const char *text = json_string_value(json_object_get(row, key));
     if (!text) return json_null();
@@ -729,7 +832,7 @@ json_t *jobs_object(struct server *s, json_t *row) {
     json_object_set_new(o, "metadata", metadata);
     /* smelt's additions */
     json_object_set(o, "lora", json_object_get(spec, "lora") ?: json_null());
-    json_object_set_new(o, "resources", json_pack("{s:O}", "devices", json_object_get(row, "devices_wanted")));
+    json_object_set_new(o, "resources", resources_shown(row, spec));
     json_object_set(o, "priority", json_object_get(row, "priority"));
     json_object_set(o, "max_retries", json_object_get(row, "max_retries"));
     json_object_set(o, "max_runtime_seconds", json_object_get(row, "max_runtime_seconds"));

@@ -11,7 +11,9 @@
  * iteration, checkpoints and then stops its workers; PR_SET_PDEATHSIG SIGTERM, so a
  * trainer killed outright leaves no worker behind; stdout and stderr appended to
  * output_dir/rollout-<i>.log; OPENBLAS_CORETYPE set to the trainer's own kernel set, so
- * a worker computes with the trainer's GEMM kernels (the same logprobs). Each binds
+ * a worker computes with the trainer's GEMM kernels (the same logprobs). Devices: the
+ * agent lists a job's devices in CUDA_VISIBLE_DEVICES / SMELT_CPU_SLOT, the trainer's
+ * first and then one per worker (resources.rollout), so worker i gets entry 1 + i. Each binds
  * tcp://127.0.0.1:* (no fixed port) and the trainer reads the endpoint from the line
  * "smelt-rollout: serving on ENDPOINT" it writes to its log. Children are reaped by pid,
  * never as "any child": the trainer may run inside a program with children of its own.
@@ -180,17 +182,60 @@ static void free_envp(char **envp) {
     free(envp);
 }
 
-/* This process's environment with OPENBLAS_CORETYPE set to the kernels it runs. */
-static char **worker_envp(void) {
+/* Entry k of a comma list ("0,1,2") into out; false when the list has no entry k. */
+static bool list_entry(const char *list, int k, char *out, size_t cap) {
+    for (int i = 0; list; i++) {
+        const char *comma = strchr(list, ',');
+        size_t len = comma ? (size_t)(comma - list) : strlen(list);
+        if (i == k) {
+            if (len == 0 || len >= cap) return false;
+            memcpy(out, list, len);
+            out[len] = 0;
+            return true;
+        }
+        list = comma ? comma + 1 : NULL;
+    }
+    return false;
+}
+
+/* "NAME=value" of variable name for worker i: the agent gives a job its devices as
+ * CUDA_VISIBLE_DEVICES / SMELT_CPU_SLOT lists, the trainer's first, then one per
+ * worker; a list without an entry for the worker (the trainer run by hand) is passed on
+ * whole. NULL: the variable is not set. */
+static char *device_entry(const char *name, int i) {
+    const char *list = getenv(name);
+    if (!list) return NULL;
+    char one[64];
+    const char *value = list_entry(list, 1 + i, one, sizeof one) ? one : list;
+    size_t len = strlen(name) + strlen(value) + 2;
+    char *e = malloc(len);
+    if (e) snprintf(e, len, "%s=%s", name, value);
+    return e;
+}
+
+static bool starts_with_var(const char *entry, const char *name) {
+    size_t len = strlen(name);
+    return strncmp(entry, name, len) == 0 && entry[len] == '=';
+}
+
+/* Worker i's environment: this process's, with OPENBLAS_CORETYPE set to the kernels it
+ * runs and the worker's own device (device_entry). */
+static char **worker_envp(int i) {
     extern char **environ;
+    static const char *const devices[] = {"CUDA_VISIBLE_DEVICES", "SMELT_CPU_SLOT"};
     size_t n = 0;
     while (environ && environ[n]) n++;
-    char **envp = calloc(n + 2, sizeof *envp);
+    char **envp = calloc(n + 4, sizeof *envp);
     if (!envp) return NULL;
     size_t k = 0;
     bool ok = true;
-    for (size_t i = 0; ok && i < n; i++)
-        if (strncmp(environ[i], "OPENBLAS_CORETYPE=", 18) != 0) ok = (envp[k++] = strdup(environ[i])) != NULL;
+    for (size_t e = 0; ok && e < n; e++) {
+        bool replaced = starts_with_var(environ[e], "OPENBLAS_CORETYPE");
+        for (size_t d = 0; d < sizeof devices / sizeof *devices; d++) replaced |= starts_with_var(environ[e], devices[d]);
+        if (!replaced) ok = (envp[k++] = strdup(environ[e])) != NULL;
+    }
+    for (size_t d = 0; ok && d < sizeof devices / sizeof *devices; d++)
+        if (getenv(devices[d])) ok = (envp[k++] = device_entry(devices[d], i)) != NULL;
     const char *kernels = backend_cpu_blas_kernels();
     if (ok && strcmp(kernels, "unknown") != 0) {
         size_t len = strlen(kernels) + 19;
@@ -390,8 +435,7 @@ static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_plan *p, cha
     long max_fd = sysconf(_SC_OPEN_MAX);
     p->max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536;
     p->parent = getpid();
-    p->envp = worker_envp();
-    return p->envp ? SMELT_OK : error_set(err, SMELT_ENOMEM, "rl: out of memory");
+    return SMELT_OK;
 }
 
 static int alloc_results(struct rl_workers *ws, int64_t cap, int64_t max_tokens, struct smelt_error *err) {
@@ -437,9 +481,11 @@ static int start_all(struct trainer_run *r, struct rl_workers *ws, struct smelt_
         char name[32];
         snprintf(name, sizeof name, "rollout-%d.log", i);
         rc = path_join(w->log, sizeof w->log, r->spec->output_dir, name, err);
+        if (!rc && !(plan.envp = worker_envp(i))) rc = error_set(err, SMELT_ENOMEM, "rl: out of memory");
         if (!rc) rc = spawn(&plan, i, w, err);
+        free_envp(plan.envp);
+        plan.envp = NULL;
     }
-    free_envp(plan.envp);
     if (!rc) log_info("rl: %d rollout workers (%s) starting on %s%s%s", ws->n, text[0], text[1],
                       text[2][0] ? ", adapter " : "", text[2]);
     return rc;

@@ -8,12 +8,29 @@ after every iteration) succeeds with the weight sync's bytes in its events; and 
 reward spec, an RL hyperparameter out of range or a file of another kind is refused
 with the request's path in `param`."""
 import json
+import os
+import shutil
+import tempfile
 
-from conftest import TRAIN_FILE, VAL_FILE
+import pytest
+from conftest import TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir
 
 J = "/v1/fine_tuning/jobs"
 REWARD = {"verifiers": [{"type": "exact_match", "extract": {"type": "full"}},
                         {"type": "length_penalty", "max_tokens": 4, "cache_tokens": 1, "weight": 0.5}]}
+
+
+@pytest.fixture(scope="module")
+def smeltd():
+    """This module's server offers 3 CPU slots: a split job takes one for its trainer and
+    one per rollout worker."""
+    tmp = tempfile.mkdtemp(prefix="smelt-it-")
+    data_dir = os.path.join(tmp, "data")
+    os.makedirs(data_dir)
+    s = Smeltd(data_dir, make_models_dir(tmp), ["--cpu-slots", "3"]).start()
+    yield s
+    s.kill()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prompts_rows(path, n):
@@ -80,13 +97,21 @@ def test_grpo_job_in_split_placement_syncs_its_workers(smeltd):
     train = upload(smeltd, prompts_rows(TRAIN_FILE, 16), "grpo_split_train.jsonl")
     val = upload(smeltd, prompts_rows(VAL_FILE, 4), "grpo_split_val.jsonl")
     hp = {"batch_size": 4, "num_generations": 4, "max_new_tokens": 4, "max_iterations": 3,
-          "learning_rate_multiplier": 10, "kv_memory_mb": 4, "placement": "split", "rollout_workers": 2}
-    status, job = smeltd.request("POST", J, grpo_request(train, val, hp=hp))
+          "learning_rate_multiplier": 10, "kv_memory_mb": 4}
+    body = grpo_request(train, val, hp=hp)
+    body["resources"] = {"trainer": {"devices": 1}, "rollout": {"devices": 2}}
+    status, job = smeltd.request("POST", J, body)
     assert status == 200, job
+    assert job["resources"] == {"devices": 3, "trainer": {"devices": 1}, "rollout": {"devices": 2}}, job
     status, raw = smeltd.request("GET", J + "/" + job["id"])
     assert raw["spec"]["rl"]["placement"] == "split" and raw["spec"]["rl"]["rollout_workers"] == 2, raw
     job = smeltd.wait_job(job["id"], ("succeeded", "failed", "cancelled"), timeout=300)
     assert job["status"] == "succeeded", (job, smeltd.read_log())
+    status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
+    started = [e["message"] for e in events["data"] if e["message"].startswith("Job started")]
+    assert started and started[0].endswith("devices 0,1,2"), started  # gang-allocated: trainer + 2 workers
+    with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-1.log"), encoding="utf-8") as f:
+        assert "serving on" in f.read()
     status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
     assert status == 200, events
     steps = [e["data"] for e in events["data"]
@@ -124,6 +149,24 @@ def test_grpo_bad_requests_name_the_field(smeltd):
             "method.grpo.hyperparameters.rollout_workers")
     refused(smeltd, grpo_request(train, val, hp={"placement": "elsewhere"}), "method.grpo.hyperparameters.placement")
     refused(smeltd, grpo_request(train, val, hp={"telepathy": 1}), "method.grpo.hyperparameters.telepathy")
+    refused(smeltd, grpo_request(train, val, hp={"placement": "split", "rollout_workers": 3}), "resources",
+            "4 devices", "has 3", "--cpu-slots")
+    body = grpo_request(train, val)
+    body["resources"] = {"trainer": {"devices": 1}, "rollout": {"devices": 1}}
+    body["method"]["grpo"]["hyperparameters"]["placement"] = "colocated"
+    refused(smeltd, body, "resources.rollout", "split")
+    body["method"]["grpo"]["hyperparameters"].pop("placement")
+    body["method"]["grpo"]["hyperparameters"]["rollout_workers"] = 2
+    refused(smeltd, body, "resources.rollout", "rollout_workers")
+    body = grpo_request(train, val)
+    body["resources"] = {"trainer": {"devices": 2}}
+    refused(smeltd, body, "resources.trainer.devices", "one device")
+    body["resources"] = {"rollout": {"devices": 0}}
+    refused(smeltd, body, "resources.rollout.devices")
+    body["resources"] = {"rollout": {"gpus": 1}}
+    refused(smeltd, body, "resources.rollout", "gpus")
+    body["resources"] = {"devices": 1, "rollout": {"devices": 1}}
+    refused(smeltd, body, "resources.devices", "2 device")
     status, sft = smeltd.upload(TRAIN_FILE)
     assert status == 200, sft
     refused(smeltd, grpo_request(sft["id"], val), "training_file", "prompts")
