@@ -1,9 +1,12 @@
-/* rewards/: the reward stage of the RL loop. A spec (JSON) names weighted verifiers; the
- * stage built from it scores a batch of samples (prompt, completion, the row's answer,
- * token count, finish reason) and returns one reward per sample:
- *     reward = Σ_k weight_k · score_k
- * docs/rewards.md is the user's reference (every verifier, its fields and defaults, the
- * extraction rules, examples); keep the two in step.
+/* rewards/: the reward stage of the RL loop. A spec (JSON) names weighted verifiers, or
+ * one OpenAI-style grader; the stage built from it scores a batch of samples (prompt,
+ * completion, the row's answer and metadata, token count, finish reason) and returns one
+ * reward per sample:
+ *     reward = Σ_k weight_k · score_k      (verifiers)
+ *     reward = the grader's score          (grader)
+ * docs/rewards.md is the user's reference (every verifier and grader, their fields and
+ * defaults, the extraction rules, templates, the metrics' references, examples); keep
+ * the two in step.
  *
  * Spec: {"verifiers": [{"type": T, "name"?, "weight"?, ...T's fields}, ...]}, 1 to
  * REWARD_MAX_VERIFIERS entries. T is one of exact_match, numeric_match, regex_match,
@@ -11,15 +14,26 @@
  * ("<where>.verifiers[1].pattern: ...") and in err->field ("verifiers[1].pattern",
  * relative to the spec: the caller nests it with error_in_field).
  *
+ * Or: {"grader": G}, G one of OpenAI's grader objects: string_check, text_similarity, or
+ * multi ({"graders": {name: G', ...}, "calculate_output": formula}). A spec holds
+ * "verifiers" or "grader", not both. Errors name the path OpenAI style:
+ * err->field "grader.graders.acc.operation". Graders read {{item.<field>}} (the row's
+ * answer and metadata), {{sample.output_text}} and {{sample.output_json.<field>}}.
+ *
  * Failures. reward_stage_score fails (returns an error) only when the stage itself
- * cannot work: bad arguments. A sample that cannot be scored — the row has no answer
- * for a verifier that needs one, an answer that is not a number for a numeric one, a
- * regex that hits its match limit — is a per-sample failure: out[i].failed, a message
- * naming the verifier, reward NaN; the other samples are scored as usual. A completion
- * that simply lacks what a verifier looks for (no number, no marker) scores 0.
+ * cannot work: bad arguments, or memory for a grader. A sample that cannot be scored —
+ * the row has no answer for a verifier that needs one, an answer that is not a number
+ * for a numeric one, a regex that hits its match limit, a grader's template naming a
+ * field the row (or the completion's JSON) lacks, a non-JSON completion read as
+ * sample.output_json, a formula dividing by zero — is a per-sample failure:
+ * out[i].failed, a message naming the verifier or grader, reward NaN; the other samples
+ * are scored as usual. A completion that simply lacks what a verifier looks for (no
+ * number, no marker) scores 0.
  *
  * Threads: a stage keeps per-pattern match buffers, so one stage scores one batch at a
- * time; scoring is deterministic and allocates nothing.
+ * time; scoring is deterministic. Verifiers allocate nothing when scoring; graders
+ * allocate per sample (rendered templates, parsed JSON, tokens) and free it before the
+ * next.
  *
  * Ownership: reward_stage_create returns a stage the caller frees with
  * reward_stage_free; it copies what it needs from the spec (the JSON may be freed).
@@ -45,20 +59,23 @@ struct reward_sample {
     const char *prompt;          /* the rendered prompt text; may be NULL (no built-in reads it) */
     const char *completion;      /* required, NUL-terminated; may hold invalid UTF-8 */
     const char *answer;          /* the prompts row's "answer"; NULL when the row has none */
-    const char *metadata_json;   /* the row's "metadata" as JSON text; NULL when none (for
-                                    graders to come: no built-in reads it) */
+    const char *metadata_json;   /* the row's "metadata" as JSON text; NULL when none (graders'
+                                    {{item.<field>}}) */
     int64_t n_completion_tokens; /* generated tokens (length_penalty) */
     const char *finish_reason;   /* "stop", "length", "abort" (rollout/'s ROLLOUT_FINISH_*); may be NULL */
 };
 
 struct reward_result {
-    double reward;                              /* Σ weight·score; NaN when failed */
+    double reward;                              /* Σ weight·score, or the grader's score; NaN
+                                                   when failed */
     bool failed;                                /* the sample gets no reward: the loop reports
                                                    error as an event, not a job failure */
     char error[REWARD_ERROR_BYTES];             /* why, naming the verifier ("" when not failed) */
     double scores[REWARD_MAX_VERIFIERS];        /* each verifier's raw score, in spec order, for
-                                                   metrics; NaN for a verifier that failed on
-                                                   this sample, 0 past reward_stage_count */
+                                                   metrics (a grader: its score, then a multi's
+                                                   sub-graders' in the order of its graders);
+                                                   NaN for one that failed on this sample, 0
+                                                   past reward_stage_count */
 };
 
 struct reward_stage;
@@ -71,19 +88,23 @@ void reward_stage_free(struct reward_stage *stage); /* NULL is fine */
 
 /* Scores samples[0..n) into out[0..n) (every field of every out[i] is written). Returns
  * SMELT_EINVAL only for bad arguments (n < 0, NULL arrays, a NULL completion), before
- * anything is scored; per-sample problems go in out[i]. */
+ * anything is scored, and SMELT_ENOMEM when a grader runs out of memory; per-sample
+ * problems go in out[i]. */
 int reward_stage_score(struct reward_stage *stage, const struct reward_sample *samples, int n,
                        struct reward_result *out, struct smelt_error *err);
 
 /* Checks one prompts row against the stage before training: every verifier that needs
- * the answer finds one, numeric ones a number. SMELT_EINVAL with err->field "answer" and
- * a message naming the verifier; the caller adds the file and line. metadata_json is
- * for graders to come (no built-in verifier reads it). */
+ * the answer finds one, numeric ones a number; every {{item.<field>}} of a grader names
+ * something the row has. SMELT_EINVAL with err->field "answer" (or "metadata" for a
+ * grader's field of the metadata) and a message naming the verifier or the grader's
+ * field and reference; the caller adds the file and line. */
 int reward_stage_check_prompt(const struct reward_stage *stage, const char *answer,
                               const char *metadata_json, struct smelt_error *err);
 
-/* The verifiers, in spec order: how many, and each one's name (metrics label: the
- * "name" field, else the type, else "<type>_<index>" when several share a type). */
+/* The scores, in spec order: how many, and each one's name (metrics label). Verifiers:
+ * the "name" field, else the type, else "<type>_<index>" when several share a type. A
+ * grader: its type ("string_check", "text_similarity", "multi"), then a multi's
+ * sub-graders by their keys in "graders". */
 int reward_stage_count(const struct reward_stage *stage);
 const char *reward_stage_name(const struct reward_stage *stage, int i);
 

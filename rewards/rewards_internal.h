@@ -60,6 +60,10 @@ enum reward_normalize {
 
 /* [*start, *end) shrunk past ASCII whitespace at both ends. */
 void reward_trim(const char *s, size_t *start, size_t *end);
+/* The next character of s[*i..n) as a code point, *i moved past it; lowercased (Unicode
+ * simple case mapping, one character to one) when lower. A byte that does not start
+ * valid UTF-8 stands for itself, as 0x110000 + the byte, so it never equals a character. */
+int32_t reward_next_char(const char *s, size_t n, size_t *i, bool lower);
 /* Trim; with STRIP_PERIOD drop one trailing "." and trim again. */
 void reward_normalize_span(const char *s, size_t *start, size_t *end, unsigned normalize);
 /* exact_match's comparison of two normalized texts: as numbers when both are one number
@@ -143,9 +147,13 @@ struct reward_verifier_type {
 extern const struct reward_verifier_type REWARD_EXACT_MATCH, REWARD_NUMERIC_MATCH, REWARD_REGEX_MATCH,
     REWARD_FORMAT, REWARD_LENGTH_PENALTY;
 
+struct reward_grader; /* graders_internal.h */
+
+/* A stage holds verifiers (n of them) or one grader (n = 0). */
 struct reward_stage {
     int n;
     struct reward_verifier v[REWARD_MAX_VERIFIERS];
+    struct reward_grader *grader;
 };
 
 /* A JSON member set on obj; nonzero when value is NULL (out of memory) or setting fails. */

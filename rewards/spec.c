@@ -1,7 +1,7 @@
 /* The reward spec: {"verifiers": [...]} read into a stage (types, names, weights, each
- * type's fields, patterns compiled), and written back with its defaults. Every error
- * names the field: "<where>.verifiers[1].pattern: ..." in the message, and
- * "verifiers[1].pattern" in err->field. */
+ * type's fields, patterns compiled), or {"grader": {...}} handed to graders.c; written
+ * back with its defaults. Every error names the field: "<where>.verifiers[1].pattern:
+ * ..." in the message, and "verifiers[1].pattern" in err->field. */
 #include "rewards/rewards_internal.h"
 
 #include <stdio.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "rewards/graders_internal.h"
 
 static const struct reward_verifier_type *const TYPES[] = {
     &REWARD_EXACT_MATCH, &REWARD_NUMERIC_MATCH, &REWARD_REGEX_MATCH, &REWARD_FORMAT, &REWARD_LENGTH_PENALTY,
@@ -97,7 +98,7 @@ static int check_names(const struct reward_stage *st, const char *where, struct 
 static int parse_list(const json_t *spec, const char *where, struct reward_stage *st, struct smelt_error *err) {
     const json_t *list = json_object_get(spec, "verifiers");
     if (!list || json_is_null(list))
-        return error_set_field(err, SMELT_EINVAL, "verifiers", "%s.verifiers: missing (a list of 1 to %d verifiers)",
+        return error_set_field(err, SMELT_EINVAL, "verifiers", "%s.verifiers: missing (a list of 1 to %d verifiers, or a \"grader\")",
                                where, REWARD_MAX_VERIFIERS);
     if (!json_is_array(list))
         return error_set_field(err, SMELT_EINVAL, "verifiers", "%s.verifiers: expected a list of 1 to %d verifiers",
@@ -119,13 +120,20 @@ static int parse_list(const json_t *spec, const char *where, struct reward_stage
 
 int reward_stage_create(const json_t *spec, const char *where, struct reward_stage **out,
                         struct smelt_error *err) {
-    static const char *const keys[] = {"verifiers", NULL};
+    static const char *const keys[] = {"verifiers", "grader", NULL};
     *out = NULL;
     if (!json_is_object(spec)) return error_set(err, SMELT_EINVAL, "%s: the reward spec must be a JSON object", where);
     TRY(json_check_keys(spec, keys, where, err));
+    const json_t *grader = json_object_get(spec, "grader");
+    if (json_is_null(grader)) grader = NULL;
+    if (grader && json_object_get(spec, "verifiers"))
+        return error_set_field(err, SMELT_EINVAL, "grader",
+                               "%s.grader: a spec holds \"verifiers\" or one \"grader\", not both (a multi grader "
+                               "combines several)",
+                               where);
     struct reward_stage *st = calloc(1, sizeof *st);
     if (!st) return error_set(err, SMELT_ENOMEM, "%s: out of memory", where);
-    int rc = parse_list(spec, where, st, err);
+    int rc = grader ? reward_grader_create(grader, where, &st->grader, err) : parse_list(spec, where, st, err);
     if (rc) {
         reward_stage_free(st);
         return rc;
@@ -136,6 +144,7 @@ int reward_stage_create(const json_t *spec, const char *where, struct reward_sta
 
 void reward_stage_free(struct reward_stage *stage) {
     if (!stage) return;
+    reward_grader_free(stage->grader);
     for (int i = 0; i < stage->n; i++) {
         reward_pattern_free(&stage->v[i].pattern);
         reward_pattern_free(&stage->v[i].extract.pattern);
@@ -158,10 +167,10 @@ static json_t *verifier_to_json(const struct reward_verifier *v) {
 }
 
 int reward_stage_to_json(const struct reward_stage *stage, json_t **out, struct smelt_error *err) {
-    json_t *root = json_object(), *list = json_array();
+    json_t *root = json_object(), *list = stage->grader ? reward_grader_to_json(stage->grader) : json_array();
     int bad = !root || !list;
     for (int i = 0; i < stage->n && !bad; i++) bad |= json_array_append_new(list, verifier_to_json(&stage->v[i]));
-    bad |= reward_json_set(root, "verifiers", list);
+    bad |= reward_json_set(root, stage->grader ? "grader" : "verifiers", list);
     if (bad) {
         json_decref(root);
         return error_set(err, SMELT_ENOMEM, "reward_stage_to_json: out of memory");

@@ -1,11 +1,13 @@
-/* The reward stage at work: a batch of samples scored by every verifier, the weighted
- * sum, per-sample failures kept apart from failures of the stage; the up-front check of a
- * prompts row; the verifiers' names for metrics. */
+/* The reward stage at work: a batch of samples scored by every verifier (the weighted
+ * sum) or by the grader (its score), per-sample failures kept apart from failures of the
+ * stage; the up-front check of a prompts row; the names of the scores for metrics. */
 #include "rewards/rewards_internal.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "rewards/graders_internal.h"
 
 static int check_args(const struct reward_stage *stage, const struct reward_sample *samples, int n,
                       const struct reward_result *out, struct smelt_error *err) {
@@ -39,16 +41,33 @@ static void score_sample(struct reward_stage *stage, const struct reward_sample 
     if (r->failed) r->reward = NAN;
 }
 
+/* The grader on one sample: its score is the reward. */
+static int grade_sample(struct reward_stage *stage, const struct reward_sample *s, struct reward_result *r) {
+    memset(r, 0, sizeof *r);
+    int rc = reward_grader_score(stage->grader, s, r->scores, r->error, sizeof r->error);
+    if (rc < 0) return rc;
+    r->failed = rc == GRADER_FAILED;
+    r->reward = r->failed ? NAN : r->scores[0];
+    return SMELT_OK;
+}
+
 int reward_stage_score(struct reward_stage *stage, const struct reward_sample *samples, int n,
                        struct reward_result *out, struct smelt_error *err) {
     TRY(check_args(stage, samples, n, out, err));
-    for (int i = 0; i < n; i++) score_sample(stage, &samples[i], &out[i]);
+    for (int i = 0; i < n; i++) {
+        if (!stage->grader) {
+            score_sample(stage, &samples[i], &out[i]);
+            continue;
+        }
+        int rc = grade_sample(stage, &samples[i], &out[i]);
+        if (rc) return error_set(err, rc, "reward_stage_score: out of memory grading samples[%d]", i);
+    }
     return SMELT_OK;
 }
 
 int reward_stage_check_prompt(const struct reward_stage *stage, const char *answer, const char *metadata_json,
                               struct smelt_error *err) {
-    (void)metadata_json; /* read by the graders to come; no built-in verifier needs it */
+    if (stage->grader) return reward_grader_check_row(stage->grader, answer, metadata_json, err);
     for (int k = 0; k < stage->n; k++) {
         const struct reward_verifier *v = &stage->v[k];
         char why[REWARD_ERROR_BYTES];
@@ -59,9 +78,11 @@ int reward_stage_check_prompt(const struct reward_stage *stage, const char *answ
     return SMELT_OK;
 }
 
-int reward_stage_count(const struct reward_stage *stage) { return stage->n; }
+int reward_stage_count(const struct reward_stage *stage) {
+    return stage->grader ? reward_grader_count(stage->grader) : stage->n;
+}
 
 const char *reward_stage_name(const struct reward_stage *stage, int i) {
-    SMELT_ASSERT(i >= 0 && i < stage->n);
-    return stage->v[i].name;
+    SMELT_ASSERT(i >= 0 && i < reward_stage_count(stage));
+    return stage->grader ? reward_grader_name(stage->grader, i) : stage->v[i].name;
 }

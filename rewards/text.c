@@ -20,16 +20,15 @@ void reward_normalize_span(const char *s, size_t *start, size_t *end, unsigned n
     }
 }
 
-/* The next character of s[*i..n) lowercased (Unicode simple case mapping); a byte that
- * does not start valid UTF-8 stands for itself, shifted past every code point so that it
- * never equals one. */
-static int32_t next_lower(const char *s, size_t n, size_t *i) {
+int32_t reward_next_char(const char *s, size_t n, size_t *i, bool lower) {
     utf8proc_int32_t cp;
     utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
     if (k < 1) return 0x110000 + (unsigned char)s[(*i)++];
     *i += (size_t)k;
-    return utf8proc_tolower(cp);
+    return lower ? utf8proc_tolower(cp) : cp;
 }
+
+static int32_t next_lower(const char *s, size_t n, size_t *i) { return reward_next_char(s, n, i, true); }
 
 static bool equal_lowercase(const char *a, size_t na, const char *b, size_t nb) {
     size_t i = 0, j = 0;

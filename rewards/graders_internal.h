@@ -1,0 +1,172 @@
+/* Private to rewards/: OpenAI-style graders (string_check, text_similarity, multi), the
+ * templates they read ({{item.x}}, {{sample.output_text}}, {{sample.output_json.x}}),
+ * multi's calculate_output formula and the text-similarity metrics. docs/rewards.md
+ * ("Graders") is the user's reference.
+ *
+ * Unlike the verifiers, graders allocate while scoring (rendered templates, the
+ * completion parsed as JSON, token lists): one sample at a time, freed before the next.
+ * Scoring functions return 0 (scored), GRADER_FAILED (the sample fails; the reason is in
+ * why) or SMELT_ENOMEM. */
+#ifndef SMELT_REWARDS_GRADERS_INTERNAL_H
+#define SMELT_REWARDS_GRADERS_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rewards/rewards.h"
+
+#define GRADER_FAILED 1
+#define GRADER_ZERO 2   /* the completion lacks what a template reads (sample.output_json): scores 0 */
+#define GRADER_MAX_SUB (REWARD_MAX_VERIFIERS - 1) /* multi's graders; the multi takes the first score */
+#define GRADER_MAX_TEMPLATE_BYTES 4096
+#define GRADER_MAX_REFS 16           /* {{...}} in one template */
+#define GRADER_MAX_PATH 8            /* segments after the namespace: item.a.b[0] is 3 */
+#define GRADER_MAX_FORMULA_BYTES 1024
+#define GRADER_MAX_FORMULA_NODES 256
+#define GRADER_MAX_NAME_BYTES 256    /* OpenAI's free-text "name" */
+#define GRADER_PATH_BYTES 96         /* "grader.graders.<key>" */
+
+/* ---- a growable byte buffer (NUL-terminated when not empty) ---- */
+
+struct reward_buf {
+    char *p;
+    size_t n, cap;
+};
+int reward_buf_append(struct reward_buf *b, const char *s, size_t n); /* SMELT_ENOMEM */
+void reward_buf_free(struct reward_buf *b);
+
+/* ---- template.c ---- */
+
+enum grader_source { GRADER_ITEM, GRADER_OUTPUT_TEXT, GRADER_OUTPUT_JSON };
+
+struct grader_segment {
+    bool is_index;      /* [k] */
+    size_t index;
+    size_t key, key_len; /* .name: its span in the template's source */
+};
+
+/* One {{namespace.path}} of a template. */
+struct grader_ref {
+    enum grader_source source;
+    size_t start, end; /* the span of "{{...}}" in the source */
+    int n_seg;
+    struct grader_segment seg[GRADER_MAX_PATH];
+};
+
+struct grader_template {
+    char *src; /* owned copy of the template */
+    size_t len;
+    int n_refs;
+    struct grader_ref refs[GRADER_MAX_REFS];
+};
+
+/* What one sample offers the templates: the row (answer, metadata) and the completion,
+ * parsed when a template first asks. grader_context_reset frees what was parsed. */
+struct grader_context {
+    const char *answer, *metadata_json, *completion;
+    bool metadata_read, output_read;
+    json_t *metadata, *output;       /* NULL when absent or not JSON */
+    char output_error[96];           /* why the completion is not JSON */
+};
+void grader_context_init(struct grader_context *c, const char *answer, const char *metadata_json,
+                         const char *completion);
+void grader_context_reset(struct grader_context *c);
+
+/* Reads obj[key] (a required string of at most GRADER_MAX_TEMPLATE_BYTES) and parses its
+ * references. w is "<where>.<path>" for messages; err->field is key. */
+int grader_template_parse(const json_t *obj, const char *key, const char *w, struct grader_template *t,
+                          struct smelt_error *err);
+void grader_template_free(struct grader_template *t);
+/* The template with every reference substituted, into out (reset first). GRADER_FAILED
+ * with why when a reference is missing, null, or output_json's completion is not JSON. */
+int grader_template_render(const struct grader_template *t, struct grader_context *c, struct reward_buf *out,
+                           char *why, size_t why_n);
+/* Every {{item...}} of t resolves against c's row: 0, or GRADER_FAILED with why and
+ * *field ("answer" or "metadata"). */
+int grader_template_check_row(const struct grader_template *t, struct grader_context *c, const char **field,
+                              char *why, size_t why_n);
+
+/* ---- formula.c: multi's calculate_output ---- */
+
+struct grader_formula_node {
+    uint8_t kind, fn;
+    int16_t a, b;          /* operands (node indices); CALL: first argument in args, b arguments */
+    int var;               /* VAR: which sub-grader */
+    double value;          /* NUM */
+    uint16_t offset;       /* where in the source, for messages */
+};
+
+struct grader_formula {
+    char *src;
+    int n_nodes, n_args, root;
+    struct grader_formula_node node[GRADER_MAX_FORMULA_NODES];
+    int16_t args[GRADER_MAX_FORMULA_NODES];
+};
+
+/* Parses src against the names[0..n_names) it may read. w names the field in messages
+ * ("<where>.grader.calculate_output"); errors give the offset. */
+int grader_formula_parse(const char *src, const char *const *names, int n_names, const char *w,
+                         struct grader_formula *f, struct smelt_error *err);
+void grader_formula_free(struct grader_formula *f);
+/* 0 with *out, or GRADER_FAILED with why (division by zero, a result that is not finite). */
+int grader_formula_eval(const struct grader_formula *f, const double *vars, double *out, char *why, size_t why_n);
+/* true when name is one of the formula's functions (a sub-grader may not take it). */
+bool grader_formula_is_function(const char *name);
+
+/* ---- similarity.c: text_similarity's metrics ---- */
+
+enum grader_metric {
+    GRADER_FUZZY_MATCH,
+    GRADER_BLEU,
+    GRADER_GLEU,
+    GRADER_ROUGE_1,
+    GRADER_ROUGE_2,
+    GRADER_ROUGE_3,
+    GRADER_ROUGE_4,
+    GRADER_ROUGE_5,
+    GRADER_ROUGE_L,
+};
+
+/* The metric of input against reference (both may hold any bytes), in [0, 1]: 0 with
+ * *score, or SMELT_ENOMEM. */
+int grader_similarity(enum grader_metric m, const char *input, size_t n_input, const char *reference,
+                      size_t n_reference, double *score);
+
+/* ---- graders.c ---- */
+
+enum grader_type { GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI };
+enum grader_operation { GRADER_EQ, GRADER_NE, GRADER_LIKE, GRADER_ILIKE };
+
+struct reward_grader {
+    enum grader_type type;
+    char path[GRADER_PATH_BYTES];      /* "grader", "grader.graders.<key>": messages */
+    char metric[REWARD_NAME_BYTES];    /* metrics label: the type at the top, else the key */
+    char *name;                        /* OpenAI's "name"; NULL when not given */
+    /* string_check, text_similarity */
+    struct grader_template input, reference;
+    enum grader_operation operation;
+    enum grader_metric evaluation_metric;
+    bool has_pass_threshold;
+    double pass_threshold;
+    /* multi */
+    int n_sub;
+    struct reward_grader *sub;         /* [n_sub], in the order of the graders object */
+    struct grader_formula formula;
+};
+
+/* spec["grader"] → *out (a new grader the caller frees with reward_grader_free). */
+int reward_grader_create(const json_t *obj, const char *where, struct reward_grader **out, struct smelt_error *err);
+void reward_grader_free(struct reward_grader *g);
+json_t *reward_grader_to_json(const struct reward_grader *g); /* NULL: out of memory */
+/* Scores one sample: scores[0] the grader's, scores[1 + k] sub-grader k's (NaN where it
+ * failed). 0, GRADER_FAILED with why, or SMELT_ENOMEM. */
+int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, double *scores, char *why,
+                        size_t why_n);
+int reward_grader_check_row(const struct reward_grader *g, const char *answer, const char *metadata_json,
+                            struct smelt_error *err);
+int reward_grader_count(const struct reward_grader *g);
+const char *reward_grader_name(const struct reward_grader *g, int i);
+
+#endif
