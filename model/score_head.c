@@ -131,3 +131,51 @@ int model_score_backward(const struct model *m, const struct model_batch *b,
     gathered_free(&g);
     return rc;
 }
+
+/* ---- the value head: every row of hidden ---- */
+
+/* hidden is [T, C] with T >= 1, on the model's backend, and the model has a head: *T. */
+static int value_rows(const struct model *m, const char *fn, const struct tensor *hidden, int64_t *T,
+                      struct smelt_error *err) {
+    if (!m->config.score_head)
+        return error_set(err, SMELT_EINVAL, "%s: %s has no score head (a causal LM: model_classifier_from_lm adds one)",
+                         fn, m->config.architecture);
+    if (!hidden || hidden->ndim != 2 || hidden->shape[0] < 1 || hidden->shape[1] != m->config.hidden_size)
+        return error_set(err, SMELT_EINVAL, "%s: hidden must be [T, %lld] with T >= 1", fn,
+                         (long long)m->config.hidden_size);
+    *T = hidden->shape[0];
+    return check_tensor(m, fn, "hidden", hidden, *T, m->config.hidden_size, err);
+}
+
+int model_value_forward(const struct model *m, const struct tensor *hidden, struct tensor *values,
+                        struct smelt_error *err) {
+    const char *fn = "model_value_forward";
+    int64_t T;
+    TRY(value_rows(m, fn, hidden, &T, err));
+    if (!values) return error_set(err, SMELT_EINVAL, "%s: values is required", fn);
+    TRY(check_tensor(m, fn, "values", values, T, 1, err));
+    int64_t shape[2] = {T, 1};
+    struct tensor out = tensor_make(values->backend, DTYPE_F32, values->data, 2, shape);
+    return ops_matmul(&out, hidden, &m->w.score, NULL, false, true, 1.0f, 0.0f, err);
+}
+
+int model_value_backward(const struct model *m, const struct tensor *hidden, const struct tensor *dvalues,
+                         struct tensor *dweight, struct tensor *dhidden, struct smelt_error *err) {
+    const char *fn = "model_value_backward";
+    int64_t T, C = m->config.hidden_size;
+    TRY(value_rows(m, fn, hidden, &T, err));
+    if (!dvalues) return error_set(err, SMELT_EINVAL, "%s: dvalues is required", fn);
+    TRY(check_tensor(m, fn, "dvalues", dvalues, T, 1, err));
+    TRY(check_tensor(m, fn, "dweight", dweight, 1, C, err));
+    TRY(check_tensor(m, fn, "dhidden", dhidden, T, C, err));
+    int64_t dv_shape[2] = {T, 1}, w_shape[2] = {1, C};
+    struct tensor dv = tensor_make(dvalues->backend, DTYPE_F32, dvalues->data, 2, dv_shape);
+    struct tensor dw = dweight ? tensor_make(dweight->backend, DTYPE_F32, dweight->data, 2, w_shape)
+                               : (struct tensor){0};
+    struct tensor dh = dhidden ? tensor_make(dhidden->backend, DTYPE_F32, dhidden->data, 2, hidden->shape)
+                               : (struct tensor){0};
+    if (dhidden) TRY(tensor_zero(&dh, err)); /* ops_matmul_backward accumulates */
+    if (!dweight && !dhidden) return SMELT_OK;
+    return ops_matmul_backward(dhidden ? &dh : NULL, dweight ? &dw : NULL, NULL, &dv, hidden, &m->w.score, false,
+                               true, 1.0f, err);
+}

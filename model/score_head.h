@@ -50,6 +50,24 @@ int model_score_backward(const struct model *model, const struct model_batch *ba
                          struct tensor *dweight, struct tensor *dhidden,
                          struct smelt_error *err);
 
+/* The value head of PPO's critic: the same head read at every token instead of one
+ * per sequence (TRL's value model, OpenRLHF's critic, veRL's critic all read a
+ * one-output linear head at every position of a sequence classifier's body):
+ *   values[t] = score.weight . hidden[t]      for every t of the T rows of hidden
+ * The value at position t is the value of the state after tokens 0..t, i.e. before the
+ * token at t + 1: the RL loop reads it where it reads that token's logprob.
+ * hidden: f32 [T, C] (model_forward's output); values: f32 with T elements; both on
+ * the model's backend. The model must have a score head (config.score_head). */
+int model_value_forward(const struct model *model, const struct tensor *hidden, struct tensor *values,
+                        struct smelt_error *err);
+
+/* Given dvalues = dL/dvalues (T elements) for the same hidden:
+ *   dweight += sum_t dvalues[t] * hidden[t]      ([1, C]; NULL: head frozen)
+ *   dhidden  = dvalues[t] * score.weight per row ([T, C], overwritten; NULL: not wanted)
+ * dhidden is what model_backward takes. */
+int model_value_backward(const struct model *model, const struct tensor *hidden, const struct tensor *dvalues,
+                         struct tensor *dweight, struct tensor *dhidden, struct smelt_error *err);
+
 /* The sequence-classification class transformers has for a model type
  * ("LlamaForSequenceClassification", ...), or NULL when there is none. */
 const char *model_classifier_architecture(enum model_type type);

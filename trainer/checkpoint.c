@@ -1,7 +1,9 @@
 /* Checkpoints: output_dir/checkpoints/step-N/ holds everything a run needs to continue
  * exactly — weights (f32, so nothing is rounded) or the adapter, both Adam moments,
- * the step, the data cursor and the spec it was trained with. A checkpoint is written
- * into a temporary directory and renamed into place, so a crash never leaves a torn one. */
+ * the step, the data cursor and the spec it was trained with, and whatever else the
+ * algorithm keeps (struct run_algo's save_state: PPO's critic/ and its moments). A
+ * checkpoint is written into a temporary directory and renamed into place, so a crash
+ * never leaves a torn one. */
 #include "trainer/trainer_internal.h"
 
 #include <dirent.h>
@@ -165,6 +167,7 @@ int run_checkpoint_save(struct trainer_run *r, struct smelt_error *err) {
     }
     snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
     TRY(optimizer_save(&r->opt, p, err));
+    if (r->algo->save_state) TRY(r->algo->save_state(r, tmp, err));
     snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
     TRY(write_state(r, p, err));
     TRY(dir_remove_all(final, err)); /* a stale one from a run that died after it */
@@ -227,6 +230,7 @@ int run_checkpoint_restore(struct trainer_run *r, const char *resume, int64_t *s
     TRY(restore_weights(r, ckpt, err));
     snprintf(p, sizeof p, "%s/optimizer.safetensors", ckpt);
     TRY(optimizer_load(&r->opt, p, err));
+    if (r->algo->restore_state) TRY(r->algo->restore_state(r, ckpt, err));
     struct dataset_cursor c = {.epoch = epoch, .index = index};
     TRY(dataset_loader_seek(r->loader, &c, err));
     r->step = step;

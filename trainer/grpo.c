@@ -1,4 +1,5 @@
-/* GRPO (and its RLOO / REINFORCE++ variants): one run_algo step is one iteration —
+/* GRPO (and its RLOO / REINFORCE++ variants), and the loop PPO shares (ppo.c adds the
+ * critic, its values, GAE and its steps: r->rl->critic): one run_algo step is one iteration —
  * a batch of prompts, num_generations samples of each from the current policy, their
  * rewards, advantages, then ppo_epochs x minibatches optimizer steps on the samples —
  * after which the policy version is the number of iterations done (in the split
@@ -19,33 +20,7 @@
 #include "rewards/rewards.h"
 #include "weightsync/weightsync.h"
 
-struct rl_state {
-    struct reward_stage *reward;
-    struct model *ref_model;        /* a full fine-tune's reference (beta > 0), else NULL */
-    struct rl_policy_config loss;
-    struct rl_buffers buf;
-    int64_t steps_per_iteration;    /* ppo_epochs * minibatches */
-    int cap;                        /* samples of one iteration (and of one refill round) */
-    struct rl_sample *samples;      /* [cap * RL_ROUNDS] this iteration's samples */
-    struct rl_sample *trained;      /* [cap * RL_ROUNDS] the ones in the loss, in order */
-    struct reward_sample *rin;      /* [cap] */
-    struct reward_result *rout;     /* [cap] */
-    double *group;                  /* [num_generations] */
-    /* Per generated token of the trained samples, [cap_tokens]. */
-    float *rollout, *old, *ref, *cur, *mask;
-    double *adv, *coef;
-    int64_t *start;                 /* [cap * RL_ROUNDS + 1] */
-    int64_t cap_tokens;
-    bool recorded_start_eval;
-    struct rl_workers *workers;     /* split placement: the smelt-rollout processes */
-    json_t *errors;                 /* the iteration's failed rewards: [{line, error}], the first few */
-};
-
 #define RL_ERRORS_KEPT 8
-
-/* Generation rounds of one iteration at most: DAPO's dynamic sampling draws more
- * prompts while groups with equal rewards leave the batch short. */
-#define RL_ROUNDS 4
 
 struct rl_buffers *rl_buffers(struct trainer_run *r) { return &r->rl->buf; }
 
@@ -60,6 +35,7 @@ static double now_s(void) {
 void rl_state_free(struct rl_state *s) {
     if (!s) return;
     rl_workers_stop(s->workers);
+    critic_free(s->critic);
     reward_stage_free(s->reward);
     model_free(s->ref_model);
     json_decref(s->errors);
@@ -127,7 +103,7 @@ static int alloc_state(struct trainer_run *r, struct rl_state *rl, struct smelt_
 
 static int copy_reference(struct trainer_run *r, struct smelt_error *err);
 
-static int grpo_prepare(struct trainer_run *r, struct smelt_error *err) {
+int rl_prepare(struct trainer_run *r, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     struct rl_state *rl = calloc(1, sizeof *rl);
     if (!rl) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
@@ -235,12 +211,19 @@ static int score(struct trainer_run *r, const struct dataset *ds, struct rl_samp
 }
 
 /* The group's sequence advantages into adv[0..G) (0 for failed samples, which the
- * group's statistics leave out); false when fewer than 2 samples were scored. */
+ * group's statistics leave out); false when fewer than 2 samples were scored. PPO
+ * (advantage_estimator gae): each sample's reward as it is, which its token rewards
+ * take at the last token (ppo.c). */
 static int group_advantages(struct trainer_run *r, const struct rl_sample *g, double *adv, bool *usable,
                             struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     int G = (int)s->rl.num_generations, k = 0;
     double *vals = r->rl->group;
+    if (s->rl.advantage_estimator == RL_ADV_GAE) { /* PPO: the score itself, for its token rewards */
+        for (int i = 0; i < G; i++) adv[i] = g[i].failed ? 0 : g[i].reward;
+        *usable = true;
+        return SMELT_OK;
+    }
     for (int i = 0; i < G; i++)
         if (!g[i].failed) vals[k++] = g[i].reward;
     *usable = k >= 2;
@@ -352,17 +335,28 @@ static int select_trained(struct trainer_run *r, struct iteration *it, struct sm
     return SMELT_OK;
 }
 
-/* A forward pass over every trained sample (no backward) into dst, per token. */
-static int forward_all(struct trainer_run *r, int n, float *dst, struct smelt_error *err) {
+/* One packed batch through `model` (the policy or a full fine-tune's reference: the same
+ * config, so the run's activation buffers serve both) into host_logprobs. */
+static int forward_logprobs(struct trainer_run *r, struct model *model, const struct dataset_batch *b,
+                            struct smelt_error *err) {
+    struct model_batch mb = run_model_batch(b);
+    int64_t T = b->n_tokens;
+    struct tensor lp = tensor_make(r->logprobs.backend, DTYPE_F32, r->logprobs.data, 1, &T);
+    TRY(model_forward(model, r->acts, &mb, &lp, NULL, NULL, err));
+    struct tensor host = tensor_f32(r->host_logprobs, 1, &T);
+    return tensor_copy(&host, &lp, err);
+}
+
+/* A forward pass of `model` over every trained sample (no backward) into dst, per token. */
+static int forward_all(struct trainer_run *r, struct model *model, int n, float *dst, struct smelt_error *err) {
     struct rl_sample *ts = r->rl->trained;
     if (r->lora) lora_set_training(r->lora, false);
     int rc = SMELT_OK;
     for (int i = 0; i < n && !rc;) {
         int k = rl_batch_fit(r, r->train, ts + i, n - i);
         struct dataset_batch b;
-        double nll;
         rc = rl_batch_build(r, r->train, ts + i, k, &b, err);
-        if (!rc) rc = run_forward_batch(r, &b, &nll, err);
+        if (!rc) rc = forward_logprobs(r, model, &b, err);
         if (!rc) rl_batch_gather(r, r->train, &b, ts + i, k, dst);
         i += k;
     }
@@ -371,18 +365,12 @@ static int forward_all(struct trainer_run *r, int n, float *dst, struct smelt_er
 }
 
 /* The reference's logprobs: the base with the adapter off (LoRA), or the copy of the
- * starting weights (a full fine-tune), run in the policy's place on the same activation
- * buffers (same config; the policy's own forward comes after, for its backward). */
+ * starting weights (a full fine-tune) on the policy's activation buffers (the policy's
+ * own forward comes after, for its backward). */
 static int reference_pass(struct trainer_run *r, int n, struct smelt_error *err) {
-    if (!r->lora) {
-        struct model *policy = r->model;
-        r->model = r->rl->ref_model;
-        int rc = forward_all(r, n, r->rl->ref, err);
-        r->model = policy;
-        return rc;
-    }
+    if (!r->lora) return forward_all(r, r->rl->ref_model, n, r->rl->ref, err);
     lora_detach(r->lora);
-    int rc = forward_all(r, n, r->rl->ref, err);
+    int rc = forward_all(r, r->model, n, r->rl->ref, err);
     int arc = lora_attach(r->lora, err);
     return rc ? rc : arc;
 }
@@ -418,6 +406,7 @@ struct update_totals {
     double loss;
     int64_t tokens;     /* prompt + generated tokens through the model */
     int64_t micro;
+    struct ppo_iteration ppo; /* PPO: the critic's values, advantages and steps */
 };
 
 /* Offsets of samples [a, b) relative to a's first token (the losses' layout). */
@@ -472,7 +461,10 @@ static int minibatch_step(struct trainer_run *r, int a, int b, int n, bool old_i
     struct rl_norm norm;
     if (rl_loss_type_norm_scope(rl->loss.type) == RL_NORM_GENERATION_BATCH) TRY(norm_of(rl, 0, n, &norm, err));
     else TRY(norm_of(rl, a, b, &norm, err));
-    if (b <= a || norm.tokens == 0) { /* nothing to learn from: the step passes without an update */
+    if (b > a && norm.tokens > 0 && rl->critic) TRY(ppo_critic_minibatch(r, a, b, &tot->ppo, err));
+    /* Nothing to learn from, or (PPO's critic warmup) the critic alone learns: the step
+     * passes without an update of the policy. */
+    if (b <= a || norm.tokens == 0 || rl->policy_frozen) {
         st->lr = lr_at(&r->schedule, r->step + 1);
         st->grad_norm = 0;
         st->tokens = 0;
@@ -604,15 +596,13 @@ static void samples_line(struct trainer_run *r, int n) {
 
 /* ---- the step (one iteration) and its validation ---- */
 
-static int grpo_validate(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err);
-
 /* The held-out score before any update: what the run's improvement is measured from. */
 static int start_eval(struct trainer_run *r, struct smelt_error *err) {
     r->rl->recorded_start_eval = true;
     if (r->step > 0 || !r->val) return SMELT_OK;
     void *metrics;
     double loss;
-    TRY(grpo_validate(r, &metrics, &loss, err));
+    TRY(rl_validate(r, &metrics, &loss, err));
     json_t *line = json_pack("{s:s, s:I}", "type", "eval", "step", (json_int_t)0);
     if (line && metrics) json_object_update_new(line, metrics);
     else json_decref(metrics);
@@ -620,7 +610,23 @@ static int start_eval(struct trainer_run *r, struct smelt_error *err) {
     return SMELT_OK;
 }
 
-static int grpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {
+/* The passes before the update: the reference's logprobs (beta > 0), the old policy's
+ * (when the update takes several steps, or a reward needs them first, or the policy
+ * does not step this iteration), REINFORCE++'s returns, PPO's critic and GAE. */
+static int before_update(struct trainer_run *r, int n, struct update_totals *tot, struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    struct rl_state *rl = r->rl;
+    bool reinforce = s->rl.advantage_estimator == RL_ADV_REINFORCE_PP;
+    bool kl_reward = rl->critic && s->rl.kl_in_reward && s->rl.beta > 0;
+    if (s->rl.beta > 0) TRY(reference_pass(r, n, err));
+    if (rl->steps_per_iteration > 1 || reinforce || kl_reward || rl->policy_frozen)
+        TRY(forward_all(r, r->model, n, rl->old, err));
+    if (reinforce) TRY(reinforce_pp(r, n, err));
+    if (rl->critic) TRY(ppo_advantages(r, n, &tot->ppo, err));
+    return SMELT_OK;
+}
+
+int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {
     (void)n_micro;
     struct rl_state *rl = r->rl;
     if (!rl->recorded_start_eval) TRY(start_eval(r, err));
@@ -628,20 +634,14 @@ static int grpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *
     struct iteration it = {0};
     json_decref(rl->errors);
     rl->errors = json_array();
+    rl->policy_frozen = rl->critic && version < r->spec->rl.critic_warmup_iterations;
     TRY(collect(r, version, &it, err));
     TRY(select_trained(r, &it, err));
     int n = it.n_trained;
-    double t0 = now_s();
-    if (rl->loss.beta > 0 || (r->spec->rl.advantage_estimator == RL_ADV_REINFORCE_PP && r->spec->rl.beta > 0))
-        TRY(reference_pass(r, n, err));
-    bool single = rl->steps_per_iteration == 1;
-    if (!single) TRY(forward_all(r, n, rl->old, err));
-    if (r->spec->rl.advantage_estimator == RL_ADV_REINFORCE_PP) {
-        if (single) TRY(forward_all(r, n, rl->old, err)); /* the KL in its reward needs them first */
-        TRY(reinforce_pp(r, n, err));
-    }
-    it.t_reference = now_s() - t0;
     struct update_totals tot = {0};
+    double t0 = now_s();
+    TRY(before_update(r, n, &tot, err));
+    it.t_reference = now_s() - t0;
     t0 = now_s();
     TRY(update(r, n, &tot, st, err));
     it.t_update = now_s() - t0;
@@ -651,13 +651,14 @@ static int grpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *
 
     json_t *m = json_object();
     if (!m) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
-    st->loss = tot.loss / (double)rl->steps_per_iteration;
+    st->loss = rl->policy_frozen ? NAN : tot.loss / (double)rl->steps_per_iteration;
     st->trained = it.trained_tokens;
     reward_metrics(r, rl->samples, it.n_samples, m);
     verifier_metrics(r, &it, m);
     length_metrics(rl->samples, it.n_samples, m, &it.gen_tokens);
     loss_metrics(&tot, rl->steps_per_iteration, m);
-    put(m, "frac_reward_zero_std", it.groups ? (double)it.groups_degenerate / (double)it.groups : NAN);
+    bool groups = r->spec->rl.advantage_estimator != RL_ADV_GAE; /* PPO has none */
+    put(m, "frac_reward_zero_std", it.groups && groups ? (double)it.groups_degenerate / (double)it.groups : NAN);
     put(m, "rollout/logprob_diff_mean", mm.n_tokens ? mm.mean_abs : NAN);
     put(m, "rollout/logprob_diff_max", mm.n_tokens ? mm.max_abs : NAN);
     put(m, "rollout/kl", mm.n_tokens ? mm.kl_k3 : NAN);
@@ -675,6 +676,7 @@ static int grpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *
     put(m, "time/sync_s", it.t_sync);
     json_object_set_new(m, "sync_bytes", json_integer(it.sync_bytes));
     put(m, "generate_tokens_per_s", it.t_generate > 0 ? (double)it.gen_tokens / it.t_generate : NAN);
+    if (rl->critic) ppo_metrics(&tot.ppo, m);
     st->metrics = m;
     samples_line(r, it.n_samples);
     if (it.failed) /* one line per iteration: the service records a line per (type, step) */
@@ -686,7 +688,7 @@ static int grpo_step(struct trainer_run *r, int64_t n_micro, struct step_stats *
 
 /* Greedy generation on the held-out prompts (at most eval.accuracy_examples when set):
  * the mean reward and the pass rate of the first verifier ("accuracy"). */
-static int grpo_validate(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err) {
+int rl_validate(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err) {
     struct rl_state *rl = r->rl;
     *metrics = NULL;
     *val_loss = NAN;
@@ -724,4 +726,4 @@ static int grpo_validate(struct trainer_run *r, void **metrics, double *val_loss
     return SMELT_OK;
 }
 
-const struct run_algo GRPO_ALGO = {.prepare = grpo_prepare, .step = grpo_step, .validate = grpo_validate};
+const struct run_algo GRPO_ALGO = {.prepare = rl_prepare, .step = rl_step, .validate = rl_validate};

@@ -246,7 +246,7 @@ static int parse_checkpoint(const json_t *obj, const char *where, struct job_spe
 }
 
 static const char *const JOB_TYPE_NAMES[] = {[JOB_SFT] = "sft", [JOB_DPO] = "dpo", [JOB_REWARD] = "reward_model",
-                                             [JOB_GRPO] = "grpo"};
+                                             [JOB_GRPO] = "grpo", [JOB_PPO] = "ppo"};
 
 const char *job_type_name(enum job_type type) { return JOB_TYPE_NAMES[type]; }
 
@@ -258,7 +258,8 @@ static int parse_model(const json_t *root, const char *where, struct job_spec *s
     while (t < sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES && strcmp(name, JOB_TYPE_NAMES[t]) != 0) t++;
     if (t == sizeof JOB_TYPE_NAMES / sizeof *JOB_TYPE_NAMES)
         return error_set_field(err, SMELT_EINVAL, "type",
-                               "%s: type: \"%s\" is not a job type this trainer runs (sft, dpo, reward_model, grpo)", where, name);
+                               "%s: type: \"%s\" is not a job type this trainer runs (sft, dpo, reward_model, grpo, "
+                               "ppo)", where, name);
     s->type = (enum job_type)t;
     TRY(string_field(root, "model", true, s->model, sizeof s->model, where, err));
     TRY(json_field_string(root, "model_init", false, "pretrained", &name, where, err));

@@ -1,5 +1,6 @@
-/* The job spec's "rl" section (GRPO): its table of fields, the reward spec and the
- * checks that involve several fields. docs/job-spec.md documents it. */
+/* The job spec's "rl" section (GRPO and PPO): its table of fields, the reward spec, the
+ * critic's model, the defaults that depend on the job type and the checks that involve
+ * several fields. docs/job-spec.md documents it. */
 #include "trainer/trainer_internal.h"
 
 #include <jansson.h>
@@ -57,7 +58,8 @@ static const char *agg_format(const void *value) {
 
 /* The order is the order of checking. */
 const struct job_hp_field JOB_RL_FIELDS[] = {
-    RL_INT(num_generations, 8, 2, 256),
+    /* a grpo job needs >= 2 (check_grpo: its message names the field as a range error does) */
+    RL_INT(num_generations, 8, 1, 256),
     RL_INT(minibatches, 1, 1, 4096),
     RL_INT(ppo_epochs, 1, 1, 100),
     RL_INT(max_iterations, 0, 0, 0x1p40),
@@ -87,15 +89,25 @@ const struct job_hp_field JOB_RL_FIELDS[] = {
     RL_NAME(placement, enum rl_placement, "colocated", placement_parse, placement_format),
     RL_INT(rollout_workers, 1, 1, 64),
     RL_INT(kv_memory_mb, 256, 1, 1 << 20),
+    /* PPO only, from here to the end (PPO_FIRST_FIELD): a grpo job refuses any but the default. */
+    {.name = "critic_learning_rate", .kind = JOB_FIELD_NUMBER, .offset = RL_AT(critic_learning_rate, double),
+     .def = 9e-6, .min = 0.0, .max = 10.0, .min_excluded = true},
+    RL_NUMBER(gamma, 1.0, 0.0, 1.0),
+    RL_NUMBER(lambda, 0.95, 0.0, 1.0),
+    RL_NUMBER(value_clip, 0.2, 0.0, 1e6),
+    RL_BOOL(whiten_advantages, true),
+    RL_BOOL(kl_in_reward, false), /* a ppo job's default is true (type_defaults) */
+    RL_INT(critic_warmup_iterations, 0, 0, 0x1p40),
 };
 const int JOB_N_RL_FIELDS = (int)(sizeof JOB_RL_FIELDS / sizeof JOB_RL_FIELDS[0]);
+#define PPO_FIRST_FIELD "critic_learning_rate"
 
 /* The reward spec: checked by building the stage once, kept as compact JSON. */
 static int parse_reward(const json_t *obj, const char *w, struct job_spec *s, struct smelt_error *err) {
     const json_t *reward = json_object_get(obj, "reward");
     if (!reward || json_is_null(reward))
         return error_set_field(err, SMELT_EINVAL, "reward",
-                               "%s.reward: missing (a GRPO job needs a reward: docs/rewards.md)", w);
+                               "%s.reward: missing (an RL job needs a reward: docs/rewards.md)", w);
     char rw[300];
     snprintf(rw, sizeof rw, "%s.reward", w);
     struct reward_stage *stage;
@@ -122,13 +134,42 @@ static void default_clip(const json_t *obj, struct job_spec *s) {
     if (!high) s->rl.epsilon_high = low && s->rl.loss_type != RL_LOSS_CISPO ? s->rl.epsilon : d.eps_high;
 }
 
+/* critic_model: a path, or null / absent for none (""). */
+static int parse_critic_model(const json_t *obj, const char *w, struct job_spec *s, struct smelt_error *err) {
+    const json_t *v = json_object_get(obj, "critic_model");
+    s->rl.critic_model[0] = 0;
+    if (!v || json_is_null(v)) return SMELT_OK;
+    if (!json_is_string(v))
+        return error_set_field(err, SMELT_EINVAL, "critic_model",
+                               "%s.critic_model: expected a reward model's directory (a string) or null", w);
+    const char *path = json_string_value(v);
+    size_t len = strlen(path);
+    if (len >= sizeof s->rl.critic_model)
+        return error_set_field(err, SMELT_EINVAL, "critic_model", "%s.critic_model: longer than %zu bytes", w,
+                               sizeof s->rl.critic_model - 1);
+    memcpy(s->rl.critic_model, path, len + 1);
+    return SMELT_OK;
+}
+
+/* A ppo job's own defaults for fields it shares with grpo, where the spec gives none:
+ * one sample per prompt (PPO has no groups), GAE, the KL to the reference in the token
+ * rewards (OpenRLHF's and TRL PPOTrainer's place for it) and, there, k1. */
+static void type_defaults(const json_t *obj, struct job_spec *s) {
+    if (s->type != JOB_PPO) return;
+    if (!json_object_get(obj, "num_generations")) s->rl.num_generations = 1;
+    if (!json_object_get(obj, "advantage_estimator")) s->rl.advantage_estimator = RL_ADV_GAE;
+    if (!json_object_get(obj, "kl_in_reward")) s->rl.kl_in_reward = true;
+    if (!json_object_get(obj, "kl_estimator") && s->rl.kl_in_reward) s->rl.kl_estimator = RL_KL_K1;
+}
+
 void job_rl_loss_config(const struct job_spec *s, struct rl_policy_config *out) {
     rl_policy_config_default(s->rl.loss_type, out);
     if (s->rl.loss_agg >= 0) out->agg = (enum rl_loss_agg)s->rl.loss_agg;
     out->eps_low = s->rl.epsilon;
     out->eps_high = s->rl.epsilon_high;
     out->dual_clip = s->rl.dual_clip;
-    out->beta = s->rl.beta;
+    /* PPO's KL in the reward is not also a loss term. */
+    out->beta = s->type == JOB_PPO && s->rl.kl_in_reward ? 0 : s->rl.beta;
     out->kl_estimator = s->rl.kl_estimator;
     out->tis_cap = s->rl.tis_cap;
     out->tis_level = s->rl.tis_level;
@@ -136,14 +177,59 @@ void job_rl_loss_config(const struct job_spec *s, struct rl_policy_config *out) 
     out->max_completion_len = s->rl.max_new_tokens;
 }
 
+static bool at_default(const struct job_hp_field *f, const struct job_spec *s) {
+    const void *v = (const char *)s + f->offset;
+    switch (f->kind) {
+    case JOB_FIELD_INT: return *(const int64_t *)v == (int64_t)f->def;
+    case JOB_FIELD_NUMBER: return *(const double *)v == f->def;
+    case JOB_FIELD_BOOL: return *(const bool *)v == (f->def != 0);
+    case JOB_FIELD_NAME: break;
+    }
+    return false;
+}
+
+/* A grpo job: groups of at least 2, no critic, so none of PPO's fields. */
+static int check_grpo(const struct job_spec *s, const char *w, struct smelt_error *err) {
+    if (s->rl.num_generations < 2)
+        return error_set_field(err, SMELT_EINVAL, "num_generations",
+                               "%s: field 'num_generations' is %lld: a grpo job's group needs at least 2 samples "
+                               "per prompt", w, (long long)s->rl.num_generations);
+    if (s->rl.advantage_estimator == RL_ADV_GAE)
+        return error_set_field(err, SMELT_EINVAL, "advantage_estimator",
+                               "%s.advantage_estimator: \"gae\" needs a critic (PPO), which a grpo job does not have; "
+                               "use \"type\": \"ppo\"", w);
+    const struct job_hp_field *end = JOB_RL_FIELDS + JOB_N_RL_FIELDS;
+    for (const struct job_hp_field *f = job_field_in(JOB_RL_FIELDS, JOB_N_RL_FIELDS, PPO_FIRST_FIELD); f < end; f++)
+        if (!at_default(f, s))
+            return error_set_field(err, SMELT_EINVAL, f->name,
+                                   "%s.%s: a ppo job's field (its critic and advantages); a grpo job has no critic",
+                                   w, f->name);
+    if (s->rl.critic_model[0])
+        return error_set_field(err, SMELT_EINVAL, "critic_model",
+                               "%s.critic_model: a ppo job's field; a grpo job has no critic", w);
+    return SMELT_OK;
+}
+
+/* A ppo job: its advantages come from the critic (GAE) and it has no groups to filter. */
+static int check_ppo(const struct job_spec *s, const char *w, struct smelt_error *err) {
+    if (s->rl.advantage_estimator != RL_ADV_GAE)
+        return error_set_field(err, SMELT_EINVAL, "advantage_estimator",
+                               "%s.advantage_estimator: a ppo job's advantages come from its critic (\"gae\"); "
+                               "\"%s\" is a grpo job's (group-relative, no critic)", w,
+                               rl_adv_estimator_to_name(&s->rl.advantage_estimator));
+    if (s->rl.dynamic_sampling)
+        return error_set_field(err, SMELT_EINVAL, "dynamic_sampling",
+                               "%s.dynamic_sampling: drops groups whose rewards are all equal; a ppo job has no "
+                               "groups (its baseline is the critic)", w);
+    return SMELT_OK;
+}
+
 /* What one field cannot say alone. */
 static int check_rl(struct job_spec *s, const char *w, struct smelt_error *err) {
     if (s->rl.dual_clip != 0 && s->rl.dual_clip <= 1)
         return error_set_field(err, SMELT_EINVAL, "dual_clip", "%s.dual_clip: must be 0 (off) or above 1, got %g", w,
                                s->rl.dual_clip);
-    if (s->rl.advantage_estimator == RL_ADV_GAE)
-        return error_set_field(err, SMELT_EINVAL, "advantage_estimator",
-                               "%s.advantage_estimator: \"gae\" needs a critic (PPO), which a grpo job does not have", w);
+    TRY(s->type == JOB_PPO ? check_ppo(s, w, err) : check_grpo(s, w, err));
     if (s->rl.placement == RL_PLACEMENT_COLOCATED && s->rl.rollout_workers != 1)
         return error_set_field(err, SMELT_EINVAL, "rollout_workers",
                                "%s.rollout_workers: %lld workers need \"placement\": \"split\"; colocated runs one "
@@ -155,16 +241,18 @@ static int check_rl(struct job_spec *s, const char *w, struct smelt_error *err) 
 }
 
 int job_parse_rl(const json_t *obj, const char *where, struct job_spec *s, struct smelt_error *err) {
-    static const char *const extra[] = {"reward", NULL};
+    static const char *const extra[] = {"reward", "critic_model", NULL};
     char w[256];
     snprintf(w, sizeof w, "%s: rl", where);
     if (!job_type_is_rl(s->type)) {
         if (json_object_size(obj) == 0) return SMELT_OK;
-        return error_set(err, SMELT_EINVAL, "%s: only a grpo job has an rl section", w);
+        return error_set(err, SMELT_EINVAL, "%s: only a grpo job or a ppo job has an rl section", w);
     }
     TRY(job_parse_fields(obj, JOB_RL_FIELDS, JOB_N_RL_FIELDS, extra, w, s, err));
     TRY(parse_reward(obj, w, s, err));
+    TRY(parse_critic_model(obj, w, s, err));
     default_clip(obj, s);
+    type_defaults(obj, s);
     TRY(check_rl(s, w, err));
     struct rl_policy_config c;
     job_rl_loss_config(s, &c);
@@ -183,6 +271,8 @@ int job_rl_to_json(const struct job_spec *s, json_t **out, struct smelt_error *e
     json_error_t jerr;
     json_t *reward = bad ? NULL : json_loads(s->rl.reward, 0, &jerr);
     bad |= !reward || json_object_set_new(rl, "reward", reward);
+    bad |= json_object_set_new(rl, "critic_model",
+                               s->rl.critic_model[0] ? json_string(s->rl.critic_model) : json_null());
     if (bad) {
         json_decref(rl);
         return error_set(err, SMELT_ENOMEM, "job_spec_to_json: out of memory");

@@ -1,6 +1,7 @@
 /* RL samples through the trainer's model: a sample is its prompt followed by its
  * generated tokens, packed with others into one row; the logprob of generated token j
- * sits at position n_prompt - 1 + j (the model's logprob at t scores token t + 1). */
+ * sits at position n_prompt - 1 + j (the model's logprob at t scores token t + 1), and
+ * so does PPO's value of the state before it (the critic's output at that position). */
 #include "trainer/trainer_internal.h"
 
 #include <string.h>
@@ -53,20 +54,29 @@ int rl_batch_build(struct trainer_run *r, const struct dataset *ds, const struct
     return SMELT_OK;
 }
 
+void rl_batch_gather_from(const struct dataset *ds, const struct dataset_batch *b, const struct rl_sample *s, int n,
+                          const float *src, float *dst) {
+    for (int i = 0; i < n; i++) {
+        const float *at = src + b->cu_seqlens[i] + ds->prompts[s[i].row].n - 1;
+        memcpy(dst + s[i].off, at, (size_t)s[i].n * sizeof *at);
+    }
+}
+
 void rl_batch_gather(const struct trainer_run *r, const struct dataset *ds, const struct dataset_batch *b,
                      const struct rl_sample *s, int n, float *dst) {
+    rl_batch_gather_from(ds, b, s, n, r->host_logprobs, dst);
+}
+
+void rl_batch_scatter_to(const struct dataset *ds, const struct dataset_batch *b, const struct rl_sample *s, int n,
+                         const double *coef, float *dst) {
+    memset(dst, 0, (size_t)b->n_tokens * sizeof *dst);
     for (int i = 0; i < n; i++) {
-        const float *lp = r->host_logprobs + b->cu_seqlens[i] + ds->prompts[s[i].row].n - 1;
-        memcpy(dst + s[i].off, lp, (size_t)s[i].n * sizeof *lp);
+        float *at = dst + b->cu_seqlens[i] + ds->prompts[s[i].row].n - 1;
+        for (int64_t j = 0; j < s[i].n; j++) at[j] = (float)coef[s[i].off + j];
     }
 }
 
 void rl_batch_scatter(struct trainer_run *r, const struct dataset *ds, const struct dataset_batch *b,
                       const struct rl_sample *s, int n, const double *coef) {
-    float *d = r->host_logprobs;
-    memset(d, 0, (size_t)b->n_tokens * sizeof *d);
-    for (int i = 0; i < n; i++) {
-        float *at = d + b->cu_seqlens[i] + ds->prompts[s[i].row].n - 1;
-        for (int64_t j = 0; j < s[i].n; j++) at[j] = (float)coef[s[i].off + j];
-    }
+    rl_batch_scatter_to(ds, b, s, n, coef, r->host_logprobs);
 }

@@ -86,9 +86,11 @@ static int generate_colocated(struct trainer_run *r, const struct dataset *ds, c
     return rc;
 }
 
-int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
-                const struct sample_params *sp, int64_t max_new_tokens, int64_t version, struct rl_sample *out,
-                struct smelt_error *err) {
+/* out[p * n + k] named for their prompt and version, and the requests for them (the
+ * caller frees *q). */
+static int prepare(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
+                   const struct sample_params *sp, int64_t max_new_tokens, int64_t version, struct rl_sample *out,
+                   struct rollout_request **q_out, struct smelt_error *err) {
     for (int p = 0; p < n_prompts; p++)
         for (int k = 0; k < n; k++) out[p * n + k] = (struct rl_sample){.row = rows[p], .version = version};
     struct rollout_request *q = calloc((size_t)(n_prompts > 0 ? n_prompts : 1), sizeof *q);
@@ -100,15 +102,47 @@ int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *
                                         .max_new_tokens = max_new_tokens};
         eos_ids(r, &q[p]);
     }
+    *q_out = q;
+    return SMELT_OK;
+}
+
+/* Every sample of out[0..n_samples) finished. */
+static int check_finished(const struct dataset *ds, const struct rl_sample *out, int n_samples, int n,
+                          struct smelt_error *err) {
+    for (int i = 0; i < n_samples; i++)
+        if (!out[i].ids && out[i].n == 0 && !out[i].finish_reason)
+            return error_set(err, SMELT_EBACKEND, "rollout: sample %d of prompt line %lld never finished", i % n,
+                             (long long)ds->prompts[out[i].row].line);
+    return SMELT_OK;
+}
+
+int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
+                const struct sample_params *sp, int64_t max_new_tokens, int64_t version, struct rl_sample *out,
+                struct smelt_error *err) {
+    struct rollout_request *q;
+    TRY(prepare(r, ds, rows, n_prompts, n, sp, max_new_tokens, version, out, &q, err));
     int rc = r->spec->rl.placement == RL_PLACEMENT_SPLIT
                  ? rl_workers_generate(rl_workers(r), r, q, n_prompts, version, out, err)
                  : generate_colocated(r, ds, q, n_prompts, n, out, err);
     free(q);
-    for (int i = 0; !rc && i < n_prompts * n; i++)
-        if (!out[i].ids && out[i].n == 0 && !out[i].finish_reason)
-            rc = error_set(err, SMELT_EBACKEND, "rollout: sample %d of prompt line %lld never finished", i % n,
-                           (long long)ds->prompts[out[i].row].line);
+    return rc ? rc : check_finished(ds, out, n_prompts * n, n, err);
+}
+
+int rl_generate_submit(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
+                       const struct sample_params *sp, int64_t max_new_tokens, int64_t version,
+                       struct rl_sample *out, struct smelt_error *err) {
+    SMELT_ASSERT(r->spec->rl.placement == RL_PLACEMENT_SPLIT);
+    struct rollout_request *q;
+    TRY(prepare(r, ds, rows, n_prompts, n, sp, max_new_tokens, version, out, &q, err));
+    int rc = rl_workers_submit(rl_workers(r), r, q, n_prompts, version, err);
+    free(q);
     return rc;
+}
+
+int rl_generate_collect(struct trainer_run *r, const struct dataset *ds, int n_samples, int n, struct rl_sample *out,
+                        struct smelt_error *err) {
+    TRY(rl_workers_collect(rl_workers(r), out, err));
+    return check_finished(ds, out, n_samples, n, err);
 }
 
 void rl_samples_clear(struct rl_sample *s, int n) {

@@ -83,6 +83,8 @@ struct rl_workers {
     int64_t *n_tokens, *versions; /* [cap] */
     const char **finish;          /* [cap] */
     int *made_by;                 /* [cap] the worker (endpoint index) */
+    int64_t in_flight;            /* samples of a submitted batch not yet collected; 0: none */
+    int64_t in_flight_version;    /* the version that batch must come from */
 };
 
 static char program_override[JOB_PATH_BYTES];
@@ -512,6 +514,9 @@ int rl_workers_start(struct trainer_run *r, int64_t cap, struct rl_workers **out
 
 int rl_workers_sync(struct rl_workers *ws, struct trainer_run *r, int64_t version, struct weightsync_report *report,
                     struct smelt_error *err) {
+    if (ws->in_flight)
+        return error_set(err, SMELT_EINVAL, "rl: weight sync while %lld samples are being generated",
+                         (long long)ws->in_flight);
     TRY(check_alive(ws, "before the weight sync", err));
     int rc = r->lora ? rollout_client_push_lora(ws->client, r->lora, version, report, err)
                      : rollout_client_push_model(ws->client, r->model, version, report, err);
@@ -542,10 +547,13 @@ static int take_sample(struct rl_workers *ws, int64_t k, int64_t version, struct
     return SMELT_OK;
 }
 
-int rl_workers_generate(struct rl_workers *ws, struct trainer_run *r, const struct rollout_request *q,
-                        int n_requests, int64_t version, struct rl_sample *out, struct smelt_error *err) {
+int rl_workers_submit(struct rl_workers *ws, struct trainer_run *r, const struct rollout_request *q, int n_requests,
+                      int64_t version, struct smelt_error *err) {
     int64_t total = 0;
     for (int i = 0; i < n_requests; i++) total += q[i].n;
+    if (ws->in_flight)
+        return error_set(err, SMELT_EINVAL, "rl: a generation of %lld samples is still in flight",
+                         (long long)ws->in_flight);
     if (total > ws->cap)
         return error_set(err, SMELT_EINVAL, "rl: %lld samples at once, the workers' results hold %lld",
                          (long long)total, (long long)ws->cap);
@@ -560,10 +568,27 @@ int rl_workers_generate(struct rl_workers *ws, struct trainer_run *r, const stru
                                          .n_tokens = ws->n_tokens, .policy_version = ws->versions,
                                          .finish_reason = ws->finish, .worker = ws->made_by};
     TRY(check_alive(ws, "before generating", err));
-    int rc = rollout_client_generate(ws->client, q, n_requests, &res, err);
+    int rc = rollout_client_submit(ws->client, q, n_requests, &res, err);
     if (rc) return client_failure(ws, rc, "while generating", err);
-    for (int64_t k = 0; k < total; k++) TRY(take_sample(ws, k, version, &out[k], err));
+    ws->in_flight = total;
+    ws->in_flight_version = version;
     return SMELT_OK;
+}
+
+int rl_workers_collect(struct rl_workers *ws, struct rl_sample *out, struct smelt_error *err) {
+    int64_t total = ws->in_flight;
+    if (!total) return error_set(err, SMELT_EINVAL, "rl: no generation is in flight");
+    ws->in_flight = 0;
+    int rc = rollout_client_collect(ws->client, err);
+    if (rc) return client_failure(ws, rc, "while generating", err);
+    for (int64_t k = 0; k < total; k++) TRY(take_sample(ws, k, ws->in_flight_version, &out[k], err));
+    return SMELT_OK;
+}
+
+int rl_workers_generate(struct rl_workers *ws, struct trainer_run *r, const struct rollout_request *q,
+                        int n_requests, int64_t version, struct rl_sample *out, struct smelt_error *err) {
+    TRY(rl_workers_submit(ws, r, q, n_requests, version, err));
+    return rl_workers_collect(ws, out, err);
 }
 
 /* ---- stopping ---- */

@@ -1,5 +1,6 @@
 /* A run from its start to its end, whatever it trains: setup and resume, the loop of
- * optimizer steps (the algorithm's own, struct run_algo: sft.c, dpo.c), metrics lines,
+ * optimizer steps (the algorithm's own, struct run_algo: sft.c, dpo.c, reward.c, grpo.c,
+ * ppo.c), metrics lines,
  * evaluation, checkpoints, stopping on a signal, and the outputs. */
 #include "trainer/trainer_internal.h"
 
@@ -106,7 +107,7 @@ static int save_outputs(struct trainer_run *r, struct smelt_error *err) {
         TRY(model_save(r->model, out, s->save_bf16, err));
         TRY(run_copy_tokenizer_files(r, out, err));
     }
-    return SMELT_OK;
+    return r->algo->save_outputs ? r->algo->save_outputs(r, out, err) : SMELT_OK;
 }
 
 /* The final line: the validation metrics ({"val_loss": null} without validation data)
@@ -246,6 +247,7 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
                             .algo = spec->type == JOB_DPO      ? &DPO_ALGO
                                     : spec->type == JOB_REWARD ? &REWARD_ALGO
                                     : spec->type == JOB_GRPO   ? &GRPO_ALGO
+                                    : spec->type == JOB_PPO    ? &PPO_ALGO
                                                                : &SFT_ALGO};
     atomic_store(&stop_requested, 0);
     int rc = start(&r, o, err);

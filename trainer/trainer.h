@@ -1,5 +1,5 @@
 /* trainer/: the job spec, the optimizer, learning-rate schedules, checkpoints and the
- * training loops (SFT, DPO and the reward model now; PPO and GRPO come later), run by the
+ * training loops (SFT, DPO, the reward model, GRPO and PPO), run by the
  * `smelt-trainer` program. docs/job-spec.md documents the spec and the job directory.
  *
  * Ownership: a struct job_spec is a plain value (fixed-size strings, no heap). The
@@ -41,10 +41,11 @@ double lr_at(const struct lr_schedule *s, int64_t step);
 
 /* ---- the job spec ---- */
 
-enum job_type { JOB_SFT, JOB_DPO, JOB_REWARD, JOB_GRPO };
-/* the spec's "type": "sft", "dpo", "reward_model", "grpo" */
+enum job_type { JOB_SFT, JOB_DPO, JOB_REWARD, JOB_GRPO, JOB_PPO };
+/* the spec's "type": "sft", "dpo", "reward_model", "grpo", "ppo" */
 const char *job_type_name(enum job_type type);
-static inline bool job_type_is_rl(enum job_type type) { return type == JOB_GRPO; }
+/* GRPO and PPO: the RL loop, its "rl" section and prompts rows. */
+static inline bool job_type_is_rl(enum job_type type) { return type == JOB_GRPO || type == JOB_PPO; }
 
 /* Where an RL job generates: in the trainer's process on its own weights, or in
  * smelt-rollout workers that receive the weights after every update. */
@@ -84,7 +85,7 @@ struct job_spec {
         /* reward model only: TRL RewardTrainer's center_rewards_coefficient */
         double center_rewards_coefficient;
     } hp;
-    /* GRPO (the spec's "rl" section: JOB_RL_FIELDS, plus reward). */
+    /* GRPO and PPO (the spec's "rl" section: JOB_RL_FIELDS, plus reward and critic_model). */
     struct {
         int64_t num_generations, minibatches, ppo_epochs, max_iterations, max_new_tokens, top_k;
         double temperature, top_p, min_p;
@@ -100,6 +101,12 @@ struct job_spec {
         enum rl_placement placement;
         int64_t rollout_workers;             /* split: smelt-rollout processes the trainer starts */
         int64_t kv_memory_mb;                /* the rollout engine's KV cache */
+        /* PPO only (a grpo job refuses any but their defaults): the critic and GAE. */
+        double critic_learning_rate, gamma, lambda, value_clip;
+        bool whiten_advantages;
+        bool kl_in_reward;                   /* beta's KL in the token rewards (k1 by default), not the loss */
+        int64_t critic_warmup_iterations;    /* iterations that train the critic alone */
+        char critic_model[JOB_PATH_BYTES];   /* a reward model's directory; "": the policy's start + a new head */
         char reward[JOB_REWARD_SPEC_BYTES];  /* the reward spec (rewards/rewards.h), compact JSON */
     } rl;
     bool has_lora;
@@ -137,7 +144,9 @@ struct job_hp_field {
 
 extern const struct job_hp_field JOB_HP_FIELDS[];
 extern const int JOB_N_HP_FIELDS;
-/* spec.rl's fields of the same kinds (GRPO / PPO; TRL's names where TRL has them). */
+/* spec.rl's fields of the same kinds (GRPO / PPO; TRL's names where TRL has them). The
+ * section's two other keys are not in the table: "reward" (an object) and, PPO only,
+ * "critic_model" (a path, or null). */
 extern const struct job_hp_field JOB_RL_FIELDS[];
 extern const int JOB_N_RL_FIELDS;
 /* The field called name, or NULL. */

@@ -45,7 +45,7 @@ struct trainer_run {
     bool quiet;
     struct dpo_state *dpo;               /* DPO: reference logprobs and per-batch scratch */
     struct reward_state *reward;         /* reward model: hidden states and scores */
-    struct rl_state *rl;                 /* GRPO: samples, per-token arrays, the reward stage */
+    struct rl_state *rl;                 /* GRPO / PPO: samples, per-token arrays, the reward stage, the critic */
 };
 
 /* What one optimizer step reports. metrics: a jansson object of the algorithm's own
@@ -65,9 +65,16 @@ struct run_algo {
     /* The validation metrics as a jansson object ("val_loss" first; NULL without
      * validation data) and the validation loss (NAN without). */
     int (*validate)(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err);
+    /* What a checkpoint holds beside the trained weights and their moments (PPO: the
+     * critic's weights and moments): written into the checkpoint's directory before it
+     * is renamed into place, read back after the weights. NULL: nothing. */
+    int (*save_state)(struct trainer_run *r, const char *ckpt_dir, struct smelt_error *err);
+    int (*restore_state)(struct trainer_run *r, const char *ckpt_dir, struct smelt_error *err);
+    /* Outputs beside the trained model in output_dir/output/ (PPO: critic/); NULL: none. */
+    int (*save_outputs)(struct trainer_run *r, const char *out_dir, struct smelt_error *err);
 };
 
-extern const struct run_algo SFT_ALGO, DPO_ALGO, REWARD_ALGO, GRPO_ALGO;
+extern const struct run_algo SFT_ALGO, DPO_ALGO, REWARD_ALGO, GRPO_ALGO, PPO_ALGO;
 
 /* run.c */
 /* The LoRA dropout seed of micro-batch `micro` of the coming step: a pure function of
@@ -131,7 +138,7 @@ int reward_micro_batch(struct trainer_run *r, const struct dataset_batch *b, boo
                        struct smelt_error *err);
 void reward_state_free(struct reward_state *s);
 
-/* ---- the RL loop (grpo.c, rl_rollout.c, rl_workers.c, rl_batch.c) ---- */
+/* ---- the RL loop (grpo.c, ppo.c, critic.c, rl_rollout.c, rl_workers.c, rl_batch.c) ---- */
 
 struct rollout_config;
 struct rollout_request;
@@ -160,6 +167,41 @@ struct rl_buffers {
     int64_t cap_seqs;
 };
 struct rl_buffers *rl_buffers(struct trainer_run *r);
+
+struct critic;
+struct reward_stage;
+struct reward_sample;
+struct reward_result;
+
+/* Generation rounds of one iteration at most: DAPO's dynamic sampling draws more
+ * prompts while groups with equal rewards leave the batch short. */
+#define RL_ROUNDS 4
+
+/* One RL run's state (grpo.c owns it; ppo.c and critic.c read the iteration's arrays). */
+struct rl_state {
+    struct reward_stage *reward;
+    struct model *ref_model;        /* a full fine-tune's reference (beta > 0), else NULL */
+    struct critic *critic;          /* PPO's value model (critic.c); NULL in a grpo job */
+    struct rl_policy_config loss;
+    struct rl_buffers buf;
+    int64_t steps_per_iteration;    /* ppo_epochs * minibatches */
+    int cap;                        /* samples of one iteration (and of one refill round) */
+    struct rl_sample *samples;      /* [cap * RL_ROUNDS] this iteration's samples */
+    struct rl_sample *trained;      /* [cap * RL_ROUNDS] the ones in the loss, in order */
+    struct reward_sample *rin;      /* [cap] */
+    struct reward_result *rout;     /* [cap] */
+    double *group;                  /* [num_generations] */
+    /* Per generated token of the trained samples, [cap_tokens]; sample i of `trained`
+     * owns [start[i], start[i + 1]). */
+    float *rollout, *old, *ref, *cur, *mask;
+    double *adv, *coef;
+    int64_t *start;                 /* [cap * RL_ROUNDS + 1] */
+    int64_t cap_tokens;
+    bool recorded_start_eval;
+    bool policy_frozen;             /* this iteration trains the critic alone (critic_warmup_iterations) */
+    struct rl_workers *workers;     /* split placement: the smelt-rollout processes */
+    json_t *errors;                 /* the iteration's failed rewards: [{line, error}], the first few */
+};
 /* The split placement's workers (NULL when colocated, or before they start). */
 struct rl_workers *rl_workers(struct trainer_run *r);
 
@@ -178,6 +220,21 @@ void rl_engine_config(const struct trainer_run *r, const struct dataset *ds, int
 int rl_generate(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
                 const struct sample_params *sp, int64_t max_new_tokens, int64_t version, struct rl_sample *out,
                 struct smelt_error *err);
+/* rl_generate in two halves (the split placement only): submit names out's samples and
+ * sends their requests; collect (n_samples = n_prompts * n) fills them once generated.
+ * out must stay put in between. */
+int rl_generate_submit(struct trainer_run *r, const struct dataset *ds, const int64_t *rows, int n_prompts, int n,
+                       const struct sample_params *sp, int64_t max_new_tokens, int64_t version,
+                       struct rl_sample *out, struct smelt_error *err);
+int rl_generate_collect(struct trainer_run *r, const struct dataset *ds, int n_samples, int n, struct rl_sample *out,
+                        struct smelt_error *err);
+/* rl_pending.c: the samples generated ahead (max_staleness), saved with a checkpoint:
+ * ids, rollout logprobs, prompt row, version and finish reason of s[0..n). load fills
+ * out[0..*n) (at most cap; the caller frees them with rl_samples_clear), refusing a file
+ * of another format or naming rows ds does not have. */
+int rl_pending_save(const char *path, const struct rl_sample *s, int n, struct smelt_error *err);
+int rl_pending_load(const char *path, const struct dataset *ds, int cap, struct rl_sample *out, int *n_out,
+                    struct smelt_error *err);
 void rl_samples_clear(struct rl_sample *s, int n); /* frees what each owns, zeroes them */
 
 /* rl_workers.c: the split placement's smelt-rollout processes (the file's comment says
@@ -197,6 +254,12 @@ int rl_workers_start(struct trainer_run *r, int64_t cap, struct rl_workers **out
  * dies fails the call at once, naming it. */
 int rl_workers_generate(struct rl_workers *ws, struct trainer_run *r, const struct rollout_request *q,
                         int n_requests, int64_t version, struct rl_sample *out, struct smelt_error *err);
+/* rl_workers_generate in two halves, so the trainer can work while the workers generate
+ * (max_staleness): submit sends the requests (one batch in flight at a time; no weight
+ * sync until it is collected), collect waits for them and fills out as generate does. */
+int rl_workers_submit(struct rl_workers *ws, struct trainer_run *r, const struct rollout_request *q, int n_requests,
+                      int64_t version, struct smelt_error *err);
+int rl_workers_collect(struct rl_workers *ws, struct rl_sample *out, struct smelt_error *err);
 /* Pushes the trainer's weights (LoRA: the adapter's only) to every worker as policy
  * version `version` (newer than the one they hold); report (may be NULL): bytes and
  * times. */
@@ -220,10 +283,18 @@ int rl_batch_fit(const struct trainer_run *r, const struct dataset *ds, const st
  * s[0..n)), into dst[s[i].off ...]. */
 void rl_batch_gather(const struct trainer_run *r, const struct dataset *ds, const struct dataset_batch *b,
                      const struct rl_sample *s, int n, float *dst);
+/* The same from any per-position array of b (src [b->n_tokens]: the critic's values):
+ * generated token j of a sample is read at its position n_prompt - 1 + j, the position
+ * that predicts it. */
+void rl_batch_gather_from(const struct dataset *ds, const struct dataset_batch *b, const struct rl_sample *s, int n,
+                          const float *src, float *dst);
 /* dL/dlogprob of every generated token (coef[s[i].off ...]) laid out on b's positions, into
  * host_logprobs (ready for run_backward_tokens). */
 void rl_batch_scatter(struct trainer_run *r, const struct dataset *ds, const struct dataset_batch *b,
                       const struct rl_sample *s, int n, const double *coef);
+/* The same into any per-position array (dst [b->n_tokens], zeroed first). */
+void rl_batch_scatter_to(const struct dataset *ds, const struct dataset_batch *b, const struct rl_sample *s, int n,
+                         const double *coef, float *dst);
 /* The longest sample a prompt of ds can make: its prompt and max_new_tokens. */
 int64_t rl_longest_sample(const struct trainer_run *r, const struct dataset *ds);
 
@@ -231,6 +302,74 @@ int64_t rl_longest_sample(const struct trainer_run *r, const struct dataset *ds)
 /* The iteration count, steps and micro-batch size of an RL run (setup.c's plan). */
 int rl_plan(struct trainer_run *r, struct smelt_error *err);
 void rl_state_free(struct rl_state *s);
+/* GRPO_ALGO's three functions, which PPO_ALGO shares: the RL state, the reward stage, the
+ * reference and the split placement's workers (prepare); one iteration, with the
+ * critic's part when r->rl->critic is set (step); greedy held-out rewards (validate). */
+int rl_prepare(struct trainer_run *r, struct smelt_error *err);
+int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err);
+int rl_validate(struct trainer_run *r, void **metrics, double *val_loss, struct smelt_error *err);
+
+/* critic.c: PPO's critic, a second model beside the policy — a sequence classifier
+ * (model/score_head.h) whose head is read at every token as a value head
+ * (model_value_forward) — with its own weights, gradients, activations and AdamW state.
+ * It is always trained in full, also when the policy is a LoRA adapter. The value of a
+ * generated token is read at the position that predicts it (the state before it), the
+ * position its logprob is read at: OpenRLHF's values[:, -num_actions-1:-1], veRL's
+ * values[:, -response_length-1:-1], TRL's value[:, context_length-1:-1]. */
+struct critic {
+    struct model *model;            /* owned */
+    struct model_acts *acts;        /* for r->max_tokens tokens */
+    struct optimizer opt;
+    struct lr_schedule schedule;    /* the policy's, peaking at rl.critic_learning_rate */
+    struct tensor hidden, dhidden;  /* f32 [max_tokens, C] */
+    struct tensor values;           /* f32 [max_tokens]: values, then dL/dvalue */
+    float *host;                    /* [max_tokens] */
+    /* Per generated token of the trained samples (rl_state's layout), [cap_tokens]. */
+    float *old, *cur;               /* values before the iteration's update, and in it */
+    double *rewards, *returns;      /* token rewards (rl_token_rewards), GAE returns */
+    double *dvalue;                 /* dL/dvalue */
+};
+/* Sums over an iteration's critic steps (rl_value_stats merged) and their gradient norms. */
+struct critic_totals {
+    double loss, value_sum, grad_norm_sum;
+    int64_t n_tokens, clipped, steps;
+};
+/* The critic of a ppo job: rl.critic_model loaded (a reward model's directory, full or
+ * its LoRA output merged; it must have a score head and the policy's vocabulary), or
+ * the policy's starting weights with a new head (N(0, 0.02) from the seed). Per-token
+ * arrays hold cap_tokens. */
+int critic_create(struct trainer_run *r, int64_t cap_tokens, struct critic **out, struct smelt_error *err);
+void critic_free(struct critic *c);
+/* The critic's values of every generated token of trained samples [0, n) (forward only)
+ * into dst, per token (rl_state's layout). */
+int critic_values(struct trainer_run *r, int n, float *dst, struct smelt_error *err);
+/* One critic optimizer step on trained samples [a, b): the clipped value loss
+ * (rl_value_loss: old values c->old, returns c->returns, token-mean over the
+ * minibatch), its backward through the head and the body, AdamW at the critic's rate
+ * for policy step r->step + 1. Adds to tot. */
+int critic_step(struct trainer_run *r, int a, int b, struct critic_totals *tot, struct smelt_error *err);
+/* dir/critic/ (an HF sequence-classifier directory, f32) and dir/critic_optimizer.safetensors. */
+int critic_save_state(const struct critic *c, const char *dir, struct smelt_error *err);
+int critic_restore_state(struct critic *c, const char *dir, struct smelt_error *err);
+
+/* ppo.c: what a ppo iteration adds to grpo.c's. */
+struct ppo_iteration {
+    double value_sum, returns_sum, adv_sum;  /* over the trained tokens, before the update */
+    double kl_sum;                           /* the KL in the token rewards (rl.kl_in_reward, beta > 0) */
+    bool kl_in_reward;
+    int64_t tokens;
+    struct critic_totals ct;
+    double t_critic;                         /* the critic's passes and steps, seconds */
+};
+/* After the reference and old-logprob passes: the critic's values, token rewards (the
+ * score at the last token, and -beta * KL when rl.kl_in_reward), GAE per sample, and
+ * the advantages whitened over the batch (rl.whiten_advantages) into rl->adv. */
+int ppo_advantages(struct trainer_run *r, int n, struct ppo_iteration *pi, struct smelt_error *err);
+/* The critic's step on trained samples [a, b), beside the policy's. */
+int ppo_critic_minibatch(struct trainer_run *r, int a, int b, struct ppo_iteration *pi, struct smelt_error *err);
+/* critic/... and time/critic_s into m; with the KL in the reward, "kl" is that KL (the
+ * policy loss has none). */
+void ppo_metrics(const struct ppo_iteration *pi, json_t *m);
 
 /* setup.c */
 double run_flops_per_token(const struct model *m, double mean_len);
@@ -266,7 +405,8 @@ int run_each_batch(struct trainer_run *r, const struct dataset *ds, run_batch_fn
 int run_accuracy(struct trainer_run *r, int64_t n_examples, double *accuracy, int64_t *n_done,
                  struct smelt_error *err);
 
-/* checkpoint.c: checkpoints/step-N/{trainer_state.json, optimizer.safetensors, model/|adapter/} */
+/* checkpoint.c: checkpoints/step-N/{trainer_state.json, optimizer.safetensors, model/|adapter/}, and
+ * what the algorithm's save_state adds (PPO: critic/, critic_optimizer.safetensors) */
 int run_checkpoint_save(struct trainer_run *r, struct smelt_error *err);
 /* resume: "latest" or a checkpoint directory; restores weights, moments, cursor, step. */
 int run_checkpoint_restore(struct trainer_run *r, const char *resume, int64_t *step_out,
