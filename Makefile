@@ -42,7 +42,7 @@ CUDA_ARCH ?= 90
 TEST_PKGS := chromium chromium-driver python3-pip
 DEPS_PKGS := build-essential pkg-config libopenblas-dev libopenblas0-openmp libjansson-dev libcriterion-dev \
              libpcre2-dev libutf8proc-dev libzmq3-dev libmicrohttpd-dev libsqlite3-dev \
-             libjs-chart.js python3
+             libjs-chart.js python3 bubblewrap
 
 CPPFLAGS += -I. -D_GNU_SOURCE $(shell pkg-config --cflags jansson 2>/dev/null)
 CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(SAN_FLAGS)

@@ -22,6 +22,10 @@ struct backend_ops {
     int (*copy_within)(void *dst, const void *src, size_t bytes, struct smelt_error *err);
     /* Waits for the backend's queued work; NULL for a synchronous backend. */
     int (*sync)(struct smelt_error *err);
+    /* Batch-invariant mode (ops_set_batch_invariant): switch and state. NULL for a
+     * backend without it; ops.c then refuses to turn it on. */
+    int (*set_batch_invariant)(bool on, struct smelt_error *err);
+    bool (*batch_invariant)(void);
 
     int (*matmul)(struct tensor *out, const struct tensor *a, const struct tensor *b,
                   const struct tensor *bias, bool trans_a, bool trans_b, float alpha,

@@ -98,6 +98,26 @@ static int unsupported(struct call *c) {
                      backend_name(c->backend));
 }
 
+/* ---- batch-invariant mode ---- */
+
+int ops_set_batch_invariant(enum backend backend, bool on, struct smelt_error *err) {
+    const struct backend_ops *impl = backend_ops_get(backend);
+    if (!impl)
+        return error_set(err, SMELT_EUNSUPPORTED, "ops_set_batch_invariant: backend %s is not available",
+                         backend_name(backend));
+    if (!impl->set_batch_invariant)
+        return on ? error_set(err, SMELT_EUNSUPPORTED,
+                              "ops_set_batch_invariant: backend %s has no batch-invariant mode (the CPU "
+                              "backend has)", backend_name(backend))
+                  : SMELT_OK;
+    return impl->set_batch_invariant(on, err);
+}
+
+bool ops_batch_invariant(enum backend backend) {
+    const struct backend_ops *impl = backend_ops_get(backend);
+    return impl && impl->batch_invariant && impl->batch_invariant();
+}
+
 /* ---- matmul ---- */
 
 struct matmul_dims {

@@ -80,6 +80,30 @@ int backend_cpu_threads(void);
  * The CPU backend is synchronous: a no-op. */
 int backend_sync(enum backend backend, struct smelt_error *err);
 
+/* Batch-invariant mode: a token's numbers do not depend on the batch it runs in.
+ *
+ * By default the CPU backend's forward matmul is OpenBLAS, whose result for one row
+ * depends on how many rows the call has (its microkernels differ for row remainders, and
+ * one row goes through sgemv): the rollout engine, which decodes as many rows as it has
+ * sequences running, and the trainer, which scores the same tokens in packed batches,
+ * then agree only to about 1e-7. With the mode on, every element of ops_matmul's forward
+ * output is one dot product in a fixed order (kernels/cpu/matmul_invariant.c) that
+ * depends on nothing but the element's own row and column: not on the row count, the
+ * thread count, or the row's place in the batch. Every other op of the forward pass is
+ * already computed row by row in a fixed order, so with the mode on a token's logprob has
+ * the same bits in a decode step, a prefill chunk or a training batch: the engine's
+ * logprobs equal the trainer's, and the first update's KL to the sampling policy is 0.
+ * Backward ops keep OpenBLAS. The price: the forward products run on smelt's own kernel
+ * (kernels/README.md gives the measured speed).
+ *
+ * The setting is per backend and per process, read by every op call: the trainer and a
+ * colocated engine in one process share it; a smelt-rollout worker takes
+ * --batch-invariant. Set it before ops run (a switch while another thread runs ops gives
+ * those either arithmetic). Turning it on where the backend has no such mode (CUDA) is
+ * SMELT_EUNSUPPORTED; turning it off always succeeds on an available backend. */
+int ops_set_batch_invariant(enum backend backend, bool on, struct smelt_error *err);
+bool ops_batch_invariant(enum backend backend);
+
 /* Host scalar conversions with the rounding ops_cast uses (round to nearest even). */
 float bf16_to_f32(uint16_t bits);
 uint16_t f32_to_bf16(float x);

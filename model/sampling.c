@@ -70,12 +70,19 @@ int32_t sample_token(const float *logits, int64_t V, const struct sample_params 
     return work[keep - 1].id;
 }
 
+/* ops_logprobs of the one row on the host: the trainer's own arithmetic for the same
+ * token (its log-sum-exp order, on the CPU backend), so in batch-invariant mode the
+ * engine's logprob of a sampled token has the trainer's bits, and the reference
+ * generator's the engine's. */
 float sample_logprob(const float *logits, int64_t V, int32_t id) {
-    float max = logits[0];
-    for (int64_t v = 1; v < V; v++) max = fmaxf(max, logits[v]);
-    double sum = 0;
-    for (int64_t v = 0; v < V; v++) sum += exp((double)logits[v] - max);
-    return (float)((double)logits[id] - max - log(sum));
+    int64_t shape[2] = {1, V}, one = 1;
+    float out = 0.0f;
+    struct tensor lg = tensor_f32((float *)logits, 2, shape), tg = tensor_i32(&id, 1, &one);
+    struct tensor lp = tensor_f32(&out, 1, &one);
+    struct smelt_error err;
+    int rc = ops_logprobs(&lp, NULL, &lg, &tg, &err);
+    SMELT_ASSERT(rc == SMELT_OK); /* id < V: the sampler chose it from these logits */
+    return out;
 }
 
 void sample_stream_seed(struct rng *rng, uint64_t seed, uint64_t index) {

@@ -1,7 +1,8 @@
-/* OpenAI-style graders: the spec's "grader" object read into a tree (a string_check or
- * text_similarity grader, or a multi grader over named ones and a formula), written back,
- * and run on one sample at a time. Errors name the field's path as OpenAI does
- * ("grader.graders.acc.operation"). */
+/* OpenAI-style graders: the spec's "grader" object read into a tree (a string_check,
+ * text_similarity or python grader, or a multi grader over named ones and a formula),
+ * written back, and run on one sample at a time (python graders on the whole batch
+ * first, in their sandboxes: python_grader.c). Errors name the field's path as OpenAI
+ * does ("grader.graders.acc.operation"). */
 #include "rewards/graders_internal.h"
 
 #include <math.h>
@@ -11,8 +12,10 @@
 
 #include "common/json.h"
 #include "rewards/rewards_internal.h"
+#include "rewards/sandbox_internal.h"
 
-static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi"};
+static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python"};
+#define N_TYPES 4
 static const char *const OPERATIONS[] = {"eq", "ne", "like", "ilike"};
 static const char *const METRICS[] = {"fuzzy_match", "bleu",    "gleu",    "rouge_1", "rouge_2",
                                       "rouge_3",     "rouge_4", "rouge_5", "rouge_l"};
@@ -23,6 +26,8 @@ static const char *const STRING_CHECK_KEYS[] = {"type", "name", "input", "refere
 static const char *const TEXT_SIMILARITY_KEYS[] = {"type",      "name",           "input", "reference",
                                                    "evaluation_metric", "pass_threshold", NULL};
 static const char *const MULTI_KEYS[] = {"type", "name", "graders", "calculate_output", NULL};
+static const char *const PYTHON_KEYS[] = {"type",      "name",      "source",    "image_tag", "pass_threshold",
+                                          "timeout_s", "memory_mb", "sandboxes", NULL};
 
 /* ---- reading the spec ---- */
 
@@ -33,24 +38,24 @@ static int parse_type(const json_t *obj, const char *w, bool nested, struct rewa
                       struct smelt_error *err) {
     const char *type;
     TRY(json_field_string(obj, "type", true, NULL, &type, w, err));
-    for (int t = 0; t < 3; t++)
+    for (int t = 0; t < N_TYPES; t++)
         if (strcmp(type, TYPE_NAMES[t]) == 0) {
             if (t == GRADER_MULTI && nested)
                 return error_set_field(err, SMELT_EINVAL, "type",
-                                       "%s.type: a multi grader's graders are string_check or text_similarity "
-                                       "graders, not another multi (OpenAI's shape)",
+                                       "%s.type: a multi grader's graders are string_check, text_similarity or "
+                                       "python graders, not another multi (OpenAI's shape)",
                                        w);
             g->type = (enum grader_type)t;
             return SMELT_OK;
         }
-    if (strcmp(type, "python") == 0 || strcmp(type, "score_model") == 0 || strcmp(type, "label_model") == 0 ||
-        strcmp(type, "endpoint") == 0)
+    if (strcmp(type, "score_model") == 0 || strcmp(type, "label_model") == 0 || strcmp(type, "endpoint") == 0)
         return error_set_field(err, SMELT_EINVAL, "type",
                                "%s.type: \"%s\" graders are not available in smelt yet (string_check, "
-                               "text_similarity, multi)",
+                               "text_similarity, python, multi)",
                                w, type);
     return error_set_field(err, SMELT_EINVAL, "type",
-                           "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, multi)", w, type);
+                           "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, python, multi)", w,
+                           type);
 }
 
 static int parse_name(const json_t *obj, const char *w, struct reward_grader *g, struct smelt_error *err) {
@@ -166,11 +171,12 @@ static int parse_grader(const json_t *obj, const char *w, bool nested, struct re
     if (!json_is_object(obj))
         return error_set(err, SMELT_EINVAL, "%s: expected a grader object like {\"type\": \"string_check\", ...}", w);
     TRY(parse_type(obj, w, nested, g, err));
-    static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS};
+    static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS, PYTHON_KEYS};
     TRY(json_check_keys(obj, KEYS[g->type], w, err));
     TRY(parse_name(obj, w, g, err));
     if (g->type == GRADER_STRING_CHECK) return parse_string_check(obj, w, g, err);
     if (g->type == GRADER_TEXT_SIMILARITY) return parse_text_similarity(obj, w, g, err);
+    if (g->type == GRADER_PYTHON) return grader_python_parse(obj, w, g, err);
     return parse_multi(obj, w, g, err);
 }
 
@@ -198,6 +204,7 @@ static void grader_clear(struct reward_grader *g) {
     grader_template_free(&g->input);
     grader_template_free(&g->reference);
     grader_formula_free(&g->formula);
+    grader_python_free(g->py);
 }
 
 void reward_grader_free(struct reward_grader *g) {
@@ -219,6 +226,9 @@ json_t *reward_grader_to_json(const struct reward_grader *g) {
         for (int k = 0; k < g->n_sub && !bad; k++) bad |= reward_json_set(subs, g->sub[k].metric, reward_grader_to_json(&g->sub[k]));
         bad |= reward_json_set(obj, "graders", subs);
         bad |= reward_json_set(obj, "calculate_output", json_string(g->formula.src));
+    } else if (g->type == GRADER_PYTHON) {
+        bad |= grader_python_to_json(g->py, obj);
+        if (g->has_pass_threshold) bad |= reward_json_set(obj, "pass_threshold", json_real(g->pass_threshold));
     } else {
         bad |= reward_json_set(obj, "input", json_stringn(g->input.src, g->input.len));
         bad |= reward_json_set(obj, "reference", json_stringn(g->reference.src, g->reference.len));
@@ -261,6 +271,9 @@ static int contains(const char *in, size_t n_in, const char *ref, size_t n_ref, 
 struct scratch {
     struct grader_context ctx;
     struct reward_buf in, ref;
+    int i;                 /* the sample's index in the batch (python graders' results) */
+    char *warning;         /* a python grader's reason for a 0 */
+    size_t warning_n;
 };
 
 static int string_check(const struct reward_grader *g, const struct reward_buf *in, const struct reward_buf *ref,
@@ -273,8 +286,25 @@ static int string_check(const struct reward_grader *g, const struct reward_buf *
     return SMELT_OK;
 }
 
-/* A string_check or text_similarity grader on the sample of x->ctx. */
+static int describe_failure(const struct reward_grader *g, const char *what, char *why, size_t why_n) {
+    snprintf(why, why_n, "%s (%s): %s", g->path, TYPE_NAMES[g->type], what);
+    return GRADER_FAILED;
+}
+
+/* A python grader's result for sample i: its score, or 0 and the reason in warning (the
+ * first warning of the sample is kept). */
+static void score_python(const struct reward_grader *g, int i, double *score, char *warning, size_t warning_n) {
+    char what[SANDBOX_MESSAGE_BYTES];
+    if (grader_python_result(g->py, i, score, what, sizeof what) || warning[0]) return;
+    describe_failure(g, what, warning, warning_n);
+}
+
+/* A string_check, text_similarity or python grader on the sample of x->ctx (sample i). */
 static int score_leaf(const struct reward_grader *g, struct scratch *x, double *score, char *why, size_t why_n) {
+    if (g->type == GRADER_PYTHON) {
+        score_python(g, x->i, score, x->warning, x->warning_n);
+        return SMELT_OK;
+    }
     int rc = grader_template_render(&g->input, &x->ctx, &x->in, why, why_n);
     if (!rc) rc = grader_template_render(&g->reference, &x->ctx, &x->ref, why, why_n);
     if (rc == GRADER_ZERO) {
@@ -284,11 +314,6 @@ static int score_leaf(const struct reward_grader *g, struct scratch *x, double *
     if (rc) return rc;
     if (g->type == GRADER_STRING_CHECK) return string_check(g, &x->in, &x->ref, score);
     return grader_similarity(g->evaluation_metric, x->in.p, x->in.n, x->ref.p, x->ref.n, score);
-}
-
-static int describe_failure(const struct reward_grader *g, const char *what, char *why, size_t why_n) {
-    snprintf(why, why_n, "%s (%s): %s", g->path, TYPE_NAMES[g->type], what);
-    return GRADER_FAILED;
 }
 
 /* Every sub-grader, even after one failed (their metrics stay complete), then the formula. */
@@ -310,9 +335,10 @@ static int score_multi(const struct reward_grader *g, struct scratch *x, double 
     return SMELT_OK;
 }
 
-int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, double *scores, char *why,
-                        size_t why_n) {
-    struct scratch x = {0};
+int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, int i, double *scores, char *why,
+                        size_t why_n, char *warning, size_t warning_n) {
+    struct scratch x = {.i = i, .warning = warning, .warning_n = warning_n};
+    warning[0] = '\0';
     grader_context_init(&x.ctx, s->answer, s->metadata_json, s->completion);
     int rc;
     if (g->type == GRADER_MULTI) {
@@ -330,6 +356,7 @@ int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, 
 }
 
 static int check_leaf(const struct reward_grader *g, struct grader_context *c, struct smelt_error *err) {
+    if (g->type == GRADER_PYTHON) return SMELT_OK; /* grade() reads whatever it likes of the row */
     const struct grader_template *t[2] = {&g->input, &g->reference};
     for (int k = 0; k < 2; k++) {
         const char *field = NULL;
@@ -348,6 +375,25 @@ int reward_grader_check_row(const struct reward_grader *g, const char *answer, c
     if (g->type != GRADER_MULTI) rc = check_leaf(g, &c, err);
     for (int k = 0; k < g->n_sub && !rc; k++) rc = check_leaf(&g->sub[k], &c, err);
     grader_context_reset(&c);
+    return rc;
+}
+
+/* The python graders of the tree, each on the whole batch. */
+int reward_grader_prepare(struct reward_grader *g, const struct reward_sample *samples, int n,
+                          struct smelt_error *err) {
+    struct reward_grader *py[1 + GRADER_MAX_SUB];
+    int n_py = 0;
+    if (g->type == GRADER_PYTHON) py[n_py++] = g;
+    for (int k = 0; k < g->n_sub; k++)
+        if (g->sub[k].type == GRADER_PYTHON) py[n_py++] = &g->sub[k];
+    if (n_py == 0 || n == 0) return SMELT_OK;
+    char **requests;
+    TRY(grader_python_requests(samples, n, &requests, err));
+    int rc = SMELT_OK;
+    for (int k = 0; k < n_py && !rc; k++)
+        rc = error_wrap(err, grader_python_run(py[k]->py, (const char *const *)requests, n, err), "%s (python)",
+                        py[k]->path);
+    grader_python_requests_free(requests, n);
     return rc;
 }
 

@@ -1,4 +1,4 @@
-/* Private to rewards/: OpenAI-style graders (string_check, text_similarity, multi), the
+/* Private to rewards/: OpenAI-style graders (string_check, text_similarity, python, multi), the
  * templates they read ({{item.x}}, {{sample.output_text}}, {{sample.output_json.x}}),
  * multi's calculate_output formula and the text-similarity metrics. docs/rewards.md
  * ("Graders") is the user's reference.
@@ -27,6 +27,8 @@
 #define GRADER_MAX_FORMULA_NODES 256
 #define GRADER_MAX_NAME_BYTES 256    /* OpenAI's free-text "name" */
 #define GRADER_PATH_BYTES 96         /* "grader.graders.<key>" */
+#define GRADER_MAX_SOURCE_BYTES (256 * 1024) /* a python grader's source: OpenAI's limit */
+#define GRADER_MAX_IMAGE_TAG_BYTES 128
 
 /* ---- a growable byte buffer (NUL-terminated when not empty) ---- */
 
@@ -136,7 +138,9 @@ int grader_similarity(enum grader_metric m, const char *input, size_t n_input, c
 
 /* ---- graders.c ---- */
 
-enum grader_type { GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI };
+enum grader_type { GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI, GRADER_PYTHON };
+
+struct grader_python;
 enum grader_operation { GRADER_EQ, GRADER_NE, GRADER_LIKE, GRADER_ILIKE };
 
 struct reward_grader {
@@ -154,19 +158,49 @@ struct reward_grader {
     int n_sub;
     struct reward_grader *sub;         /* [n_sub], in the order of the graders object */
     struct grader_formula formula;
+    /* python (python_grader.c) */
+    struct grader_python *py;
 };
 
-/* spec["grader"] → *out (a new grader the caller frees with reward_grader_free). */
+/* spec["grader"] → *out (a new grader the caller frees with reward_grader_free). A
+ * python grader's source is run once in a sandbox here (sandbox_check). */
 int reward_grader_create(const json_t *obj, const char *where, struct reward_grader **out, struct smelt_error *err);
 void reward_grader_free(struct reward_grader *g);
 json_t *reward_grader_to_json(const struct reward_grader *g); /* NULL: out of memory */
-/* Scores one sample: scores[0] the grader's, scores[1 + k] sub-grader k's (NaN where it
- * failed). 0, GRADER_FAILED with why, or SMELT_ENOMEM. */
-int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, double *scores, char *why,
-                        size_t why_n);
+/* Runs the python graders of the tree (the grader, or a multi's python sub-graders) on
+ * the whole batch samples[0..n), in their sandboxes, keeping each sample's result for
+ * reward_grader_score; nothing for other graders. A negative code only when sandboxes
+ * cannot be started or memory runs out. */
+int reward_grader_prepare(struct reward_grader *g, const struct reward_sample *samples, int n,
+                          struct smelt_error *err);
+/* Scores sample i of the batch last prepared: scores[0] the grader's, scores[1 + k]
+ * sub-grader k's (NaN where it failed). 0, GRADER_FAILED with why, or SMELT_ENOMEM. A
+ * python grader that could not grade the sample (raised, timed out, ...) scores 0, with
+ * the reason in warning ("" otherwise; the first one's when several). */
+int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, int i, double *scores, char *why,
+                        size_t why_n, char *warning, size_t warning_n);
 int reward_grader_check_row(const struct reward_grader *g, const char *answer, const char *metadata_json,
                             struct smelt_error *err);
 int reward_grader_count(const struct reward_grader *g);
 const char *reward_grader_name(const struct reward_grader *g, int i);
+
+/* ---- python_grader.c: {"type": "python", "source": "def grade(sample, item): ..."} ---- */
+
+/* The python grader's own fields of obj (type and name are read): source (checked in a
+ * sandbox), image_tag, pass_threshold, and smelt's limits timeout_s, memory_mb,
+ * sandboxes. w names it in messages. */
+int grader_python_parse(const json_t *obj, const char *w, struct reward_grader *g, struct smelt_error *err);
+void grader_python_free(struct grader_python *py); /* NULL is fine */
+/* Adds the fields to obj, defaults filled (sandboxes only when given: its default is the
+ * machine's); nonzero when out of memory. */
+int grader_python_to_json(const struct grader_python *py, json_t *obj);
+/* The batch's requests ({"sample": ..., "item": ...} per sample, compact JSON) into
+ * *out (n malloc'd strings in a malloc'd array; free with grader_python_requests_free). */
+int grader_python_requests(const struct reward_sample *samples, int n, char ***out, struct smelt_error *err);
+void grader_python_requests_free(char **requests, int n);
+/* Grades the batch in the grader's sandboxes; results kept in py until the next run. */
+int grader_python_run(struct grader_python *py, const char *const *requests, int n, struct smelt_error *err);
+/* Sample i of the last run: true with *score, or false with why (then it scores 0). */
+bool grader_python_result(const struct grader_python *py, int i, double *score, char *why, size_t why_n);
 
 #endif

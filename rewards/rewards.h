@@ -14,11 +14,15 @@
  * ("<where>.verifiers[1].pattern: ...") and in err->field ("verifiers[1].pattern",
  * relative to the spec: the caller nests it with error_in_field).
  *
- * Or: {"grader": G}, G one of OpenAI's grader objects: string_check, text_similarity, or
- * multi ({"graders": {name: G', ...}, "calculate_output": formula}). A spec holds
- * "verifiers" or "grader", not both. Errors name the path OpenAI style:
- * err->field "grader.graders.acc.operation". Graders read {{item.<field>}} (the row's
- * answer and metadata), {{sample.output_text}} and {{sample.output_json.<field>}}.
+ * Or: {"grader": G}, G one of OpenAI's grader objects: string_check, text_similarity,
+ * python ({"source": "def grade(sample, item) -> float: ..."}, run in a bubblewrap
+ * sandbox: a machine without bwrap refuses it here, naming grader.type; the source is
+ * run once in a sandbox here and must define grade, or it is refused naming
+ * grader.source and the line), or multi ({"graders": {name: G', ...},
+ * "calculate_output": formula}). A spec holds "verifiers" or "grader", not both. Errors
+ * name the path OpenAI style: err->field "grader.graders.acc.operation". Graders read
+ * {{item.<field>}} (the row's answer and metadata), {{sample.output_text}} and
+ * {{sample.output_json.<field>}}.
  *
  * Failures. reward_stage_score fails (returns an error) only when the stage itself
  * cannot work: bad arguments, or memory for a grader. A sample that cannot be scored —
@@ -28,12 +32,16 @@
  * sample.output_json, a formula dividing by zero — is a per-sample failure:
  * out[i].failed, a message naming the verifier or grader, reward NaN; the other samples
  * are scored as usual. A completion that simply lacks what a verifier looks for (no
- * number, no marker) scores 0.
+ * number, no marker) scores 0. A python grader that cannot grade a sample (grade()
+ * raised, returned something other than a finite number, timed out, ran out of memory,
+ * its sandbox died or printed too much) scores it 0, not a failure, with the reason in
+ * out[i].warning: the loop reports it as an event.
  *
  * Threads: a stage keeps per-pattern match buffers, so one stage scores one batch at a
- * time; scoring is deterministic. Verifiers allocate nothing when scoring; graders
- * allocate per sample (rendered templates, parsed JSON, tokens) and free it before the
- * next.
+ * time; scoring is deterministic (python graders: as deterministic as their code).
+ * Verifiers allocate nothing when scoring; graders allocate per sample (rendered
+ * templates, parsed JSON, tokens) and free it before the next; python graders start
+ * their sandboxes per batch and stop them before reward_stage_score returns.
  *
  * Ownership: reward_stage_create returns a stage the caller frees with
  * reward_stage_free; it copies what it needs from the spec (the JSON may be freed).
@@ -71,6 +79,11 @@ struct reward_result {
     bool failed;                                /* the sample gets no reward: the loop reports
                                                    error as an event, not a job failure */
     char error[REWARD_ERROR_BYTES];             /* why, naming the verifier ("" when not failed) */
+    char warning[REWARD_ERROR_BYTES];           /* a python grader could not grade the sample and
+                                                   scored it 0: why, naming the grader ("grader
+                                                   (python): grade() took more than 10 s"); the
+                                                   sample is scored (not failed) and the loop
+                                                   reports this as an event. "" otherwise */
     double scores[REWARD_MAX_VERIFIERS];        /* each verifier's raw score, in spec order, for
                                                    metrics (a grader: its score, then a multi's
                                                    sub-graders' in the order of its graders);
@@ -88,22 +101,24 @@ void reward_stage_free(struct reward_stage *stage); /* NULL is fine */
 
 /* Scores samples[0..n) into out[0..n) (every field of every out[i] is written). Returns
  * SMELT_EINVAL only for bad arguments (n < 0, NULL arrays, a NULL completion), before
- * anything is scored, and SMELT_ENOMEM when a grader runs out of memory; per-sample
- * problems go in out[i]. */
+ * anything is scored, SMELT_ENOMEM when a grader runs out of memory, and SMELT_EBACKEND
+ * when a python grader's sandboxes cannot be started at all (fork, pipes, no free
+ * sandbox uid); per-sample problems go in out[i]. */
 int reward_stage_score(struct reward_stage *stage, const struct reward_sample *samples, int n,
                        struct reward_result *out, struct smelt_error *err);
 
 /* Checks one prompts row against the stage before training: every verifier that needs
  * the answer finds one, numeric ones a number; every {{item.<field>}} of a grader names
- * something the row has. SMELT_EINVAL with err->field "answer" (or "metadata" for a
- * grader's field of the metadata) and a message naming the verifier or the grader's
- * field and reference; the caller adds the file and line. */
+ * something the row has (a python grader checks nothing: grade() reads what it likes).
+ * SMELT_EINVAL with err->field "answer" (or "metadata" for a grader's field of the
+ * metadata) and a message naming the verifier or the grader's field and reference; the
+ * caller adds the file and line. */
 int reward_stage_check_prompt(const struct reward_stage *stage, const char *answer,
                               const char *metadata_json, struct smelt_error *err);
 
 /* The scores, in spec order: how many, and each one's name (metrics label). Verifiers:
  * the "name" field, else the type, else "<type>_<index>" when several share a type. A
- * grader: its type ("string_check", "text_similarity", "multi"), then a multi's
+ * grader: its type ("string_check", "text_similarity", "python", "multi"), then a multi's
  * sub-graders by their keys in "graders". */
 int reward_stage_count(const struct reward_stage *stage);
 const char *reward_stage_name(const struct reward_stage *stage, int i);

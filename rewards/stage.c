@@ -1,6 +1,7 @@
 /* The reward stage at work: a batch of samples scored by every verifier (the weighted
- * sum) or by the grader (its score), per-sample failures kept apart from failures of the
- * stage; the up-front check of a prompts row; the names of the scores for metrics. */
+ * sum) or by the grader (its score; python graders first run on the whole batch),
+ * per-sample failures and zeros-with-a-reason kept apart from failures of the stage; the
+ * up-front check of a prompts row; the names of the scores for metrics. */
 #include "rewards/rewards_internal.h"
 
 #include <math.h>
@@ -41,10 +42,11 @@ static void score_sample(struct reward_stage *stage, const struct reward_sample 
     if (r->failed) r->reward = NAN;
 }
 
-/* The grader on one sample: its score is the reward. */
-static int grade_sample(struct reward_stage *stage, const struct reward_sample *s, struct reward_result *r) {
+/* The grader on sample i of the batch: its score is the reward. */
+static int grade_sample(struct reward_stage *stage, const struct reward_sample *s, int i, struct reward_result *r) {
     memset(r, 0, sizeof *r);
-    int rc = reward_grader_score(stage->grader, s, r->scores, r->error, sizeof r->error);
+    int rc = reward_grader_score(stage->grader, s, i, r->scores, r->error, sizeof r->error, r->warning,
+                                 sizeof r->warning);
     if (rc < 0) return rc;
     r->failed = rc == GRADER_FAILED;
     r->reward = r->failed ? NAN : r->scores[0];
@@ -54,12 +56,14 @@ static int grade_sample(struct reward_stage *stage, const struct reward_sample *
 int reward_stage_score(struct reward_stage *stage, const struct reward_sample *samples, int n,
                        struct reward_result *out, struct smelt_error *err) {
     TRY(check_args(stage, samples, n, out, err));
+    /* Python graders grade the whole batch at once, in their sandboxes. */
+    if (stage->grader) TRY(error_wrap(err, reward_grader_prepare(stage->grader, samples, n, err), "reward_stage_score"));
     for (int i = 0; i < n; i++) {
         if (!stage->grader) {
             score_sample(stage, &samples[i], &out[i]);
             continue;
         }
-        int rc = grade_sample(stage, &samples[i], &out[i]);
+        int rc = grade_sample(stage, &samples[i], i, &out[i]);
         if (rc) return error_set(err, rc, "reward_stage_score: out of memory grading samples[%d]", i);
     }
     return SMELT_OK;

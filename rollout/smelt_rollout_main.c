@@ -5,7 +5,7 @@
  *
  *   smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]
  *                 [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N]
- *                 [--prefill-chunk N] [--backend cpu|cuda|auto]
+ *                 [--prefill-chunk N] [--backend cpu|cuda|auto] [--batch-invariant]
  *
  * Prints "smelt-rollout: serving on ENDPOINT" to stderr once bound (the real port when
  * --bind asks for tcp://HOST:*). SIGTERM / SIGINT stop it: requests still in flight get
@@ -35,7 +35,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]\n"
                "         [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N] [--prefill-chunk N]\n"
-               "         [--backend cpu|cuda|auto]\n"
+               "         [--backend cpu|cuda|auto] [--batch-invariant]\n"
                "  --adapter      a PEFT LoRA adapter directory, applied without merging (and the one\n"
                "                 that \"lora\" weight syncs update)\n"
                "  --tokenizer    tokenizer.json or its folder (default: the model's, when it has one;\n"
@@ -45,6 +45,8 @@ static void usage(FILE *f) {
                "  --kv-memory-mb KV cache size (default 1024); --max-batch-tokens tokens per step\n"
                "                 (default 2048); --max-seqs sequences at once (default 64);\n"
                "                 --prefill-chunk prompt tokens of one sequence per step (default 512)\n"
+               "  --batch-invariant  logprobs with the bits the trainer computes for the same tokens\n"
+               "                 (ops_set_batch_invariant; CPU backend only: refused on cuda)\n"
                "  protocol: common/msg.h (gen.request, gen.abort, health.request, stats.request,\n"
                "            weights.begin / weights.bucket / weights.end)\n");
 }
@@ -52,6 +54,7 @@ static void usage(FILE *f) {
 struct options {
     const char *model_dir, *adapter_dir, *tokenizer, *bind;
     enum backend backend;
+    bool batch_invariant;
     struct rollout_config engine;
 };
 
@@ -65,6 +68,10 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             exit(0);
+        }
+        if (strcmp(a, "--batch-invariant") == 0) { /* the one flag without a value */
+            o->batch_invariant = true;
+            continue;
         }
         int rc = args_value(argc, argv, &i, &v, err);
         if (rc) return rc;
@@ -89,6 +96,10 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
     if (!o->model_dir) return error_set(err, SMELT_EINVAL, "--model is required");
     if (!o->bind[0]) return error_set(err, SMELT_EINVAL, "--bind: empty endpoint");
     TRY(error_wrap(err, backend_from_name(backend, &o->backend, err), "--backend"));
+    /* Process-wide, before the model exists: every op of this worker runs in the mode.
+     * A backend without it (CUDA) refuses, and that is bad usage. */
+    if (o->batch_invariant)
+        TRY(error_wrap(err, ops_set_batch_invariant(o->backend, true, err), "--batch-invariant"));
     return SMELT_OK;
 }
 
@@ -167,10 +178,10 @@ static int serve(const struct options *o, struct smelt_error *err) {
     if (!rc) rc = open_router(ctx, o->bind, &router, bound, sizeof bound, err);
     if (!rc) {
         struct rollout_stats st = rollout_engine_stats(engine);
-        log_info("%s on %s%s%s: %lld KV blocks of %d tokens, %lld tokens and %d sequences per step", o->model_dir,
-                 backend_name(o->backend), adapter ? ", adapter " : "", adapter ? o->adapter_dir : "",
-                 (long long)st.n_blocks, ROLLOUT_KV_BLOCK_TOKENS, (long long)o->engine.max_batch_tokens,
-                 o->engine.max_seqs);
+        log_info("%s on %s%s%s%s: %lld KV blocks of %d tokens, %lld tokens and %d sequences per step", o->model_dir,
+                 backend_name(o->backend), o->batch_invariant ? " (batch-invariant)" : "",
+                 adapter ? ", adapter " : "", adapter ? o->adapter_dir : "", (long long)st.n_blocks,
+                 ROLLOUT_KV_BLOCK_TOKENS, (long long)o->engine.max_batch_tokens, o->engine.max_seqs);
         fprintf(stderr, "smelt-rollout: serving on %s\n", bound);
         struct rollout_worker_setup setup = {.engine = engine, .model = m, .tok = tok, .adapter = adapter,
                                              .router = router, .stop = &stop_requested};

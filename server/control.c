@@ -467,14 +467,23 @@ static void on_start_line(struct server *s, struct store_conn *c, const char *id
     job_event(s, c, id, "info", "%s", msg);
 }
 
-/* An RL iteration's samples whose reward failed: they are left out, the job goes on. The
- * file is named by line only (its path is the server's own). */
+/* An RL iteration's samples whose reward failed (left out; the job goes on) or that a
+ * grader could not grade (scored 0). The file is named by line only (its path is the
+ * server's own). An older trainer's line has "count" alone: all failed. */
 static void on_sample_errors_line(struct server *s, struct store_conn *c, const char *id, int64_t step,
                                   const json_t *line) {
     json_t *first = json_array_get(json_object_get(line, "errors"), 0);
-    char msg[512];
-    snprintf(msg, sizeof msg, "Step %lld: the reward of %lld sample(s) failed; they are left out (first: prompt on "
-             "line %lld: %.300s)", (long long)step, (long long)json_integer_value(json_object_get(line, "count")),
+    json_t *failed_v = json_object_get(line, "failed");
+    int64_t count = json_integer_value(json_object_get(line, "count"));
+    int64_t failed = json_is_integer(failed_v) ? json_integer_value(failed_v) : count;
+    int64_t zeroed = json_integer_value(json_object_get(line, "zeroed"));
+    char what[160] = "";
+    if (failed) snprintf(what, sizeof what, "the reward of %lld sample(s) failed; they are left out", (long long)failed);
+    if (zeroed)
+        snprintf(what + strlen(what), sizeof what - strlen(what), "%s%lld sample(s) could not be graded and scored 0",
+                 failed ? "; " : "", (long long)zeroed);
+    char msg[640];
+    snprintf(msg, sizeof msg, "Step %lld: %s (first: prompt on line %lld: %.300s)", (long long)step, what,
              (long long)json_integer_value(json_object_get(first, "line")),
              json_string_value(json_object_get(first, "error")) ?: "unknown error");
     job_event(s, c, id, "warn", "%s", msg);

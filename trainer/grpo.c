@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "rewards/rewards.h"
@@ -41,6 +42,8 @@ void rl_state_free(struct rl_state *s) {
     json_decref(s->errors);
     rl_samples_clear(s->samples, s->cap * RL_ROUNDS);
     free(s->samples);
+    rl_samples_clear(s->ahead, s->cap);
+    free(s->ahead);
     free(s->trained);
     free(s->rin);
     free(s->rout);
@@ -81,6 +84,7 @@ static int alloc_state(struct trainer_run *r, struct rl_state *rl, struct smelt_
     rl->cap_tokens = n * s->rl.max_new_tokens;
     rl->samples = calloc((size_t)n, sizeof *rl->samples);
     rl->trained = calloc((size_t)n, sizeof *rl->trained);
+    rl->ahead = calloc((size_t)rl->cap, sizeof *rl->ahead);
     rl->rin = calloc((size_t)rl->cap, sizeof *rl->rin);
     rl->rout = calloc((size_t)rl->cap, sizeof *rl->rout);
     rl->group = calloc((size_t)s->rl.num_generations, sizeof *rl->group);
@@ -95,7 +99,7 @@ static int alloc_state(struct trainer_run *r, struct rl_state *rl, struct smelt_
     rl->buf.targets = malloc((size_t)r->max_tokens * sizeof *rl->buf.targets);
     rl->buf.cu = malloc((size_t)(seqs + 1) * sizeof *rl->buf.cu);
     rl->buf.rows = malloc((size_t)seqs * sizeof *rl->buf.rows);
-    bool ok = rl->samples && rl->trained && rl->rin && rl->rout && rl->group && rl->start && rl->adv && rl->coef &&
+    bool ok = rl->samples && rl->trained && rl->ahead && rl->rin && rl->rout && rl->group && rl->start && rl->adv && rl->coef &&
               rl->buf.ids && rl->buf.targets && rl->buf.cu && rl->buf.rows;
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) ok = ok && *f[i];
     return ok ? SMELT_OK : error_set(err, SMELT_ENOMEM, "rl: out of memory for %lld samples", (long long)n);
@@ -118,6 +122,10 @@ int rl_prepare(struct trainer_run *r, struct smelt_error *err) {
     TRY(check_prompts(rl, r->val, "data.validation", err));
     job_rl_loss_config(s, &rl->loss);
     rl->steps_per_iteration = s->rl.ppo_epochs * s->rl.minibatches;
+    /* true_on_policy promises old logprobs equal to the rollout's: a training forward with
+     * adapter dropout is not that forward, so they get a pass of their own then. */
+    bool dropout = r->lora && s->lora.dropout > 0;
+    rl->old_in_update = rl->steps_per_iteration == 1 && !(s->rl.true_on_policy && dropout);
     rl->cap = (int)(s->hp.batch_size * s->rl.num_generations);
     if (r->val && r->val->n > rl->cap) rl->cap = (int)r->val->n;
     if (s->rl.beta > 0 && !r->lora) TRY(copy_reference(r, err));
@@ -184,7 +192,7 @@ static int decode_text(struct trainer_run *r, const int32_t *ids, int64_t n, cha
 /* Decodes and scores samples s[0..n) of ds; a sample whose reward fails is reported and
  * left out (failed). */
 static int score(struct trainer_run *r, const struct dataset *ds, struct rl_sample *s, int n, int64_t *failed,
-                 struct smelt_error *err) {
+                 int64_t *zeroed, struct smelt_error *err) {
     struct rl_state *rl = r->rl;
     for (int i = 0; i < n; i++) {
         free(s[i].text);
@@ -199,6 +207,15 @@ static int score(struct trainer_run *r, const struct dataset *ds, struct rl_samp
     for (int i = 0; i < n; i++) {
         s[i].reward = rl->rout[i].reward;
         s[i].failed = rl->rout[i].failed || !isfinite(s[i].reward);
+        if (!s[i].failed && rl->rout[i].warning[0]) { /* a grader that could not grade it: scored 0 */
+            (*zeroed)++;
+            log_warn("rl: a sample of %s line %lld scored 0: %s", ds->path, (long long)ds->prompts[s[i].row].line,
+                     rl->rout[i].warning);
+            if (rl->errors && json_array_size(rl->errors) < RL_ERRORS_KEPT)
+                json_array_append_new(rl->errors, json_pack("{s:I, s:s, s:b}", "line",
+                                                            (json_int_t)ds->prompts[s[i].row].line, "error",
+                                                            rl->rout[i].warning, "scored", 1));
+        }
         if (!s[i].failed) continue;
         (*failed)++;
         log_warn("rl: the reward of a sample of %s line %lld failed: %s", ds->path,
@@ -254,7 +271,7 @@ struct iteration {
     int n_samples, n_trained, n_prompts, rounds;
     double verifier_sum[REWARD_MAX_VERIFIERS];   /* each verifier's scores, every round */
     int64_t verifier_n[REWARD_MAX_VERIFIERS];
-    int64_t failed, groups, groups_degenerate, gen_tokens, trained_tokens;
+    int64_t failed, zeroed, groups, groups_degenerate, gen_tokens, trained_tokens;
     double t_generate, t_score, t_reference, t_update, t_sync;
     int64_t sync_bytes;            /* per worker: the model's or the adapter's size */
 };
@@ -270,24 +287,33 @@ static int collect(struct trainer_run *r, int64_t version, struct iteration *it,
     rl_samples_clear(rl->samples, rl->cap * RL_ROUNDS);
     int64_t kept_groups = 0;
     for (it->rounds = 0; it->rounds < RL_ROUNDS && kept_groups < s->hp.batch_size; it->rounds++) {
-        const struct dataset_batch *b;
-        TRY(dataset_loader_next(r->loader, &b, err));
         struct rl_sample *out = rl->samples + it->n_samples;
+        int n_seqs;
         double t0 = now_s();
-        TRY(rl_generate(r, r->train, b->rows, b->n_seqs, G, &sp, s->rl.max_new_tokens, version, out, err));
+        if (it->rounds == 0 && rl->n_ahead > 0) { /* generated during the last update */
+            n_seqs = rl->n_ahead / G;
+            memcpy(out, rl->ahead, (size_t)rl->n_ahead * sizeof *out);
+            memset(rl->ahead, 0, (size_t)rl->n_ahead * sizeof *rl->ahead);
+            rl->n_ahead = 0;
+        } else {
+            const struct dataset_batch *b;
+            TRY(dataset_loader_next(r->loader, &b, err));
+            n_seqs = b->n_seqs;
+            TRY(rl_generate(r, r->train, b->rows, n_seqs, G, &sp, s->rl.max_new_tokens, version, out, err));
+        }
         double t1 = now_s();
-        TRY(score(r, r->train, out, b->n_seqs * G, &it->failed, err));
+        TRY(score(r, r->train, out, n_seqs * G, &it->failed, &it->zeroed, err));
         it->t_generate += t1 - t0;
         it->t_score += now_s() - t1;
-        it->n_samples += b->n_seqs * G;
-        for (int i = 0; i < b->n_seqs * G; i++)
+        it->n_samples += n_seqs * G;
+        for (int i = 0; i < n_seqs * G; i++)
             for (int v = 0; v < reward_stage_count(rl->reward); v++)
                 if (isfinite(rl->rout[i].scores[v])) {
                     it->verifier_sum[v] += rl->rout[i].scores[v];
                     it->verifier_n[v]++;
                 }
-        it->n_prompts += b->n_seqs;
-        for (int p = 0; p < b->n_seqs; p++) {
+        it->n_prompts += n_seqs;
+        for (int p = 0; p < n_seqs; p++) {
             bool degenerate = group_degenerate(out + p * G, G);
             it->groups++;
             it->groups_degenerate += degenerate;
@@ -322,6 +348,9 @@ static int select_trained(struct trainer_run *r, struct iteration *it, struct sm
             x->off = off;
             rl->start[it->n_trained] = off;
             memcpy(rl->rollout + off, x->rollout_logp, (size_t)x->n * sizeof(float));
+            /* A sample of an older version (max_staleness): its ratios are taken against
+             * the logprobs of the version that generated it, which only the rollout has. */
+            if (x->version < rl->version) memcpy(rl->old + off, x->rollout_logp, (size_t)x->n * sizeof(float));
             for (int64_t j = 0; j < x->n; j++) {
                 rl->mask[off + j] = 1;
                 rl->adv[off + j] = x->adv;
@@ -425,8 +454,11 @@ static int micro_step(struct trainer_run *r, int a, int k, struct rl_norm norm, 
     if (r->lora) lora_set_dropout_seed(r->lora, run_dropout_seed(r, tot->micro));
     TRY(run_forward_batch(r, &b, &nll, err));
     rl_batch_gather(r, r->train, &b, ts, k, rl->cur);
-    int64_t o = rl->start[a], n_tok = rl->start[a + k] - o;
-    if (old_is_current) memcpy(rl->old + o, rl->cur + o, (size_t)n_tok * sizeof *rl->old);
+    int64_t o = rl->start[a];
+    for (int i = 0; old_is_current && i < k; i++)
+        if (ts[i].version == rl->version)
+            memcpy(rl->old + rl->start[a + i], rl->cur + rl->start[a + i],
+                   (size_t)(rl->start[a + i + 1] - rl->start[a + i]) * sizeof *rl->old);
     int64_t *rel = malloc((size_t)(k + 1) * sizeof *rel);
     if (!rel) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
     struct rl_seqs seqs = {.n_seq = k, .start = relative_starts(rl, a, a + k, rel), .logp = rl->cur + o,
@@ -489,7 +521,7 @@ static int update(struct trainer_run *r, int n, struct update_totals *tot, struc
                   struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     int M = (int)s->rl.minibatches;
-    bool single = r->rl->steps_per_iteration == 1;
+    bool single = r->rl->old_in_update;
     int64_t tokens = 0;
     for (int64_t e = 0; e < s->rl.ppo_epochs; e++)
         for (int m = 0; m < M; m++) {
@@ -619,11 +651,93 @@ static int before_update(struct trainer_run *r, int n, struct update_totals *tot
     bool reinforce = s->rl.advantage_estimator == RL_ADV_REINFORCE_PP;
     bool kl_reward = rl->critic && s->rl.kl_in_reward && s->rl.beta > 0;
     if (s->rl.beta > 0) TRY(reference_pass(r, n, err));
-    if (rl->steps_per_iteration > 1 || reinforce || kl_reward || rl->policy_frozen)
+    if (!rl->old_in_update || reinforce || kl_reward || rl->policy_frozen) {
         TRY(forward_all(r, r->model, n, rl->old, err));
+        for (int i = 0; i < n; i++) /* samples of an older version keep their generator's */
+            if (rl->trained[i].version < rl->version)
+                memcpy(rl->old + rl->start[i], rl->rollout + rl->start[i],
+                       (size_t)(rl->start[i + 1] - rl->start[i]) * sizeof *rl->old);
+    }
     if (reinforce) TRY(reinforce_pp(r, n, err));
     if (rl->critic) TRY(ppo_advantages(r, n, &tot->ppo, err));
     return SMELT_OK;
+}
+
+/* max_staleness 1: the next iteration's prompts go to the workers now, to be generated
+ * by this version while the update runs (not after the run's last iteration). */
+static int submit_ahead(struct trainer_run *r, struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    struct rl_state *rl = r->rl;
+    if (s->rl.max_staleness == 0 || (rl->version + 1) * rl->steps_per_iteration >= r->total_steps) return SMELT_OK;
+    const struct dataset_batch *b;
+    TRY(dataset_loader_next(r->loader, &b, err));
+    struct sample_params sp = sampling(s);
+    int G = (int)s->rl.num_generations;
+    TRY(rl_generate_submit(r, r->train, b->rows, b->n_seqs, G, &sp, s->rl.max_new_tokens, rl->version, rl->ahead,
+                           err));
+    rl->n_ahead = b->n_seqs * G;
+    rl->ahead_in_flight = true;
+    return SMELT_OK;
+}
+
+/* The samples submit_ahead asked for, once the update is done (before the weight sync:
+ * a worker never mixes two versions in one batch). */
+static int collect_ahead(struct trainer_run *r, struct iteration *it, struct smelt_error *err) {
+    struct rl_state *rl = r->rl;
+    if (!rl->ahead_in_flight) return SMELT_OK;
+    rl->ahead_in_flight = false;
+    double t0 = now_s();
+    int rc = rl_generate_collect(r, r->train, rl->n_ahead, (int)r->spec->rl.num_generations, rl->ahead, err);
+    it->t_generate += now_s() - t0;
+    if (rc) rl->n_ahead = 0;
+    return rc;
+}
+
+/* The rollout/trainer mismatch over the samples of the current version: only for them
+ * does the trainer hold the weights that generated them. */
+static int mismatch(struct rl_state *rl, int n, struct rl_mismatch *mm, struct smelt_error *err) {
+    int64_t T = rl->start[n];
+    float *mask = malloc((size_t)(T ? T : 1) * sizeof *mask);
+    if (!mask) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
+    memcpy(mask, rl->mask, (size_t)T * sizeof *mask);
+    for (int i = 0; i < n; i++)
+        if (rl->trained[i].version < rl->version)
+            for (int64_t t = rl->start[i]; t < rl->start[i + 1]; t++) mask[t] = 0;
+    int rc = rl_logprob_mismatch(rl->old, rl->rollout, mask, T, mm, err);
+    free(mask);
+    return rc;
+}
+
+/* How many versions behind the policy the trained samples were generated: mean, max. */
+static void lag_metrics(const struct rl_state *rl, int n, json_t *m) {
+    double sum = 0;
+    int64_t max = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t lag = rl->version - rl->trained[i].version;
+        sum += (double)lag;
+        if (lag > max) max = lag;
+    }
+    put(m, "version_lag", n ? sum / n : 0);
+    json_object_set_new(m, "version_lag_max", json_integer(max));
+}
+
+int rl_save_state(struct trainer_run *r, const char *dir, struct smelt_error *err) {
+    struct rl_state *rl = r->rl;
+    SMELT_ASSERT(!rl->ahead_in_flight);
+    if (rl->n_ahead == 0) return SMELT_OK;
+    char path[JOB_PATH_BYTES + 64];
+    TRY(path_join(path, sizeof path, dir, "rl_pending.safetensors", err));
+    return rl_pending_save(path, rl->ahead, rl->n_ahead, err);
+}
+
+int rl_restore_state(struct trainer_run *r, const char *dir, struct smelt_error *err) {
+    struct rl_state *rl = r->rl;
+    char path[JOB_PATH_BYTES + 64];
+    TRY(path_join(path, sizeof path, dir, "rl_pending.safetensors", err));
+    rl_samples_clear(rl->ahead, rl->cap);
+    rl->n_ahead = 0;
+    if (access(path, F_OK) != 0) return SMELT_OK;
+    return rl_pending_load(path, r->train, rl->cap, rl->ahead, &rl->n_ahead, err);
 }
 
 int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {
@@ -631,6 +745,7 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     struct rl_state *rl = r->rl;
     if (!rl->recorded_start_eval) TRY(start_eval(r, err));
     int64_t version = r->step / rl->steps_per_iteration;
+    rl->version = version;
     struct iteration it = {0};
     json_decref(rl->errors);
     rl->errors = json_array();
@@ -642,12 +757,14 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     double t0 = now_s();
     TRY(before_update(r, n, &tot, err));
     it.t_reference = now_s() - t0;
+    TRY(submit_ahead(r, err));
     t0 = now_s();
     TRY(update(r, n, &tot, st, err));
     it.t_update = now_s() - t0;
+    TRY(collect_ahead(r, &it, err));
     if (rl->workers) TRY(sync_workers(r, version + 1, &it, err));
     struct rl_mismatch mm = {0};
-    TRY(rl_logprob_mismatch(rl->old, rl->rollout, rl->mask, rl->start[n], &mm, err));
+    TRY(mismatch(rl, n, &mm, err));
 
     json_t *m = json_object();
     if (!m) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
@@ -664,10 +781,11 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     put(m, "rollout/kl", mm.n_tokens ? mm.kl_k3 : NAN);
     json_object_set_new(m, "iteration", json_integer(version + 1));
     json_object_set_new(m, "policy_version", json_integer(version + 1));
-    json_object_set_new(m, "version_lag", json_integer(0));
+    lag_metrics(rl, n, m);
     json_object_set_new(m, "samples", json_integer(it.n_samples));
     json_object_set_new(m, "samples_trained", json_integer(n));
     json_object_set_new(m, "samples_failed", json_integer(it.failed));
+    json_object_set_new(m, "samples_graded_zero", json_integer(it.zeroed));
     json_object_set_new(m, "prompts", json_integer(it.n_prompts));
     put(m, "time/generate_s", it.t_generate);
     put(m, "time/score_s", it.t_score);
@@ -679,10 +797,11 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     if (rl->critic) ppo_metrics(&tot.ppo, m);
     st->metrics = m;
     samples_line(r, it.n_samples);
-    if (it.failed) /* one line per iteration: the service records a line per (type, step) */
-        run_metrics_emit(r, json_pack("{s:s, s:I, s:s, s:I, s:O}", "type", "sample_errors", "step",
-                                      (json_int_t)r->step, "file", r->train->path, "count", (json_int_t)it.failed,
-                                      "errors", rl->errors));
+    if (it.failed || it.zeroed) /* one line per iteration: the service records a line per (type, step) */
+        run_metrics_emit(r, json_pack("{s:s, s:I, s:s, s:I, s:I, s:I, s:O}", "type", "sample_errors", "step",
+                                      (json_int_t)r->step, "file", r->train->path, "count",
+                                      (json_int_t)(it.failed + it.zeroed), "failed", (json_int_t)it.failed, "zeroed",
+                                      (json_int_t)it.zeroed, "errors", rl->errors));
     return SMELT_OK;
 }
 
@@ -705,7 +824,8 @@ int rl_validate(struct trainer_run *r, void **metrics, double *val_loss, struct 
     int64_t failed = 0, version = r->step / rl->steps_per_iteration;
     int rc = rl_generate(r, r->val, rows, (int)n, 1, &greedy, r->spec->rl.max_new_tokens, version, s, err);
     free(rows);
-    if (!rc) rc = score(r, r->val, s, (int)n, &failed, err);
+    int64_t zeroed = 0;
+    if (!rc) rc = score(r, r->val, s, (int)n, &failed, &zeroed, err);
     double sum = 0, pass = 0;
     int64_t k = 0;
     for (int64_t i = 0; !rc && i < n; i++)
@@ -722,8 +842,10 @@ int rl_validate(struct trainer_run *r, void **metrics, double *val_loss, struct 
     put(m, "val_accuracy", k ? pass / (double)k : NAN);
     json_object_set_new(m, "val_samples", json_integer(n));
     json_object_set_new(m, "val_samples_failed", json_integer(failed));
+    json_object_set_new(m, "val_samples_graded_zero", json_integer(zeroed));
     *metrics = m;
     return SMELT_OK;
 }
 
-const struct run_algo GRPO_ALGO = {.prepare = rl_prepare, .step = rl_step, .validate = rl_validate};
+const struct run_algo GRPO_ALGO = {.prepare = rl_prepare, .step = rl_step, .validate = rl_validate,
+                                   .save_state = rl_save_state, .restore_state = rl_restore_state};

@@ -89,6 +89,8 @@ const struct job_hp_field JOB_RL_FIELDS[] = {
     RL_NAME(placement, enum rl_placement, "colocated", placement_parse, placement_format),
     RL_INT(rollout_workers, 1, 1, 64),
     RL_INT(kv_memory_mb, 256, 1, 1 << 20),
+    RL_INT(max_staleness, 0, 0, 1),
+    RL_BOOL(true_on_policy, false),
     /* PPO only, from here to the end (PPO_FIRST_FIELD): a grpo job refuses any but the default. */
     {.name = "critic_learning_rate", .kind = JOB_FIELD_NUMBER, .offset = RL_AT(critic_learning_rate, double),
      .def = 9e-6, .min = 0.0, .max = 10.0, .min_excluded = true},
@@ -234,6 +236,10 @@ static int check_rl(struct job_spec *s, const char *w, struct smelt_error *err) 
         return error_set_field(err, SMELT_EINVAL, "rollout_workers",
                                "%s.rollout_workers: %lld workers need \"placement\": \"split\"; colocated runs one "
                                "engine in the trainer's process", w, (long long)s->rl.rollout_workers);
+    if (s->rl.max_staleness > 0 && s->rl.placement != RL_PLACEMENT_SPLIT)
+        return error_set_field(err, SMELT_EINVAL, "max_staleness",
+                               "%s.max_staleness: generating the next batch during the update needs \"placement\": "
+                               "\"split\" (the colocated engine shares the weights the update changes)", w);
     if (s->rl.tis_cap != 0 && s->rl.tis_cap < 1)
         return error_set_field(err, SMELT_EINVAL, "tis_cap", "%s.tis_cap: must be 0 (off) or at least 1, got %g", w,
                                s->rl.tis_cap);

@@ -97,11 +97,13 @@ void ppo_metrics(const struct ppo_iteration *pi, json_t *m) {
 /* ---- checkpoints and outputs ---- */
 
 static int ppo_save_state(struct trainer_run *r, const char *dir, struct smelt_error *err) {
-    return critic_save_state(r->rl->critic, dir, err);
+    TRY(critic_save_state(r->rl->critic, dir, err));
+    return rl_save_state(r, dir, err);
 }
 
 static int ppo_restore_state(struct trainer_run *r, const char *dir, struct smelt_error *err) {
-    return critic_restore_state(r->rl->critic, dir, err);
+    TRY(critic_restore_state(r->rl->critic, dir, err));
+    return rl_restore_state(r, dir, err);
 }
 
 /* output/critic/: the critic as a reward model's directory (config, weights, tokenizer). */

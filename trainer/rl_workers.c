@@ -433,6 +433,7 @@ static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_plan *p, cha
         p->argv[n++] = "--adapter";
         p->argv[n++] = text[2];
     }
+    if (s->rl.true_on_policy) p->argv[n++] = "--batch-invariant";
     p->argv[n] = NULL;
     long max_fd = sysconf(_SC_OPEN_MAX);
     p->max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536;

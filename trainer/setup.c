@@ -234,7 +234,20 @@ static int setup_trainable(struct trainer_run *r, struct smelt_error *err) {
     return optimizer_init(&r->opt, r->params, err);
 }
 
+/* rl.true_on_policy: the batch-invariant kernels for this process (the trainer's
+ * forward, the reference, the colocated engine) before any op runs; the split
+ * placement's workers are started with --batch-invariant (rl_workers.c). */
+static int setup_kernels(struct trainer_run *r, struct smelt_error *err) {
+    const struct job_spec *s = r->spec;
+    if (!job_type_is_rl(s->type) || !s->rl.true_on_policy) return SMELT_OK;
+    int rc = ops_set_batch_invariant(s->backend, true, err);
+    if (rc) return error_set_field(err, rc, "rl.true_on_policy", "rl.true_on_policy: %s", err->message);
+    r->batch_invariant = true;
+    return SMELT_OK;
+}
+
 int run_setup(struct trainer_run *r, struct smelt_error *err) {
+    TRY(setup_kernels(r, err));
     TRY(error_wrap(err, find_base(r, err), "model %s", r->spec->model));
     /* Adapters record their base by absolute path, so the next job finds it from anywhere. */
     char abs[PATH_MAX];
@@ -263,6 +276,7 @@ void run_teardown(struct trainer_run *r) {
     /* First, whatever ended the run (an error, a stop): the split placement's rollout
      * workers are stopped and reaped here (rl_workers_stop). */
     rl_state_free(r->rl);
+    if (r->batch_invariant) ops_set_batch_invariant(r->spec->backend, false, &(struct smelt_error){0});
     run_metrics_close(r);
     dpo_state_free(r->dpo);
     reward_state_free(r->reward);

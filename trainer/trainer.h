@@ -95,6 +95,8 @@ struct job_spec {
         enum rl_kl_estimator kl_estimator;
         enum rl_adv_estimator advantage_estimator;
         bool scale_rewards, mask_truncated_completions, dynamic_sampling;
+        int64_t max_staleness;               /* 0: on-policy; 1: the next batch generated during the update */
+        bool true_on_policy;                 /* batch-invariant CPU kernels: rollout logprobs = trainer's, bit for bit */
         double tis_cap;
         enum rl_tis_level tis_level;
         enum rl_tis_mode tis_mode;

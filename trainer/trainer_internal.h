@@ -43,6 +43,7 @@ struct trainer_run {
     uint64_t base_hash;                  /* LoRA: hash of the frozen base weights */
     FILE *metrics;
     bool quiet;
+    bool batch_invariant;                /* rl.true_on_policy turned the kernels' mode on (off at teardown) */
     struct dpo_state *dpo;               /* DPO: reference logprobs and per-batch scratch */
     struct reward_state *reward;         /* reward model: hidden states and scores */
     struct rl_state *rl;                 /* GRPO / PPO: samples, per-token arrays, the reward stage, the critic */
@@ -201,6 +202,14 @@ struct rl_state {
     bool policy_frozen;             /* this iteration trains the critic alone (critic_warmup_iterations) */
     struct rl_workers *workers;     /* split placement: the smelt-rollout processes */
     json_t *errors;                 /* the iteration's failed rewards: [{line, error}], the first few */
+    int64_t version;                /* the policy version this iteration starts from */
+    bool old_in_update;             /* old logprobs = the update's own first forward (one step, no dropout
+                                       to keep apart from the rollout's) */
+    /* max_staleness 1: the next iteration's samples, generated during this update by the
+     * version before it (rl_pending.c keeps them across a checkpoint). */
+    struct rl_sample *ahead;        /* [cap] */
+    int n_ahead;
+    bool ahead_in_flight;
 };
 /* The split placement's workers (NULL when colocated, or before they start). */
 struct rl_workers *rl_workers(struct trainer_run *r);
@@ -232,6 +241,9 @@ int rl_generate_collect(struct trainer_run *r, const struct dataset *ds, int n_s
  * ids, rollout logprobs, prompt row, version and finish reason of s[0..n). load fills
  * out[0..*n) (at most cap; the caller frees them with rl_samples_clear), refusing a file
  * of another format or naming rows ds does not have. */
+/* The RL loop's own checkpoint state (the samples generated ahead), for run_algo's hooks. */
+int rl_save_state(struct trainer_run *r, const char *ckpt_dir, struct smelt_error *err);
+int rl_restore_state(struct trainer_run *r, const char *ckpt_dir, struct smelt_error *err);
 int rl_pending_save(const char *path, const struct rl_sample *s, int n, struct smelt_error *err);
 int rl_pending_load(const char *path, const struct dataset *ds, int cap, struct rl_sample *out, int *n_out,
                     struct smelt_error *err);

@@ -23,6 +23,34 @@ int cpu_matmul(struct tensor *out, const struct tensor *a, const struct tensor *
 int cpu_matmul_backward(struct tensor *da, struct tensor *db, struct tensor *dbias,
                         const struct tensor *dout, const struct tensor *a, const struct tensor *b,
                         bool trans_a, bool trans_b, float alpha, struct smelt_error *err);
+
+/* C[i] += alpha * op(A[i]) @ op(B[i]) for i < batch; C[i] is [m, n], op(A[i]) [m, k],
+ * op(B[i]) [k, n], all row-major with leading dimensions ld*. A stride of 0 means the
+ * matrix is shared by every batch; for C that means the batches are summed into it.
+ * matmul.c runs it through OpenBLAS; matmul_invariant.c in the batch-invariant order. */
+struct cpu_gemm {
+    int64_t batch, m, n, k;
+    float alpha;
+    const float *a;
+    int64_t a_stride, lda;
+    bool trans_a;
+    const float *b;
+    int64_t b_stride, ldb;
+    bool trans_b;
+    float *c;
+    int64_t c_stride, ldc;
+};
+
+/* Batch-invariant mode (ops_set_batch_invariant; matmul_invariant.c): a process-wide
+ * switch that cpu_matmul reads at every call. */
+int cpu_set_batch_invariant(bool on, struct smelt_error *err);
+bool cpu_batch_invariant(void);
+/* g in the batch-invariant order: every element c[i, j] += alpha * cpu_dot(row i of
+ * op(A), column j of op(B), k), bit for bit whatever m, the thread count or the row's
+ * place (a shared C, c_stride 0, gets the batches added in batch order). SMELT_ENOMEM
+ * when an operand not laid out along k cannot be repacked. */
+int cpu_gemm_invariant(const struct cpu_gemm *g, const char *op, struct smelt_error *err);
+
 int cpu_embedding(struct tensor *out, const struct tensor *ids, const struct tensor *table,
                   struct smelt_error *err);
 int cpu_embedding_backward(struct tensor *dtable, const struct tensor *dout,
@@ -82,8 +110,9 @@ int cpu_adamw(struct tensor *params, struct tensor *m, struct tensor *v,
 int cpu_sum_squares(double *out, const struct tensor *x, struct smelt_error *err);
 int cpu_cast(struct tensor *out, const struct tensor *in, struct smelt_error *err);
 
-/* Shared by attention.c and paged_attention.c: the same summation order is what makes
- * attention through the paged cache give ops_attention's numbers. */
+/* Shared by attention.c, paged_attention.c and matmul_invariant.c: the same summation
+ * order is what makes attention through the paged cache give ops_attention's numbers,
+ * and the batch-invariant matmul's every element. */
 #define DOT_LANES 8
 
 /* sum a[i] * b[i] in a fixed order: DOT_LANES partial sums (vectorisable without

@@ -1,5 +1,7 @@
 /* CPU matmul and its backward: OpenBLAS sgemm for every product (sgemv for one row), OpenMP for the
- * bias/beta pass and the bias gradient.
+ * bias/beta pass and the bias gradient. In batch-invariant mode the forward product runs
+ * in matmul_invariant.c instead (the backward stays on OpenBLAS: gradients never feed a
+ * logprob that must match another process's).
  *
  * Every product is issued as an accumulating GEMM (BLAS beta = 1). The forward first
  * prepares out = bias + beta * out itself, so beta = 0 overwrites stale NaN/inf instead
@@ -17,27 +19,11 @@
 #include <limits.h>
 #include <string.h>
 
-/* C[i] += alpha * op(A[i]) @ op(B[i]) for i < batch; C[i] is [m, n], op(A[i]) [m, k],
- * op(B[i]) [k, n], all row-major with leading dimensions ld*. A stride of 0 means the
- * matrix is shared by every batch; for C that means the batches are summed into it. */
-struct gemm {
-    int64_t batch, m, n, k;
-    float alpha;
-    const float *a;
-    int64_t a_stride, lda;
-    bool trans_a;
-    const float *b;
-    int64_t b_stride, ldb;
-    bool trans_b;
-    float *c;
-    int64_t c_stride, ldc;
-};
-
 static bool fits_blasint(int64_t x) { return x >= 0 && x <= INT_MAX; }
 
 /* Batches of a non-transposed A that follow each other as row blocks, with B shared
  * and C's batches consecutive row blocks too, are one tall GEMM. */
-static bool collapse_rows(struct gemm *g) {
+static bool collapse_rows(struct cpu_gemm *g) {
     if (g->batch < 2 || g->trans_a || g->b_stride != 0) return false;
     if (g->a_stride != g->m * g->lda || g->c_stride == 0 || g->c_stride != g->m * g->ldc)
         return false;
@@ -50,7 +36,7 @@ static bool collapse_rows(struct gemm *g) {
 /* Batches summed into one shared C whose inner dimension is contiguous rows of both
  * operands (A stored [k, m] and transposed, B stored [k, n]) are one deep GEMM over
  * batch*k: the weight gradient of a linear layer. */
-static bool collapse_inner(struct gemm *g) {
+static bool collapse_inner(struct cpu_gemm *g) {
     if (g->batch < 2 || g->c_stride != 0 || !g->trans_a || g->trans_b) return false;
     if (g->a_stride != g->k * g->lda || g->b_stride != g->k * g->ldb) return false;
     if (!fits_blasint(g->batch * g->k)) return false;
@@ -59,7 +45,7 @@ static bool collapse_inner(struct gemm *g) {
     return true;
 }
 
-static int gemm_accumulate(struct gemm g, const char *op, struct smelt_error *err) {
+static int gemm_accumulate(struct cpu_gemm g, const char *op, struct smelt_error *err) {
     /* BLAS rejects k = 0 with lda = 0 (and prints to stderr); an empty product adds
      * nothing anyway. */
     if (g.batch == 0 || g.m == 0 || g.n == 0 || g.k == 0) return SMELT_OK;
@@ -149,30 +135,34 @@ int cpu_matmul(struct tensor *out, const struct tensor *a, const struct tensor *
     struct mm_shape s = mm_shape_of(a, b, trans_a, trans_b);
     struct operand oa = operand_of(a), ob = operand_of(b);
     prepare_out(out->data, bias ? bias->data : NULL, beta, s.batch * s.m, s.n);
-    struct gemm g = {
+    struct cpu_gemm g = {
         .batch = s.batch, .m = s.m, .n = s.n, .k = s.k, .alpha = alpha,
         .a = oa.data, .a_stride = oa.stride, .lda = oa.cols, .trans_a = trans_a,
         .b = ob.data, .b_stride = ob.stride, .ldb = ob.cols, .trans_b = trans_b,
         .c = out->data, .c_stride = s.m * s.n, .ldc = s.n,
     };
+    if (cpu_batch_invariant()) {
+        collapse_rows(&g); /* one tall product: the same elements, fewer parallel regions */
+        return cpu_gemm_invariant(&g, "cpu_matmul", err);
+    }
     return gemm_accumulate(g, "cpu_matmul", err);
 }
 
 /* da += alpha * dout @ op(b)^T, or its transpose (op(b) @ dout^T) when a is stored
  * transposed. A shared a (stride 0) receives the sum over batches. */
-static struct gemm grad_a_gemm(float *da, const struct operand *oa, const float *dout,
-                               const struct operand *ob, const struct mm_shape *s,
-                               bool trans_a, bool trans_b, float alpha) {
+static struct cpu_gemm grad_a_gemm(float *da, const struct operand *oa, const float *dout,
+                                   const struct operand *ob, const struct mm_shape *s,
+                                   bool trans_a, bool trans_b, float alpha) {
     int64_t dout_stride = s->m * s->n;
     int64_t da_stride = oa->stride;
     if (!trans_a)
-        return (struct gemm){
+        return (struct cpu_gemm){
             .batch = s->batch, .m = s->m, .n = s->k, .k = s->n, .alpha = alpha,
             .a = dout, .a_stride = dout_stride, .lda = s->n, .trans_a = false,
             .b = ob->data, .b_stride = ob->stride, .ldb = ob->cols, .trans_b = !trans_b,
             .c = da, .c_stride = da_stride, .ldc = s->k,
         };
-    return (struct gemm){
+    return (struct cpu_gemm){
         .batch = s->batch, .m = s->k, .n = s->m, .k = s->n, .alpha = alpha,
         .a = ob->data, .a_stride = ob->stride, .lda = ob->cols, .trans_a = trans_b,
         .b = dout, .b_stride = dout_stride, .ldb = s->n, .trans_b = true,
@@ -182,19 +172,19 @@ static struct gemm grad_a_gemm(float *da, const struct operand *oa, const float 
 
 /* db += alpha * op(a)^T @ dout, or its transpose (dout^T @ op(a)) when b is stored
  * transposed. A shared b receives the sum over batches. */
-static struct gemm grad_b_gemm(float *db, const struct operand *ob, const float *dout,
-                               const struct operand *oa, const struct mm_shape *s,
-                               bool trans_a, bool trans_b, float alpha) {
+static struct cpu_gemm grad_b_gemm(float *db, const struct operand *ob, const float *dout,
+                                   const struct operand *oa, const struct mm_shape *s,
+                                   bool trans_a, bool trans_b, float alpha) {
     int64_t dout_stride = s->m * s->n;
     int64_t db_stride = ob->stride;
     if (!trans_b)
-        return (struct gemm){
+        return (struct cpu_gemm){
             .batch = s->batch, .m = s->k, .n = s->n, .k = s->m, .alpha = alpha,
             .a = oa->data, .a_stride = oa->stride, .lda = oa->cols, .trans_a = !trans_a,
             .b = dout, .b_stride = dout_stride, .ldb = s->n, .trans_b = false,
             .c = db, .c_stride = db_stride, .ldc = s->n,
         };
-    return (struct gemm){
+    return (struct cpu_gemm){
         .batch = s->batch, .m = s->n, .n = s->k, .k = s->m, .alpha = alpha,
         .a = dout, .a_stride = dout_stride, .lda = s->n, .trans_a = true,
         .b = oa->data, .b_stride = oa->stride, .ldb = oa->cols, .trans_b = trans_a,

@@ -1244,3 +1244,165 @@ Test(grpo, a_split_run_resumes_bit_identically) {
     expect_no_rollout_children("after the runs");
     test_tmp_teardown();
 }
+
+/* ---- (7) true on-policy, off-policy overlap ---- */
+
+/* The rollout/trainer mismatch of every train line of out: exactly 0 (want_zero), or
+ * small. Returns the largest mean |Δlogprob| seen. */
+static double expect_mismatch(const char *out, int iterations, bool want_zero) {
+    json_t *tr[8];
+    int n = read_lines(out, "train", tr, 8);
+    cr_assert_eq(n, iterations);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double mean = num_at(tr[i], "rollout/logprob_diff_mean"), max = num_at(tr[i], "rollout/logprob_diff_max");
+        double kl = num_at(tr[i], "rollout/kl");
+        if (want_zero)
+            cr_expect(mean == 0 && max == 0 && kl == 0, "%s iteration %d: mismatch mean %g, max %g, kl %g", out, i + 1,
+                      mean, max, kl);
+        else cr_expect(mean < 1e-5 && max < 1e-3, "%s iteration %d: mean %g max %g", out, i + 1, mean, max);
+        if (mean > worst) worst = mean;
+    }
+    free_lines(tr, n);
+    return worst;
+}
+
+/* true_on_policy: the batch-invariant kernels in the trainer and the engine, so the
+ * rollout's logprobs are the trainer's bit for bit — colocated, in a split worker, and
+ * with LoRA dropout (the old logprobs then get a pass without it). The default mode's
+ * figure is printed (docs/algorithms.md states it). */
+Test(grpo, true_on_policy_gives_the_trainers_logprobs_bit_for_bit) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    use_built_rollout();
+    struct trainer_result res;
+    char out[600];
+    static const char *const runs[] = {
+        SHORT_RUN_WITH("\"true_on_policy\":true,"),
+        SHORT_RUN_WITH("\"true_on_policy\":true,\"placement\":\"split\","),
+        SHORT_RUN_WITH("\"true_on_policy\":true,") "\"lora\":{\"rank\":4,\"alpha\":8,\"dropout\":0.1},",
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        snprintf(out, sizeof out, "%s-%zu", p.out, i);
+        run_grpo(&p, out, runs[i], &quiet, &res);
+        cr_expect_eq(res.steps, 3);
+        expect_mismatch(out, 3, true);
+    }
+    expect_no_rollout_children("after the runs");
+    run_grpo(&p, p.out, SHORT_RUN, &quiet, &res);
+    double worst = expect_mismatch(p.out, 3, false);
+    cr_log_info("default mode: rollout/trainer mean |dlogprob| up to %.3g per iteration", worst);
+    /* The mode is the process's while the run lasts, and off after it. */
+    cr_expect(!ops_batch_invariant(BACKEND_CPU));
+    test_tmp_teardown();
+}
+
+Test(grpo, off_policy_overlap_needs_the_split_placement) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    TEST_EXPECT_ERROR(load_spec(&p, "grpo", p.train, p.out, SHORT_RUN_WITH("\"max_staleness\":1,"), &spec, &err),
+                      SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "rl.max_staleness", "%s", err.message);
+    cr_expect(strstr(err.message, "split"), "%s", err.message);
+    TEST_EXPECT_ERROR(load_spec(&p, "grpo", p.train, p.out,
+                                SHORT_RUN_WITH("\"placement\":\"split\",\"max_staleness\":2,"), &spec, &err),
+                      SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "rl.max_staleness", "%s", err.message);
+    test_tmp_teardown();
+}
+
+/* max_staleness 1: iteration 1 trains on its own samples; every later one on samples the
+ * previous version generated during the previous update (version_lag 1), its ratios
+ * taken against their generator's logprobs (so not 1 on the first step), and the
+ * mismatch, which needs the generating weights, measured where the trainer has them. */
+Test(grpo, an_off_policy_run_trains_on_the_previous_versions_samples) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    use_built_rollout();
+    struct trainer_result res;
+    run_grpo(&p, p.out, SHORT_RUN_WITH("\"placement\":\"split\",\"max_staleness\":1,"), &quiet, &res);
+    cr_expect_eq(res.steps, 3);
+    json_t *tr[8];
+    int n = read_lines(p.out, "train", tr, 8);
+    cr_assert_eq(n, 3);
+    for (int i = 0; i < n; i++) {
+        double lag = num_at(tr[i], "version_lag");
+        cr_expect_eq(lag, i == 0 ? 0 : 1, "iteration %d: version_lag %g", i + 1, lag);
+        cr_expect_eq(int_at(tr[i], "version_lag_max"), i == 0 ? 0 : 1);
+        cr_expect_eq(int_at(tr[i], "samples"), 8);
+        cr_expect_eq(int_at(tr[i], "prompts"), 2);
+        const json_t *diff = json_object_get(tr[i], "rollout/logprob_diff_mean");
+        if (i == 0) cr_expect(json_is_number(diff) && json_number_value(diff) < 1e-5);
+        else cr_expect(json_is_null(diff), "iteration %d: a mismatch without the generating weights", i + 1);
+        double ratio = num_at(tr[i], "ratio_mean");
+        if (i == 0) cr_expect_eq(ratio, 1.0, "on-policy first step: ratio %.17g", ratio);
+        else cr_expect(isfinite(ratio) && ratio != 1.0, "iteration %d: ratio %.17g", i + 1, ratio);
+    }
+    free_lines(tr, n);
+    expect_no_rollout_children("after the run");
+    test_tmp_teardown();
+}
+
+/* The samples generated ahead are in the checkpoint: a resumed off-policy job trains on
+ * the very samples an uninterrupted one does (also across the epoch boundary at 3). */
+Test(grpo, an_off_policy_run_resumes_bit_identically) {
+    struct test_run_paths p;
+    setup_grpo(&p);
+    use_built_rollout();
+    test_expect_resume_exact(&p, run_grpo,
+                             "\"model_init\":\"random\"," RESUME_RL("\"placement\":\"split\",\"max_staleness\":1,")
+                             "\"checkpoint\":{\"every_steps\":2},",
+                             "val_reward");
+    char out2[600], path[700];
+    snprintf(out2, sizeof out2, "%s2", p.out);
+    expect_same_rewards(p.out, out2, 6);
+    snprintf(path, sizeof path, "%s/checkpoints/step-3/rl_pending.safetensors", out2);
+    cr_expect(path_exists(path), "no %s", path);
+    expect_no_rollout_children("after the runs");
+    test_tmp_teardown();
+}
+
+/* A python grader that cannot grade some samples (it raises on completions without a
+ * letter): those score 0, train, and are reported — a samples_graded_zero count and a
+ * sample_errors line naming the prompt line and the error — and the job goes on. */
+Test(grpo, a_grader_that_raises_scores_the_sample_0_and_says_so) {
+    if (access("/usr/bin/bwrap", X_OK) != 0) cr_skip_test("no bubblewrap: python graders cannot run here");
+    struct test_run_paths p;
+    setup_grpo(&p);
+    struct trainer_result res;
+    char extra[2048];
+    snprintf(extra, sizeof extra,
+             "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":4,"
+             "\"max_new_tokens\":4,\"max_iterations\":2,\"kv_memory_mb\":2,\"reward\":{\"grader\":{\"type\":"
+             "\"python\",\"source\":\"import re\\ndef grade(sample, item):\\n    if not re.search('[a-z]', "
+             "sample['output_text']):\\n        raise ValueError('no letter')\\n    return 1.0\\n\"}}},");
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    int rc = load_spec(&p, "grpo", p.train, p.out, extra, &spec, &err);
+    if (rc && strstr(err.message, "sandbox")) cr_skip_test("no sandbox here: %s", err.message);
+    TEST_OK(rc, &err);
+    TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
+    json_t *tr[4], *se[4];
+    int n = read_lines(p.out, "train", tr, 4), zeroed = 0;
+    cr_assert_eq(n, 2);
+    for (int i = 0; i < n; i++) {
+        zeroed += (int)int_at(tr[i], "samples_graded_zero");
+        cr_expect_eq(int_at(tr[i], "samples_failed"), 0);
+        cr_expect_eq(int_at(tr[i], "samples_trained"), 8, "samples scored 0 still train");
+    }
+    cr_assert(zeroed > 0, "no completion without a letter in %d iterations: pick another grader", n);
+    int k = read_lines(p.out, "sample_errors", se, 4), reported = 0;
+    for (int i = 0; i < k; i++) {
+        reported += (int)int_at(se[i], "zeroed");
+        const json_t *first = json_array_get(json_object_get(se[i], "errors"), 0);
+        cr_expect(strstr(json_string_value(json_object_get(first, "error")), "no letter"), "%s",
+                  json_string_value(json_object_get(first, "error")));
+        cr_expect(json_is_true(json_object_get(first, "scored")));
+    }
+    cr_expect_eq(reported, zeroed);
+    free_lines(tr, n);
+    free_lines(se, k);
+    test_tmp_teardown();
+}
