@@ -41,29 +41,23 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import torch
-import transformers
-
+import common
 import dpo_trl
-from sft_cpu import MODELS as SFT_MODELS, cpu_model, write_model_dir
+from common import OVERRIDES, ROOT, SEED
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import make_preference  # noqa: E402
 
-OVERRIDES = {name: overrides for name, overrides, *_ in SFT_MODELS}
 # name -> (pairs per step, timed steps); every sequence of the example pairs is 11 tokens
 # (bos, "22+01=", "023", eos), so a step holds pairs x 2 x 11 tokens.
 MODELS = [("tiny", 64, 20), ("llama-22m", 64, 6)]
 METHODS = {"full": None, "lora": {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
 WARMUP_STEPS = 2
 MAX_SEQ_LEN = 32
-SEED = 1
 HYPERPARAMETERS = {"learning_rate": 1e-3, "lr_schedule": "constant", "warmup_steps": 0,
                    "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "max_grad_norm": 1.0}
 
@@ -81,17 +75,6 @@ def write_pairs(path, n_rows):
         f.writelines(lines)
     os.unlink(full)
     return [json.loads(line) for line in lines]
-
-
-def make_weights(model_dir, overrides):
-    """examples/tiny's config with overrides and the byte tokenizer in model_dir, plus
-    random weights (transformers' init, seed SEED) saved as safetensors; returns the
-    parameter count."""
-    write_model_dir(model_dir, overrides, MAX_SEQ_LEN)
-    torch.manual_seed(SEED)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_pretrained(model_dir))
-    model.save_pretrained(model_dir, safe_serialization=True)
-    return sum(p.numel() for p in model.parameters())
 
 
 def smelt_ids(row, side):
@@ -115,25 +98,16 @@ def job_spec(model_dir, data_path, out_dir, pairs, total_steps, lora):
 def run_smelt(trainer, work, model_dir, data_path, pairs, steps, lora, threads, blas_threads):
     """dict(rate, loss, ref_s, threads, tokens, trainable) of smelt-trainer, or (None, error text)."""
     out_dir = os.path.join(work, "smelt-run")
-    spec_path = os.path.join(work, "spec.json")
-    with open(spec_path, "w", encoding="utf-8") as f:
-        json.dump(job_spec(model_dir, data_path, out_dir, pairs, WARMUP_STEPS + steps, lora), f, indent=2)
-    env = dict(os.environ)
-    if threads:  # only when asked: smelt's default is every core
-        env["OMP_NUM_THREADS"] = str(threads)
-    if blas_threads:  # only when asked: smelt's OpenBLAS shares the OpenMP pool by default
-        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
-    proc = subprocess.run([trainer, "--spec", spec_path], env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
-        return None, f"smelt-trainer exited {proc.returncode}: {last[0][:120]}"
+    spec = job_spec(model_dir, data_path, out_dir, pairs, WARMUP_STEPS + steps, lora)
+    proc, problem = common.run_trainer(trainer, spec, os.path.join(work, "spec.json"), threads, blas_threads)
+    if problem:
+        return None, problem
     rates, tokens, loss, cpu_threads, trainable = [], set(), None, "?", None
     with open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8") as f:
         for line in f:
             m = json.loads(line)
             if m.get("type") == "start":
-                cpu_threads = m.get("compute", {}).get("cpu_threads", "?")
-                trainable = m.get("trainable_params")
+                cpu_threads, trainable = common.start_info(m)
             if m.get("type") == "train":
                 loss = m["loss"]
                 if m["step"] > WARMUP_STEPS:
@@ -166,26 +140,15 @@ def fmt(x, spec):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trainer", default=os.path.join(ROOT, "build-cpu", "smelt-trainer"),
-                   help="the smelt-trainer binary (default build-cpu/smelt-trainer)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads for both (default: each one's own; smelt every core, torch its default)")
-    p.add_argument("--openblas-threads", type=int, default=None,
-                   help="smelt's OPENBLAS_NUM_THREADS (default: unset; OpenBLAS runs in smelt's OpenMP pool)")
+    common.add_arguments(p)
     p.add_argument("--only", choices=[m[0] for m in MODELS], help="run one model's rows")
     p.add_argument("--method", choices=list(METHODS), help="run one method's rows (default: both)")
     p.add_argument("--steps", type=int, default=None, help="timed steps of every row (default: per model)")
-    p.add_argument("--trl-only", action="store_true", help="skip smelt (no trainer binary needed)")
     args = p.parse_args()
-    if not args.trl_only and not os.access(args.trainer, os.X_OK):
-        sys.exit(f"dpo_cpu: {args.trainer} is missing or not executable; build it with `make CUDA=0` "
-                 f"(binaries go to build-cpu/), pass --trainer PATH, or run --trl-only")
+    common.check_binaries("dpo_cpu", args)
     dpo_trl.quiet()
 
-    threads = f"{args.threads} (smelt: OMP_NUM_THREADS; torch: set_num_threads)" if args.threads else \
-        "each one's default (no thread variables set; smelt's and torch's counts in the thr column)"
-    print(f"dpo_cpu: {cpu_model()}; threads {threads}; OPENBLAS_NUM_THREADS {args.openblas_threads or 'unset'}; "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, trl {dpo_trl.trl.__version__}")
+    common.print_header("dpo_cpu", args, dpo_trl.trl.__version__)
     print(f"each row: sigmoid DPO, beta {dpo_trl.BETA}, reference precomputed (not timed: ref s), lr "
           f"{HYPERPARAMETERS['learning_rate']:g} constant, AdamW, clipping at 1.0, f32; {WARMUP_STEPS} warm-up "
           f"steps, then the median of N timed steps; tok/s counts chosen + rejected tokens (prompt + response, "
@@ -201,7 +164,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="dpo_cpu-") as work:
             model_dir = os.path.join(work, "model")
             data_path = os.path.join(work, "pairs.jsonl")
-            make_weights(model_dir, OVERRIDES[name])
+            common.make_weights(model_dir, OVERRIDES[name], MAX_SEQ_LEN)
             rows = write_pairs(data_path, pairs * (WARMUP_STEPS + steps))
             seq_len = len(smelt_ids(rows[0], "chosen"))
             for method, lora in METHODS.items():

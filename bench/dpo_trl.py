@@ -33,29 +33,19 @@ bench/dpo_cpu.py imports `run_trl`.
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 
 import datasets
 import torch
-import transformers
 import trl
 
+import trl_common
+from trl_common import quiet
+
 BETA = 0.1
-
-
-def quiet():
-    """No progress bars or deprecation notes from datasets / transformers / TRL: the
-    driver prints a table."""
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    os.environ["TQDM_DISABLE"] = "1"
 
 
 def encoded_pairs(trainer, n):
@@ -65,22 +55,16 @@ def encoded_pairs(trainer, n):
             for i in range(n)]
 
 
-class StepClock(transformers.TrainerCallback):
+class StepClock(trl_common.StepClock):
     """Wall time, tokens and loss of every optimizer step. A step's time runs from the
     previous step's end (the first: from the start of training) to its own end."""
 
     def __init__(self):
-        self.last = None
-        self.seconds, self.tokens, self.losses = [], [], []
+        super().__init__()
+        self.tokens, self.losses = [], []
         self.pending_tokens, self.pending_losses = 0, []
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.last = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
-        self.seconds.append(now - self.last)
-        self.last = now
+    def step_done(self):
         self.tokens.append(self.pending_tokens)
         self.losses.append(sum(self.pending_losses) / max(len(self.pending_losses), 1))
         self.pending_tokens, self.pending_losses = 0, []
@@ -110,19 +94,6 @@ class ClockedDPOTrainer(trl.DPOTrainer):
         return result
 
 
-def load_rows(path, bos_text, limit):
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            rows.append({"prompt": bos_text + row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]})
-            if len(rows) == limit:
-                break
-    return rows
-
-
 def lora_config(lora):
     import peft  # only LoRA rows need it
     return peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0,
@@ -133,31 +104,19 @@ def run_trl(model_dir, data_path, pairs, steps, hp, max_seq_len, work, lora=None
     """Trains steps optimizer steps of `pairs` pairs on the first pairs x steps rows of
     data_path. Returns a dict: seconds, tokens, losses (per step), ref_s (the precompute),
     params (trainable, total), threads and encoded (TRL's ids of the first pair)."""
-    if threads:
-        torch.set_num_threads(threads)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                              attn_implementation="sdpa")
-    rows = load_rows(data_path, tokenizer.bos_token, pairs * steps)
-    if len(rows) < pairs * steps:
-        raise SystemExit(f"{data_path}: {len(rows)} rows, {pairs * steps} needed")
+    tokenizer, model = trl_common.load_model(model_dir, threads)
+    rows = trl_common.load_rows(data_path, pairs * steps, lambda row: {
+        "prompt": tokenizer.bos_token + row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]})
     config = trl.DPOConfig(
-        output_dir=os.path.join(work, "trl-run"), report_to="none", save_strategy="no", eval_strategy="no",
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=seed, data_seed=seed,
-        per_device_train_batch_size=pairs, gradient_accumulation_steps=1, max_steps=steps,
-        learning_rate=hp["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=hp["weight_decay"], adam_beta1=hp["beta1"], adam_beta2=hp["beta2"],
-        adam_epsilon=hp["eps"], max_grad_norm=hp["max_grad_norm"], optim="adamw_torch",
+        **trl_common.config_kwargs(work, hp, steps, seed), per_device_train_batch_size=pairs,
         beta=BETA, loss_type=["sigmoid"], precompute_ref_log_probs=True, max_length=max_seq_len,
-        train_sampling_strategy="sequential", dataloader_num_workers=0, logging_strategy="no",
-        disable_tqdm=True)
+        train_sampling_strategy="sequential")
     clock = StepClock()
     trainer = ClockedDPOTrainer(model=model, args=config, processing_class=tokenizer,
                                 train_dataset=datasets.Dataset.from_list(rows),
                                 peft_config=lora_config(lora) if lora else None,
                                 callbacks=[clock], clock=clock)
-    trainer.remove_callback(transformers.PrinterCallback)  # its end-of-training line would break the table
-    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    trainable = trl_common.prepare(trainer)
     total = sum(p.numel() for p in trainer.model.parameters())
     encoded = encoded_pairs(trainer, 1)[0]
     trainer.train()
@@ -177,8 +136,7 @@ def main():
     p.add_argument("--lora", action="store_true", help="LoRA rank 8, alpha 16 on q_proj and v_proj")
     args = p.parse_args()
     quiet()
-    hp = {"learning_rate": args.learning_rate, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
-          "max_grad_norm": 1.0}
+    hp = trl_common.cli_hyperparameters(args.learning_rate, beta2=0.999)
     lora = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]} if args.lora else None
     with tempfile.TemporaryDirectory(prefix="dpo_trl-") as work:
         r = run_trl(args.model, args.data, args.pairs, args.steps, hp, args.max_seq_len, work, lora, args.threads)

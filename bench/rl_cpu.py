@@ -44,28 +44,22 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import torch
-import transformers
-
+import common
 import rl_trl
-from sft_cpu import MODELS as SFT_MODELS, cpu_model, write_model_dir
+from common import OVERRIDES, ROOT, SEED
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 PROMPTS_FILE = os.path.join(ROOT, "examples", "data", "addition_prompts_train.jsonl")
 GRPO_EXAMPLE = os.path.join(ROOT, "examples", "grpo.json")
 SFT_MIXED_OUTPUT = os.path.join(ROOT, "runs", "sft-mixed", "output")
 
-OVERRIDES = {name: overrides for name, overrides, *_ in SFT_MODELS}
 # name -> (max new tokens, timed iterations)
 MODELS = [("tiny", 6, 10), ("llama-22m", 16, 4)]
 PLACEMENTS = ["colocated", "split"]
 WARMUP_ITERATIONS = 1
-SEED = 1
 # examples/grpo.json's learning rate and beta2; the rest spelled out so that TRL gets the same.
 HYPERPARAMETERS = {"learning_rate": 5e-5, "lr_schedule": "constant", "warmup_steps": 0,
                    "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "max_grad_norm": 1.0}
@@ -87,15 +81,6 @@ def write_prompts(path, n_rows):
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(lines)
     return [json.loads(line) for line in lines]
-
-
-def make_weights(model_dir, overrides, context):
-    """examples/tiny's config with overrides and the byte tokenizer in model_dir, plus
-    random weights (transformers' init, seed SEED) saved as safetensors."""
-    write_model_dir(model_dir, overrides, context)
-    torch.manual_seed(SEED)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_pretrained(model_dir))
-    model.save_pretrained(model_dir, safe_serialization=True)
 
 
 def smelt_ids(prompt):
@@ -126,8 +111,7 @@ def read_smelt_metrics(path, iterations):
         for line in f:
             m = json.loads(line)
             if m.get("type") == "start":
-                threads = m.get("compute", {}).get("cpu_threads", "?")
-                trainable = m.get("trainable_params")
+                threads, trainable = common.start_info(m)
             elif m.get("type") == "samples" and m["step"] == 1 and m["samples"]:
                 first_prompt = m["samples"][0]["prompt"]
             elif m.get("type") == "train":
@@ -145,19 +129,12 @@ def run_smelt(trainer, work, model_dir, prompts_path, max_new_tokens, iterations
     """dict(rate, split, length, reward, samples, threads, trainable, first_prompt) of
     smelt-trainer over the timed iterations, or (None, error text)."""
     out_dir = os.path.join(work, f"smelt-{placement}")
-    spec_path = os.path.join(work, f"spec-{placement}.json")
     total = WARMUP_ITERATIONS + iterations
-    with open(spec_path, "w", encoding="utf-8") as f:
-        json.dump(job_spec(model_dir, prompts_path, out_dir, max_new_tokens, total, placement), f, indent=2)
-    env = dict(os.environ)
-    if threads:  # only when asked: smelt's default is every core
-        env["OMP_NUM_THREADS"] = str(threads)
-    if blas_threads:  # only when asked: smelt's OpenBLAS shares the OpenMP pool by default
-        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
-    proc = subprocess.run([trainer, "--spec", spec_path], env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
-        return None, f"smelt-trainer exited {proc.returncode}: {last[0][:120]}"
+    spec = job_spec(model_dir, prompts_path, out_dir, max_new_tokens, total, placement)
+    _, problem = common.run_trainer(trainer, spec, os.path.join(work, f"spec-{placement}.json"), threads,
+                                    blas_threads)
+    if problem:
+        return None, problem
     try:
         its, cpu_threads, trainable, first_prompt = read_smelt_metrics(os.path.join(out_dir, "metrics.jsonl"), total)
     except (OSError, ValueError, KeyError) as e:
@@ -205,32 +182,18 @@ def ms(values):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trainer", default=os.path.join(ROOT, "build-cpu", "smelt-trainer"),
-                   help="the smelt-trainer binary, smelt-rollout next to it (default build-cpu/smelt-trainer)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads for both (default: each one's own; smelt every core, torch its default)")
-    p.add_argument("--openblas-threads", type=int, default=None,
-                   help="smelt's OPENBLAS_NUM_THREADS (default: unset; OpenBLAS runs in smelt's OpenMP pool)")
+    common.add_arguments(p, rollout=True)
     p.add_argument("--only", choices=[m[0] for m in MODELS], help="run one model's rows")
     p.add_argument("--placement", choices=PLACEMENTS, help="run one placement's rows (default: both)")
     p.add_argument("--iterations", type=int, default=None, help="timed iterations of every row (default: per model)")
     p.add_argument("--tiny-random", action="store_true",
                    help="tiny from random weights even when runs/sft-mixed/output exists")
-    p.add_argument("--trl-only", action="store_true", help="skip smelt (no trainer binary needed)")
     args = p.parse_args()
-    if not args.trl_only:
-        rollout = os.path.join(os.path.dirname(args.trainer), "smelt-rollout")
-        for binary in (args.trainer, rollout):
-            if not os.access(binary, os.X_OK):
-                sys.exit(f"rl_cpu: {binary} is missing or not executable; build it with `make CUDA=0` "
-                         f"(binaries go to build-cpu/), pass --trainer PATH, or run --trl-only")
+    common.check_binaries("rl_cpu", args, rollout=True)
     rl_trl.quiet()
     tiny_trained = os.path.isfile(os.path.join(SFT_MIXED_OUTPUT, "model.safetensors")) and not args.tiny_random
 
-    threads = f"{args.threads} (smelt: OMP_NUM_THREADS; torch: set_num_threads)" if args.threads else \
-        "each one's default (no thread variables set; smelt's and torch's counts in the thr column)"
-    print(f"rl_cpu: {cpu_model()}; threads {threads}; OPENBLAS_NUM_THREADS {args.openblas_threads or 'unset'}; "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, trl {rl_trl.trl.__version__}")
+    common.print_header("rl_cpu", args, rl_trl.trl.__version__)
     print(f"each row: GRPO, {rl_trl.PROMPTS} prompts x {rl_trl.NUM_GENERATIONS} samples per iteration, temperature 1, "
           f"loss {rl_trl.LOSS_TYPE}, beta 0, one AdamW step per iteration, lr {HYPERPARAMETERS['learning_rate']:g} "
           f"constant, f32; reward: exact match of a three-digit answer; {WARMUP_ITERATIONS} warm-up iteration, then N "
@@ -253,7 +216,8 @@ def main():
                 model_dir = SFT_MIXED_OUTPUT
             else:
                 model_dir = os.path.join(work, "model")
-                make_weights(model_dir, OVERRIDES[name], 1 + max(len(r["prompt"].encode()) for r in rows) + max_new)
+                context = 1 + max(len(r["prompt"].encode()) for r in rows) + max_new
+                common.make_weights(model_dir, OVERRIDES[name], context)
             trl_run = run_trl(work, model_dir, prompts_path, max_new, iterations, args.threads, rows)
             want = {rl_trl.PROMPTS * rl_trl.NUM_GENERATIONS}
             if trl_run["samples"] != want:

@@ -52,7 +52,6 @@ bench/rl_cpu.py imports `run_trl`.
 import argparse
 import json
 import math
-import os
 import re
 import sys
 import tempfile
@@ -60,10 +59,10 @@ import time
 
 import datasets
 import torch
-import transformers
 import trl
 
-from dpo_trl import quiet
+import trl_common
+from trl_common import quiet
 
 PROMPTS = 16           # prompts per iteration (smelt: hyperparameters.batch_size)
 NUM_GENERATIONS = 8    # completions per prompt (smelt: rl.num_generations)
@@ -81,13 +80,13 @@ def exact_three_digits(prompts, completions, answer, **kwargs):
     return out
 
 
-class IterationClock(transformers.TrainerCallback):
+class IterationClock(trl_common.StepClock):
     """Per optimizer step: wall time, the time in generation and in scoring, the
     completions and their tokens, and the mean reward."""
 
     def __init__(self):
-        self.last = None
-        self.seconds, self.generate_s, self.score_s = [], [], []
+        super().__init__()
+        self.generate_s, self.score_s = [], []
         self.samples, self.completion_tokens, self.rewards = [], [], []
         self.first_prompts = None  # the first generation batch's prompts, in order
         self._reset()
@@ -97,13 +96,7 @@ class IterationClock(transformers.TrainerCallback):
         self.p_samples = self.p_tokens = 0
         self.p_rewards = []
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.last = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
-        self.seconds.append(now - self.last)
-        self.last = now
+    def step_done(self):
         self.generate_s.append(self.p_generate)
         self.score_s.append(self.p_score)
         self.samples.append(self.p_samples)
@@ -138,53 +131,28 @@ class ClockedGRPOTrainer(trl.GRPOTrainer):
         return out
 
 
-def load_rows(path, bos_text, limit):
-    """The first `limit` prompts rows of path, the prompt text led by bos_text."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            rows.append({"prompt": bos_text + row["prompt"], "answer": row["answer"]})
-            if len(rows) == limit:
-                break
-    return rows
-
-
 def run_trl(model_dir, prompts_path, iterations, hp, max_new_tokens, work, threads=None, seed=1):
     """Runs `iterations` GRPO iterations (one optimizer step each) on the first
     PROMPTS x iterations rows of prompts_path. Returns a dict: seconds, generate_s,
     score_s, samples, completion_tokens, rewards (per iteration), trainable, threads,
     encoded (TRL's ids of the first prompt) and first_prompts (the first iteration's
     prompt texts, bos included, one per completion)."""
-    if threads:
-        torch.set_num_threads(threads)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                              attn_implementation="sdpa")
-    rows = load_rows(prompts_path, tokenizer.bos_token, PROMPTS * iterations)
-    if len(rows) < PROMPTS * iterations:
-        raise SystemExit(f"{prompts_path}: {len(rows)} rows, {PROMPTS * iterations} needed")
+    tokenizer, model = trl_common.load_model(model_dir, threads)
+    rows = trl_common.load_rows(prompts_path, PROMPTS * iterations, lambda row: {
+        "prompt": tokenizer.bos_token + row["prompt"], "answer": row["answer"]})
     config = trl.GRPOConfig(
-        output_dir=os.path.join(work, "trl-run"), report_to="none", save_strategy="no", eval_strategy="no",
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=seed, data_seed=seed,
-        per_device_train_batch_size=PROMPTS * NUM_GENERATIONS, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_generations=NUM_GENERATIONS, num_iterations=1, max_steps=iterations,
+        **trl_common.config_kwargs(work, hp, iterations, seed),
+        per_device_train_batch_size=PROMPTS * NUM_GENERATIONS,
+        steps_per_generation=1, num_generations=NUM_GENERATIONS, num_iterations=1,
         max_completion_length=max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, min_p=None,
         repetition_penalty=1.0, use_vllm=False, use_transformers_continuous_batching=False,
-        learning_rate=hp["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=hp["weight_decay"], adam_beta1=hp["beta1"], adam_beta2=hp["beta2"],
-        adam_epsilon=hp["eps"], max_grad_norm=hp["max_grad_norm"], optim="adamw_torch",
         beta=0.0, loss_type=LOSS_TYPE, epsilon=0.2, scale_rewards="group", mask_truncated_completions=False,
-        shuffle_dataset=False, dataloader_num_workers=0, logging_strategy="no", log_completions=False,
-        disable_tqdm=True)
+        shuffle_dataset=False, log_completions=False)
     clock = IterationClock()
     trainer = ClockedGRPOTrainer(model=model, reward_funcs=[exact_three_digits], args=config,
                                  train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
                                  callbacks=[clock], clock=clock)
-    trainer.remove_callback(transformers.PrinterCallback)  # its end-of-training line would break the table
-    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    trainable = trl_common.prepare(trainer)
     encoded = list(trainer._tokenize_prompts([rows[0]["prompt"]])[0][0])
     trainer.train()
     return {"seconds": clock.seconds, "generate_s": clock.generate_s, "score_s": clock.score_s,
@@ -203,8 +171,7 @@ def main():
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = p.parse_args()
     quiet()
-    hp = {"learning_rate": args.learning_rate, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8,
-          "max_grad_norm": 1.0}
+    hp = trl_common.cli_hyperparameters(args.learning_rate, beta2=0.99)
     with tempfile.TemporaryDirectory(prefix="rl_trl-") as work:
         r = run_trl(args.model, args.prompts, args.iterations, hp, args.max_new_tokens, work, args.threads)
     for i in range(len(r["seconds"])):

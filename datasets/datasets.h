@@ -12,8 +12,18 @@
  *               |x| <= 1e6, what a reward model's loss subtracts (TRL RewardTrainer's
  *               margin column); other preference losses ignore it
  *   prompts     {"prompt": P, "answer": "..." (optional), "metadata": {...} (optional)}
- * Any other key is refused, naming it. A file holds one kind: a row of another kind is
- * an error. Every problem is reported as "<file>:<line>: <field>: <what>" (field like
+ *               {"messages": [...], <any other field>} (OpenAI's reinforcement rows): the
+ *               messages are the prompt; every other field is kept, as given, as the
+ *               row's metadata (what a grader reads as {{item.<field>}}); a string
+ *               "answer" is also the row's answer; "tools" (OpenAI's other reserved key)
+ *               is refused unless null or []. A prompt given as messages (either form)
+ *               must not end with an assistant turn.
+ * Roles: "system", "developer" (OpenAI's name for the system turn: rendered as one),
+ * "user", "assistant". Any other key is refused, naming it (OpenAI's prompts rows
+ * excepted). A file holds one kind: a row of another kind is an error. A "messages" row
+ * is of the file's kind when that is sft or prompts; deciding the kind (DATASET_AUTO), it
+ * is prompts when its last message is not an assistant turn, sft when it is. Every
+ * problem is reported as "<file>:<line>: <field>: <what>" (field like
  * messages[2].content; "<file>:<line>: <what>" for the row as a whole).
  *
  * Tokenization: message lists go through the chat template (chat_tokenize) and its

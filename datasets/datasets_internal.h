@@ -60,10 +60,16 @@ struct dataset_row {
     double margin;                  /* preference: "margin", 0 when absent */
     const char *answer;             /* prompts; NULL when absent */
     const json_t *metadata;         /* prompts; NULL when absent */
+    json_t *owned_metadata;         /* an OpenAI prompts row's other fields (metadata points
+                                       here); row_free releases it */
+    const char *prompt_field;       /* prompts: where the prompt is, "prompt" or "messages" */
 };
 
 /* The kind the row's keys point to (DATASET_AUTO when none do). A row with only
- * "prompt" fits every kind: it is prompts unless the file's kind says otherwise. */
+ * "prompt" fits every kind: it is prompts unless the file's kind says otherwise. A row
+ * with "messages" fits sft and prompts: the file's kind when it is one of them, else
+ * prompts when the last message is not an assistant turn (OpenAI's reinforcement rows),
+ * sft otherwise. */
 enum dataset_kind row_guess_kind(const json_t *obj, enum dataset_kind file_kind);
 /* Checks the row against kind (not AUTO) and fills *row. SMELT_EFORMAT with issue
  * filled for an invalid row; SMELT_ENOMEM. row_free releases it either way. */

@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int prompt_ids(const struct dataset_format *format, const struct row_turns *prompt,
-                      int32_t **ids, size_t *n, struct dataset_issue *issue,
-                      struct smelt_error *err) {
+static int prompt_ids(const struct dataset_format *format, const struct row_turns *prompt, const char *field,
+                      int32_t **ids, size_t *n, struct dataset_issue *issue, struct smelt_error *err) {
     struct smelt_error e = {0};
     int rc;
     if (prompt->text) {
@@ -31,8 +30,8 @@ static int prompt_ids(const struct dataset_format *format, const struct row_turn
         }
         free(text_ids);
     } else if (!format->chat) {
-        return issue_set(issue, "prompt", "a list of messages needs a chat template, and none was "
-                                          "given or found with the tokenizer");
+        return issue_set(issue, field, "a list of messages needs a chat template, and none was "
+                                       "given or found with the tokenizer");
     } else {
         uint8_t *mask = NULL;
         rc = chat_tokenize(format->chat, format->tok, prompt->messages, prompt->n_messages, true, ids,
@@ -40,20 +39,20 @@ static int prompt_ids(const struct dataset_format *format, const struct row_turn
         free(mask);
     }
     if (rc == SMELT_ENOMEM) return error_set(err, rc, "dataset: %s", e.message);
-    if (rc) return issue_set(issue, "prompt", "%s", e.message);
+    if (rc) return issue_set(issue, field, "%s", e.message);
     return SMELT_OK;
 }
 
-static int fit_prompt(const struct dataset_format *format, size_t n, enum example_fit *fit,
+static int fit_prompt(const struct dataset_format *format, size_t n, const char *field, enum example_fit *fit,
                       struct dataset_issue *issue) {
     *fit = EXAMPLE_FITS;
-    if (n == 0) return issue_set(issue, "prompt", "no tokens");
+    if (n == 0) return issue_set(issue, field, "no tokens");
     if ((int64_t)n <= format->max_seq_len) return SMELT_OK;
     if (format->truncation == DATASET_TRUNCATE_DROP) {
         *fit = EXAMPLE_DROPPED;
         return SMELT_OK;
     }
-    return issue_set(issue, "prompt", "prompt of %zu tokens exceeds max_seq_len %lld%s", n,
+    return issue_set(issue, field, "prompt of %zu tokens exceeds max_seq_len %lld%s", n,
                      (long long)format->max_seq_len,
                      format->truncation == DATASET_TRUNCATE_RIGHT
                          ? " (prompts are never cut: use truncation \"drop\" to skip them)" : "");
@@ -72,8 +71,9 @@ int prompts_row_prompt(const struct dataset_format *format, const struct dataset
     memset(out, 0, sizeof *out);
     out->line = row->line;
     size_t n = 0;
-    int rc = prompt_ids(format, &row->prompt, &out->ids, &n, issue, err);
-    if (!rc) rc = fit_prompt(format, n, fit, issue);
+    const char *field = row->prompt_field ? row->prompt_field : "prompt";
+    int rc = prompt_ids(format, &row->prompt, field, &out->ids, &n, issue, err);
+    if (!rc) rc = fit_prompt(format, n, field, fit, issue);
     if (!rc && *fit != EXAMPLE_DROPPED) {
         out->n = (int32_t)n;
         if (row->answer && !(out->answer = copy_text(row->answer)))

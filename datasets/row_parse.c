@@ -17,8 +17,23 @@ static const char *const MESSAGE_KEYS[] = {"role", "content", NULL};
 
 static bool has_key(const json_t *obj, const char *key) { return json_object_get(obj, key) != NULL; }
 
+/* A non-empty list whose last element is a message of another role than assistant (what
+ * the model answers next): OpenAI's reinforcement rows end so, its SFT rows do not. */
+static bool ends_with_prompt_turn(const json_t *messages) {
+    size_t n = json_array_size(messages);
+    const json_t *role = n ? json_object_get(json_array_get(messages, n - 1), "role") : NULL;
+    return json_is_string(role) && strcmp(json_string_value(role), "assistant") != 0;
+}
+
 enum dataset_kind row_guess_kind(const json_t *obj, enum dataset_kind file_kind) {
-    bool sft = has_key(obj, "messages") || has_key(obj, "completion");
+    /* A conversation fits both sft (its assistant turns are trained) and prompts (OpenAI's
+     * reinforcement rows): the file's kind decides, else the last turn does. */
+    const json_t *messages = json_object_get(obj, "messages");
+    if (messages) {
+        if (file_kind == DATASET_SFT || file_kind == DATASET_PROMPTS) return file_kind;
+        return ends_with_prompt_turn(messages) ? DATASET_PROMPTS : DATASET_SFT;
+    }
+    bool sft = has_key(obj, "completion");
     bool preference = has_key(obj, "chosen") || has_key(obj, "rejected");
     bool prompts = has_key(obj, "answer") || has_key(obj, "metadata");
     /* Keys of the file's kind among others: checking against that kind names the
@@ -46,7 +61,8 @@ static int required(const json_t *obj, const char *key, const json_t **out,
 }
 
 static bool is_role(const char *role) {
-    return !strcmp(role, "system") || !strcmp(role, "user") || !strcmp(role, "assistant");
+    return !strcmp(role, "system") || !strcmp(role, "developer") || !strcmp(role, "user") ||
+           !strcmp(role, "assistant");
 }
 
 /* "messages[2].content": built only for an issue, rows being mostly valid. */
@@ -73,10 +89,13 @@ static int parse_message(const json_t *m, const char *list, size_t i, bool respo
     out->role = json_string_value(role);
     if (!is_role(out->role))
         return issue_set(issue, message_field(f, sizeof f, list, i, ".role"),
-                         "expected \"system\", \"user\" or \"assistant\", got \"%.80s\"", out->role);
+                         "expected \"system\", \"developer\", \"user\" or \"assistant\", got \"%.80s\"",
+                         out->role);
     if (response && strcmp(out->role, "assistant"))
         return issue_set(issue, message_field(f, sizeof f, list, i, ".role"),
                          "a response holds assistant turns only, got \"%s\"", out->role);
+    /* OpenAI's name for the system turn of its reasoning models: the templates know one. */
+    if (!strcmp(out->role, "developer")) out->role = "system";
     if (!content) return issue_set(issue, message_field(f, sizeof f, list, i, ".content"), "missing field");
     if (!json_is_string(content))
         return issue_set(issue, message_field(f, sizeof f, list, i, ".content"), "expected a string, got %s",
@@ -150,6 +169,7 @@ static int parse_sft(const json_t *obj, struct dataset_row *row, struct dataset_
     int rc = check_keys(obj, SFT_MESSAGES_KEYS, "", issue);
     if (rc) return rc;
     const json_t *list = json_object_get(obj, "messages");
+    row->prompt_field = "messages";
     if (!json_is_array(list))
         return issue_set(issue, "messages", "expected a list of messages, got %s", json_kind_name(list));
     rc = parse_message_list(list, "messages", false, &row->conversation, issue, err);
@@ -182,10 +202,54 @@ static int parse_preference(const json_t *obj, struct dataset_row *row,
     return SMELT_OK;
 }
 
+/* A prompt given as messages is what the model answers: it ends with a user (or system)
+ * turn. After a final assistant turn the generation prompt would open a second one. */
+static int check_prompt_end(const struct row_turns *prompt, const char *list, struct dataset_issue *issue) {
+    if (!prompt->messages) return SMELT_OK;
+    size_t last = prompt->n_messages - 1;
+    if (strcmp(prompt->messages[last].role, "assistant") != 0) return SMELT_OK;
+    char f[64];
+    return issue_set(issue, message_field(f, sizeof f, list, last, ".role"),
+                     "a prompt ends with a user or system turn (the model writes the answer), got a final "
+                     "assistant turn");
+}
+
+/* OpenAI's reinforcement row: {"messages": [...], <any other field>}. "messages" and
+ * "tools" are OpenAI's reserved keys; every other field is data for the graders
+ * ({{item.<field>}}), kept whole as the row's metadata. A string "answer" is also the
+ * row's answer, as in smelt's own rows (what the verifiers compare with). */
+static int parse_openai_prompt(const json_t *obj, struct dataset_row *row, struct dataset_issue *issue,
+                               struct smelt_error *err) {
+    const json_t *tools = json_object_get(obj, "tools");
+    if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+        return issue_set(issue, "tools", "not supported: smelt's samples are text completions (no tool calls)");
+    const json_t *list = json_object_get(obj, "messages");
+    row->prompt_field = "messages";
+    if (!json_is_array(list))
+        return issue_set(issue, "messages", "expected a list of messages, got %s", json_kind_name(list));
+    int rc = parse_message_list(list, "messages", false, &row->prompt, issue, err);
+    if (!rc) rc = check_prompt_end(&row->prompt, "messages", issue);
+    if (rc || json_object_size(obj) == 1 + (tools != NULL)) return rc;
+    json_t *fields = json_copy((json_t *)obj); /* shallow: the values stay the row's */
+    if (!fields || json_object_del(fields, "messages") != 0) {
+        json_decref(fields);
+        return error_set(err, SMELT_ENOMEM, "dataset row: out of memory");
+    }
+    json_object_del(fields, "tools");
+    row->owned_metadata = fields;
+    row->metadata = fields;
+    const json_t *answer = json_object_get(obj, "answer");
+    if (json_is_string(answer)) row->answer = json_string_value(answer);
+    return SMELT_OK;
+}
+
 static int parse_prompts(const json_t *obj, struct dataset_row *row, struct dataset_issue *issue,
                          struct smelt_error *err) {
+    if (has_key(obj, "messages")) return parse_openai_prompt(obj, row, issue, err);
+    row->prompt_field = "prompt";
     int rc = check_keys(obj, PROMPTS_KEYS, "", issue);
     if (!rc) rc = parse_prompt(obj, &row->prompt, issue, err);
+    if (!rc) rc = check_prompt_end(&row->prompt, "prompt", issue);
     if (rc) return rc;
     if (row->prompt.text && text_is_blank(row->prompt.text, strlen(row->prompt.text)))
         return issue_set(issue, "prompt", "empty prompt");
@@ -223,5 +287,6 @@ void row_free(struct dataset_row *row) {
     free(row->prompt.messages);
     free(row->response.messages);
     free(row->rejected.messages);
+    json_decref(row->owned_metadata);
     memset(row, 0, sizeof *row);
 }

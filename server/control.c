@@ -300,14 +300,16 @@ static void append_preference_summary(const json_t *line, const char *prefix, ch
         snprintf(out + n, cap - n, "%sreward margin=%.4f", n ? ", " : "", json_number_value(margin));
 }
 
-/* The RL loop's numbers (GRPO train lines) that an event's data carries, under the
- * line's names. */
+/* The RL loop's numbers (GRPO and PPO train lines) that an event's data carries, under
+ * the line's names (a name the line lacks is left out). */
 static const char *const RL_METRICS[] = {"reward", "reward_std", "reward_max", "kl", "completions/mean_length",
                                          "completions/clipped_ratio", "clip_ratio/region_mean",
                                          "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/kl",
-                                         "iteration", "policy_version", "samples", "samples_failed",
-                                         "time/generate_s", "time/score_s", "time/reference_s", "time/update_s",
-                                         "time/sync_s", "sync_bytes", "generate_tokens_per_s"};
+                                         "iteration", "policy_version", "version_lag", "samples", "samples_failed",
+                                         "samples_graded_zero", "time/generate_s", "time/score_s",
+                                         "time/reference_s", "time/update_s", "time/sync_s", "sync_bytes",
+                                         "generate_tokens_per_s", "critic/vf_loss", "critic/vpred_mean",
+                                         "critic/vf_clipfrac", "critic/returns_mean", "time/critic_s"};
 static const char *const RL_VAL_METRICS[] = {"val_reward", "val_accuracy", "val_samples"};
 
 static void add_metrics(json_t *data, const json_t *line, const char *const *names, int n) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "datasets/datasets.h"
 #include "server/server_internal.h"
 #include "trainer/trainer.h"
 
@@ -63,20 +64,38 @@ static int set_member(json_t *obj, const char *key, json_t *value, struct smelt_
     return SMELT_OK;
 }
 
-/* OpenAI's hyperparameter names and the trainer's field each one sets. "auto" (or null)
- * leaves the field out, so the trainer's default applies; a multiplier scales the
- * trainer's default. Every other name is the trainer's own and goes through as is. */
+/* OpenAI's hyperparameter names and the trainer's field each one sets, in the spec's
+ * hyperparameters, rl or eval section. "auto" (or null) leaves the field out, so the
+ * trainer's default applies; a multiplier scales the trainer's default (an integer field
+ * takes the product rounded). Every other name is the trainer's own and goes through as
+ * is. */
+enum hp_section { IN_HYPERPARAMETERS, IN_RL, IN_EVAL };
+
 struct openai_hp {
     const char *name, *field;
     bool multiplies_default;
+    enum hp_section section;
 };
 
 #define OPENAI_COMMON_HPS \
-    {"n_epochs", "epochs", false}, {"batch_size", "batch_size", false}, \
-    {"learning_rate_multiplier", "learning_rate", true}
+    {"n_epochs", "epochs", false, IN_HYPERPARAMETERS}, {"batch_size", "batch_size", false, IN_HYPERPARAMETERS}, \
+    {"learning_rate_multiplier", "learning_rate", true, IN_HYPERPARAMETERS}
 
 static const struct openai_hp COMMON_HPS[] = {OPENAI_COMMON_HPS};
-static const struct openai_hp DPO_HPS[] = {{"beta", "beta", false}, OPENAI_COMMON_HPS};
+static const struct openai_hp DPO_HPS[] = {{"beta", "beta", false, IN_HYPERPARAMETERS}, OPENAI_COMMON_HPS};
+/* OpenAI's reinforcement method on the GRPO loop (docs/api.md): batch_size prompts per
+ * iteration; compute_multiplier scales the samples per prompt ("rollouts per step");
+ * eval_interval is the optimizer steps between evaluations; eval_samples the held-out
+ * prompts each evaluation generates for (one greedy completion each). reasoning_effort
+ * is read apart (reasoning_effort_ok). */
+static const struct openai_hp REINFORCEMENT_HPS[] = {
+    OPENAI_COMMON_HPS,
+    {"compute_multiplier", "num_generations", true, IN_RL},
+    {"eval_interval", "every_steps", false, IN_EVAL},
+    {"eval_samples", "accuracy_examples", false, IN_EVAL},
+};
+/* A grpo job's group: at least 2 samples per prompt (trainer/job_spec_rl.c, check_grpo). */
+#define JOBS_MIN_GROUP 2
 
 /* A method smelt runs: the trainer's job type, the rows its files must hold, and the
  * OpenAI hyperparameter names it takes (the job object shows them resolved). */
@@ -88,20 +107,26 @@ struct job_method {
     const char *head;      /* what its model's head does (GET /v1/models' head) */
     const struct openai_hp *hps;
     int n_hps;
-    bool rl; /* settings also hold "reward"; hyperparameters of the spec's rl section go there */
+    /* An RL method: the member of its settings holding the reward, hyperparameters of
+     * the spec's rl section going there. "reward" is a reward spec as it is; "grader" one
+     * OpenAI grader, run as the reward spec {"grader": G}. NULL: not an RL method. */
+    const char *reward_key;
 };
 
 #define METHOD_HPS(t) (t), (int)(sizeof(t) / sizeof(t)[0])
 static const struct job_method METHODS[] = {
-    {"supervised", "sft", "sft", "SFT rows (messages or prompt/completion)", "lm", METHOD_HPS(COMMON_HPS), false},
-    {"dpo", "dpo", "preference", "preference rows (prompt, chosen, rejected)", "lm", METHOD_HPS(DPO_HPS), false},
+    {"supervised", "sft", "sft", "SFT rows (messages or prompt/completion)", "lm", METHOD_HPS(COMMON_HPS), NULL},
+    {"dpo", "dpo", "preference", "preference rows (prompt, chosen, rejected)", "lm", METHOD_HPS(DPO_HPS), NULL},
     {"reward_model", "reward_model", "preference", "preference rows (prompt, chosen, rejected, optional margin)",
-     "reward", METHOD_HPS(COMMON_HPS), false},
-    {"grpo", "grpo", "prompts", "prompts rows (prompt, optional answer and metadata)", "lm", METHOD_HPS(COMMON_HPS), true},
+     "reward", METHOD_HPS(COMMON_HPS), NULL},
+    {"grpo", "grpo", "prompts", "prompts rows (prompt, optional answer and metadata)", "lm", METHOD_HPS(COMMON_HPS),
+     "reward"},
+    {"ppo", "ppo", "prompts", "prompts rows (prompt, optional answer and metadata)", "lm", METHOD_HPS(COMMON_HPS),
+     "reward"},
+    {"reinforcement", "grpo", "prompts", "prompts rows (OpenAI's: messages ending with a user turn, plus any "
+     "fields the grader reads)", "lm", METHOD_HPS(REINFORCEMENT_HPS), "grader"},
 };
 #define SUPERVISED (&METHODS[0]) /* a request without method; the legacy top-level hyperparameters' */
-/* Method types that exist (OpenAI's reinforcement, smelt's plans) but have no trainer yet. */
-static const char *const LATER_METHODS[] = {"reinforcement", "ppo"};
 
 static const struct job_method *method_named(const char *type) {
     for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++)
@@ -114,16 +139,20 @@ const char *jobs_method_head(const char *type) {
     return m ? m->head : NULL;
 }
 
+static bool takes_grader(const struct job_method *m) { return m->reward_key && strcmp(m->reward_key, "grader") == 0; }
+
 static const struct openai_hp *openai_hp_named(const struct job_method *m, const char *name) {
     for (int i = 0; i < m->n_hps; i++)
         if (strcmp(m->hps[i].name, name) == 0) return &m->hps[i];
     return NULL;
 }
 
-/* The OpenAI name through which the request set a trainer field, or NULL. */
-static const struct openai_hp *openai_hp_for(const struct job_method *m, const json_t *hp, const char *field) {
+/* The OpenAI name through which the request set a trainer field of a section, or NULL. */
+static const struct openai_hp *openai_hp_for(const struct job_method *m, const json_t *hp, enum hp_section section,
+                                             const char *field) {
     for (int i = 0; i < m->n_hps; i++)
-        if (strcmp(m->hps[i].field, field) == 0 && !is_auto(json_object_get(hp, m->hps[i].name)))
+        if (m->hps[i].section == section && strcmp(m->hps[i].field, field) == 0 &&
+            !is_auto(json_object_get(hp, m->hps[i].name)))
             return &m->hps[i];
     return NULL;
 }
@@ -133,46 +162,115 @@ static const struct openai_hp *openai_hp_for(const struct job_method *m, const j
 struct hp_source {
     const struct job_method *method;
     const json_t *hp;
-    const json_t *reward; /* an RL method's method.<type>.reward (NULL when not given) */
+    const json_t *reward; /* an RL method's method.<type>.<reward_key> (NULL when not given) */
+    const json_t *eval;   /* the request's own eval section (NULL when not given) */
     char where[64]; /* "hyperparameters" or "method.<type>.hyperparameters" */
 };
+
+/* The rl section's field called name, or NULL. */
+static const struct job_hp_field *rl_field_named(const char *name) {
+    for (int i = 0; i < JOB_N_RL_FIELDS; i++)
+        if (strcmp(JOB_RL_FIELDS[i].name, name) == 0) return &JOB_RL_FIELDS[i];
+    return NULL;
+}
 
 /* An RL method's hyperparameter that belongs to the spec's rl section (its table wins
  * where both tables have the name: beta and loss_type mean the RL ones there). */
 static bool is_rl_field(const struct job_method *m, const char *name) {
-    for (int i = 0; m->rl && i < JOB_N_RL_FIELDS; i++)
-        if (strcmp(JOB_RL_FIELDS[i].name, name) == 0) return true;
-    return false;
+    return m->reward_key && rl_field_named(name) != NULL;
 }
 
-/* Errors name fields relative to src->where (error_in_field adds it). */
-static int map_openai_hp(const struct hp_source *src, const struct openai_hp *o, json_t *spec_hp,
+/* The table entry of a field an OpenAI name maps onto (eval's fields have none). */
+static const struct job_hp_field *mapped_field(const struct openai_hp *o) {
+    switch (o->section) {
+    case IN_HYPERPARAMETERS: return job_hp_field_find(o->field);
+    case IN_RL: return rl_field_named(o->field);
+    case IN_EVAL: break;
+    }
+    return NULL;
+}
+
+/* The trainer's default times the request's multiplier; an integer field (the samples per
+ * prompt) takes the product rounded and must stay a group of JOBS_MIN_GROUP or more. */
+static int multiplied(const struct hp_source *src, const struct openai_hp *o, const json_t *v, json_t **out,
+                      struct smelt_error *err) {
+    if (!json_is_number(v))
+        return error_set_field(err, SMELT_EINVAL, o->name, "%s.%s: \"auto\" or a number is expected", src->where,
+                               o->name);
+    const struct job_hp_field *f = mapped_field(o);
+    SMELT_ASSERT(f && (f->kind == JOB_FIELD_NUMBER || f->kind == JOB_FIELD_INT));
+    double m = json_number_value(v), x = f->def * m;
+    if (f->kind == JOB_FIELD_NUMBER) { /* the trainer judges the product's range */
+        *out = json_real(x);
+        return SMELT_OK;
+    }
+    double lo = JOBS_MIN_GROUP, hi = f->max;
+    if (!(x >= lo - 0.5 && x < hi + 0.5))
+        return error_set_field(err, SMELT_EINVAL, o->name, "%s.%s: %g gives %s = round(%g x %g) = %.0f; it must be "
+                               "in [%g, %g]: give a value in [%g, %g)", src->where, o->name, m, o->field, f->def, m,
+                               round(x), lo, hi, (lo - 0.5) / f->def, (hi + 0.5) / f->def);
+    *out = json_integer((json_int_t)llround(x));
+    return SMELT_OK;
+}
+
+/* Errors name fields relative to src->where (error_in_field adds it). to: the spec's
+ * section the field is in. */
+static int map_openai_hp(const struct hp_source *src, const struct openai_hp *o, json_t *to,
                          struct smelt_error *err) {
     json_t *v = json_object_get(src->hp, o->name);
     if (is_auto(v)) return SMELT_OK;
-    if (strcmp(o->name, o->field) != 0 && json_object_get(src->hp, o->field))
+    if (o->section == IN_EVAL && json_object_get(src->eval, o->field))
+        return error_set_field(err, SMELT_EINVAL, o->name, "%s.%s: give it or eval.%s, not both", src->where,
+                               o->name, o->field);
+    if (o->section != IN_EVAL && strcmp(o->name, o->field) != 0 && json_object_get(src->hp, o->field))
         return error_set_field(err, SMELT_EINVAL, o->name, "%s.%s: give %s or %s, not both", src->where,
                                o->name, o->field, o->name);
-    if (!o->multiplies_default) return set_member(spec_hp, o->field, json_incref(v), err);
-    if (!json_is_number(v))
-        return error_set_field(err, SMELT_EINVAL, o->name, "%s.%s: \"auto\" or a number is expected",
-                               src->where, o->name);
-    const struct job_hp_field *f = job_hp_field_find(o->field);
-    SMELT_ASSERT(f && f->kind == JOB_FIELD_NUMBER);
-    return set_member(spec_hp, o->field, json_real(f->def * json_number_value(v)), err);
+    if (!o->multiplies_default) return set_member(to, o->field, json_incref(v), err);
+    json_t *value = NULL;
+    TRY(multiplied(src, o, v, &value, err));
+    return set_member(to, o->field, value, err);
 }
 
-/* The request's hyperparameters into spec_hp (an RL method's own into spec_rl): OpenAI's
- * names mapped, the rest copied for the trainer to judge (its parser is the one
- * definition of names, ranges and defaults). */
-static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, json_t *spec_rl,
-                               struct smelt_error *err) {
+/* OpenAI's reasoning_effort: smelt's models answer at once, with no reasoning phase whose
+ * length could be set, so only "default" (or "auto", null) is honoured; the others are
+ * refused by name rather than ignored. */
+static int reasoning_effort_ok(const struct hp_source *src, const json_t *v, struct smelt_error *err) {
+    if (is_auto(v) || (json_is_string(v) && strcmp(json_string_value(v), "default") == 0)) return SMELT_OK;
+    return error_set_field(err, SMELT_EINVAL, "reasoning_effort", "%s.reasoning_effort: only \"default\" is "
+                           "possible: smelt's models are not reasoning models (they answer without a reasoning "
+                           "phase whose effort could be set)", src->where);
+}
+
+/* The spec's section for a hyperparameter: OpenAI's name's, or, for the trainer's own
+ * names, rl for an RL method's rl fields, else hyperparameters. */
+static int section_for(json_t *spec, const struct openai_hp *o, bool rl_name, json_t **to, struct smelt_error *err) {
+    const char *key = o ? (o->section == IN_RL ? "rl" : o->section == IN_EVAL ? "eval" : "hyperparameters")
+                        : rl_name ? "rl" : "hyperparameters";
+    *to = json_object_get(spec, key);
+    if (*to) return SMELT_OK;
+    TRY(set_member(spec, key, json_object(), err));
+    *to = json_object_get(spec, key);
+    return SMELT_OK;
+}
+
+/* The request's hyperparameters into the spec: OpenAI's names mapped, the rest copied for
+ * the trainer to judge (its parser is the one definition of names, ranges and
+ * defaults). */
+static int map_hyperparameters(const struct hp_source *src, json_t *spec, struct smelt_error *err) {
     const char *key;
     json_t *value;
     json_object_foreach((json_t *)src->hp, key, value) {
-        const struct openai_hp *o = openai_hp_named(src->method, key);
-        json_t *to = is_rl_field(src->method, key) ? spec_rl : spec_hp;
-        int rc = o ? map_openai_hp(src, o, spec_hp, err) : set_member(to, key, json_incref(value), err);
+        int rc;
+        if (takes_grader(src->method) && strcmp(key, "reasoning_effort") == 0) {
+            rc = reasoning_effort_ok(src, value, err);
+        } else if (strcmp(src->method->spec_type, "ppo") == 0 && strcmp(key, "critic_model") == 0) {
+            rc = SMELT_OK; /* resolve_critic's */
+        } else {
+            const struct openai_hp *o = openai_hp_named(src->method, key);
+            json_t *to = NULL;
+            rc = section_for(spec, o, is_rl_field(src->method, key), &to, err);
+            if (!rc) rc = o ? map_openai_hp(src, o, to, err) : set_member(to, key, json_incref(value), err);
+        }
         TRY(error_in_field(err, rc, src->where));
     }
     return SMELT_OK;
@@ -180,28 +278,60 @@ static int map_hyperparameters(const struct hp_source *src, json_t *spec_hp, jso
 
 /* A trainer field's path ("hyperparameters.epochs") as the request's ("method.supervised.
  * hyperparameters.n_epochs"): the one place the API knows the two namings differ. The
- * spec's type comes from method.type; the other sections (data, lora, eval, ...) have the
- * same paths in both. */
+ * spec's type comes from method.type; an RL method's reward from its reward_key (the
+ * reward spec itself, or the grader inside {"grader": G}); the other sections (data,
+ * lora, eval, ...) have the same paths in both, but for fields an OpenAI name set. */
 static void request_param(const char *spec_field, const struct hp_source *src, char *param, size_t cap) {
+    const struct job_method *m = src->method;
     if (strcmp(spec_field, "type") == 0) {
         snprintf(param, cap, "method.type");
         return;
     }
-    if (src->method->rl && strncmp(spec_field, "rl.", 3) == 0) {
-        const char *name = spec_field + 3;
-        bool reward = strncmp(name, "reward", 6) == 0 && (name[6] == 0 || name[6] == '.' || name[6] == '[');
-        snprintf(param, cap, "method.%.16s.%s%.80s", src->method->type, reward ? "" : "hyperparameters.", name);
+    if (m->reward_key && strncmp(spec_field, "rl.reward", 9) == 0 &&
+        (spec_field[9] == 0 || spec_field[9] == '.' || spec_field[9] == '[')) {
+        const char *rest = spec_field + 9; /* "", ".verifiers[0]...", ".grader.graders..." */
+        if (takes_grader(m) && strncmp(rest, ".grader", 7) == 0) rest += 7;
+        snprintf(param, cap, "method.%.16s.%s%.96s", m->type, m->reward_key, rest);
         return;
     }
-    const char *hp = "hyperparameters";
-    size_t n = strlen(hp);
-    if (strncmp(spec_field, hp, n) != 0 || (spec_field[n] != '.' && spec_field[n] != '\0')) {
+    const char *name = NULL;
+    enum hp_section section = IN_HYPERPARAMETERS;
+    if (m->reward_key && strncmp(spec_field, "rl.", 3) == 0) {
+        name = spec_field + 3;
+        section = IN_RL;
+    } else if (strncmp(spec_field, "eval.", 5) == 0) {
+        name = spec_field + 5;
+        section = IN_EVAL;
+    } else if (strncmp(spec_field, "hyperparameters", 15) == 0 && (spec_field[15] == '.' || spec_field[15] == 0)) {
+        name = spec_field[15] ? spec_field + 16 : "";
+    }
+    const struct openai_hp *o = name ? openai_hp_for(m, src->hp, section, name) : NULL;
+    if (!name || (section == IN_EVAL && !o)) {
         snprintf(param, cap, "%s", spec_field);
         return;
     }
-    const char *name = spec_field[n] ? spec_field + n + 1 : "";
-    const struct openai_hp *o = openai_hp_for(src->method, src->hp, name);
+    if (section == IN_RL) { /* an RL method's hyperparameters are always the method's */
+        snprintf(param, cap, "method.%.16s.hyperparameters.%.64s", m->type, o ? o->name : name);
+        return;
+    }
     snprintf(param, cap, "%.48s%s%.64s", src->where, *name ? "." : "", o ? o->name : name);
+}
+
+/* The first row of a file that cannot be read as the method's kind, as "; read as <kind>
+ * rows, line N: field: why" (nothing when none is found). The upload decided the file's
+ * kind by its first row; OpenAI checks a file against the job's method at creation, so
+ * the refusal names the row, as OpenAI's does. */
+static void wrong_kind_detail(const char *path, const struct job_method *m, char *out, size_t cap) {
+    out[0] = 0;
+    enum dataset_kind kind;
+    struct smelt_error e = {0};
+    if (dataset_kind_from_name(m->data_kind, &kind, &e) != SMELT_OK) return;
+    struct dataset_report *r = calloc(1, sizeof *r);
+    if (!r) return;
+    if (dataset_validate_file(path, kind, r, &e) == SMELT_EFORMAT && r->n_issues > 0)
+        snprintf(out, cap, "; read as %s rows, line %lld: %s%s%s", m->data_kind, (long long)r->issues[0].line,
+                 r->issues[0].field, r->issues[0].field[0] ? ": " : "", r->issues[0].message);
+    free(r);
 }
 
 /* The path of an uploaded file the method can train on: processed (its report says why
@@ -222,8 +352,10 @@ static int file_path(struct store_conn *conn, const char *project, const struct 
                              *field ? ": " : "",
                              json_string_value(json_object_get(first, "message")) ?: "invalid");
     } else if (strcmp(json_string_value(json_object_get(row, "kind")) ?: "", m->data_kind) != 0) {
-        rc = error_set_field(err, SMELT_EINVAL, param, "%s: %s holds %s rows; a %s job needs %s", param, id,
-                             json_string_value(json_object_get(row, "kind")) ?: "unknown", m->type, m->rows);
+        char detail[400];
+        wrong_kind_detail(json_string_value(json_object_get(row, "path")), m, detail, sizeof detail);
+        rc = error_set_field(err, SMELT_EINVAL, param, "%s: %s holds %s rows; a %s job needs %s%s", param, id,
+                             json_string_value(json_object_get(row, "kind")) ?: "unknown", m->type, m->rows, detail);
     } else {
         snprintf(path, cap, "%s", json_string_value(json_object_get(row, "path")));
     }
@@ -271,7 +403,7 @@ static int check_request_keys(const json_t *request, struct smelt_error *err) {
         "model", "training_file", "validation_file", "hyperparameters", "method", "suffix", "seed",
         "metadata", "integrations", "lora", "resources", "priority", "max_retries",
         "max_runtime_seconds", "model_init", "data", "eval", "checkpoint", "save_merged",
-        "save_dtype", "backend", NULL};
+        "save_dtype", "backend", "chat_template", NULL};
     const char *key = json_unknown_key(request, keys);
     if (key) return error_set_field(err, SMELT_EINVAL, key, "%s: unknown parameter", key);
     return SMELT_OK;
@@ -413,18 +545,13 @@ static int read_scheduling(const json_t *request, struct job_plan *p, struct sme
     return read_resources(request, p, err);
 }
 
-/* method.type: a method smelt runs; the planned ones are refused by name. */
+/* method.type: a method smelt runs. */
 static int read_method_type(const json_t *method, const struct job_method **out, struct smelt_error *err) {
     json_t *v = json_object_get(method, "type");
     if (!json_is_string(v))
         return error_set_field(err, SMELT_EINVAL, "method.type",
                                "method.type: one of supervised, dpo, reinforcement, ppo, grpo, reward_model");
     const char *type = json_string_value(v);
-    for (size_t i = 0; i < sizeof LATER_METHODS / sizeof LATER_METHODS[0]; i++)
-        if (strcmp(type, LATER_METHODS[i]) == 0)
-            return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%s' jobs are not available "
-                                   "in this version of smelt yet: their trainer does not exist (supervised, "
-                                   "dpo and reward_model are)", type);
     if (!(*out = method_named(type)))
         return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%.40s' is not a method "
                                "(supervised, dpo, reinforcement, ppo, grpo, reward_model)", type);
@@ -440,7 +567,7 @@ static int method_hyperparameters(const json_t *method, struct hp_source *src, c
     TRY(read_method_type(method, &src->method, err));
     const char *type = src->method->type;
     const char *const method_keys[] = {"type", type, NULL};
-    const char *const settings_keys[] = {"hyperparameters", src->method->rl ? "reward" : NULL, NULL};
+    const char *const settings_keys[] = {"hyperparameters", src->method->reward_key, NULL};
     char field[64];
     snprintf(field, sizeof field, "method.%s", type);
     const char *key = json_unknown_key(method, method_keys);
@@ -451,15 +578,21 @@ static int method_hyperparameters(const json_t *method, struct hp_source *src, c
                                unknown, type, field);
     }
     json_t *settings = json_object_get(method, type);
-    if (!settings || json_is_null(settings)) return SMELT_OK;
-    if (!json_is_object(settings))
-        return error_set_field(err, SMELT_EINVAL, field, "%s: an object is expected", field);
-    if ((key = json_unknown_key(settings, settings_keys)))
-        return error_set_field(err, SMELT_EINVAL, field, "%s.%.64s: unknown field", field, key);
-    json_t *v = json_object_get(settings, "hyperparameters");
-    *hp = v && !json_is_null(v) ? v : NULL;
-    v = json_object_get(settings, "reward");
-    src->reward = v && !json_is_null(v) ? v : NULL;
+    if (settings && !json_is_null(settings)) {
+        if (!json_is_object(settings))
+            return error_set_field(err, SMELT_EINVAL, field, "%s: an object is expected", field);
+        if ((key = json_unknown_key(settings, settings_keys)))
+            return error_set_field(err, SMELT_EINVAL, field, "%s.%.64s: unknown field", field, key);
+        json_t *v = json_object_get(settings, "hyperparameters");
+        *hp = v && !json_is_null(v) ? v : NULL;
+        v = src->method->reward_key ? json_object_get(settings, src->method->reward_key) : NULL;
+        src->reward = v && !json_is_null(v) ? v : NULL;
+    }
+    /* OpenAI requires the grader; the trainer would name its reward spec instead. */
+    if (takes_grader(src->method) && !src->reward)
+        return error_set_field(err, SMELT_EINVAL, "method.reinforcement.grader", "method.reinforcement.grader: "
+                               "required: the grader that scores each sample (OpenAI's grader object: "
+                               "docs/rewards.md)");
     return SMELT_OK;
 }
 
@@ -472,6 +605,7 @@ static int find_hyperparameters(const json_t *request, struct hp_source *src, st
     const json_t *method = json_object_get(request, "method");
     if (method && !json_is_null(method)) TRY(method_hyperparameters(method, src, &in_method, err));
     const char *type = src->method->type;
+    src->eval = json_object_get(request, "eval");
     if (top && in_method)
         return error_set_field(err, SMELT_EINVAL, "hyperparameters", "hyperparameters: give them in "
                                "method.%s.hyperparameters or at the top level, not both", type);
@@ -490,7 +624,28 @@ static int find_hyperparameters(const json_t *request, struct hp_source *src, st
 /* The model's and the files' paths on disk. */
 struct job_inputs {
     char model[SERVER_PATH_BYTES], train[SERVER_PATH_BYTES], validation[SERVER_PATH_BYTES];
+    char critic[SERVER_PATH_BYTES]; /* a ppo job's critic_model ("": none) */
 };
+
+/* A ppo job's hyperparameter critic_model names a model as `model` does (a reward-model
+ * job's output, or a base model); the spec gets its directory, never a path from the
+ * request. The trainer then checks it is a classifier of the policy's vocabulary. */
+static int resolve_critic(struct server *s, struct store_conn *conn, const char *project,
+                          const struct hp_source *src, struct job_inputs *in, struct smelt_error *err) {
+    in->critic[0] = 0;
+    json_t *v = json_object_get(src->hp, "critic_model");
+    if (!v || json_is_null(v) || strcmp(src->method->spec_type, "ppo") != 0) return SMELT_OK;
+    char field[96], kind[16];
+    snprintf(field, sizeof field, "%s.critic_model", src->where);
+    if (!json_is_string(v))
+        return error_set_field(err, SMELT_EINVAL, field, "%s: a model name is expected (GET /v1/models)", field);
+    int rc = models_resolve(s, conn, project, json_string_value(v), in->critic, sizeof in->critic, kind,
+                            sizeof kind, err);
+    if (rc == SMELT_ENOTFOUND)
+        return error_set_field(err, SMELT_EINVAL, field, "%s: no such model: %.200s (GET /v1/models lists them)",
+                               field, json_string_value(v));
+    return rc;
+}
 
 static int resolve_inputs(struct server *s, struct store_conn *conn, const char *project,
                           const struct job_method *m, const struct job_plan *p, struct job_inputs *in,
@@ -530,7 +685,8 @@ static int copy_trainer_fields(const json_t *request, json_t *spec, struct smelt
     TRY(copy_section(request, "data", spec, err));
     TRY(copy_section(request, "eval", spec, err));
     TRY(copy_section(request, "checkpoint", spec, err));
-    static const char *const as_is[] = {"lora", "model_init", "save_merged", "save_dtype", "backend", NULL};
+    static const char *const as_is[] = {"lora", "model_init", "save_merged", "save_dtype", "backend",
+                                        "chat_template", NULL};
     for (int i = 0; as_is[i]; i++) {
         json_t *v = json_object_get(request, as_is[i]);
         if (v && !json_is_null(v)) TRY(set_member(spec, as_is[i], json_incref(v), err));
@@ -566,42 +722,59 @@ static int build_spec(const json_t *request, const struct job_inputs *in, const 
     if (in->validation[0])
         TRY(set_member(json_object_get(p->spec, "data"), "validation", json_string(in->validation), err));
     json_t *rl = NULL;
-    if (src->method->rl) {
+    if (src->method->reward_key) {
         TRY(set_member(p->spec, "rl", json_object(), err));
         rl = json_object_get(p->spec, "rl");
-        if (src->reward) TRY(set_member(rl, "reward", json_incref((json_t *)src->reward), err));
+        if (src->reward) /* reinforcement: OpenAI's grader is the reward spec {"grader": G} */
+            TRY(set_member(rl, "reward", takes_grader(src->method) ? json_pack("{s:O}", "grader", src->reward)
+                                                                   : json_incref((json_t *)src->reward), err));
     }
-    if (src->hp) TRY(map_hyperparameters(src, json_object_get(p->spec, "hyperparameters"), rl, err));
+    if (src->hp) TRY(map_hyperparameters(src, p->spec, err));
+    if (in->critic[0]) TRY(set_member(rl, "critic_model", json_string(in->critic), err));
     TRY(place_rollout(src, p, rl, err));
     return copy_trainer_fields(request, p->spec, err);
 }
 
+/* One OpenAI hyperparameter's value as the parsed spec resolved it (a multiplier as the
+ * factor of the trainer's default), or NULL when the trainer has no such numeric field:
+ * the trainer accepted the spec, so it runs this method, and a table without the field is
+ * a trainer and smeltd out of step. */
+static json_t *resolved_hp(const struct openai_hp *o, const struct job_spec *js) {
+    if (o->section == IN_EVAL)
+        return strcmp(o->field, "every_steps") == 0         ? json_integer(js->eval.every_steps)
+               : strcmp(o->field, "accuracy_examples") == 0 ? json_integer(js->eval.accuracy_examples)
+                                                            : NULL;
+    const struct job_hp_field *f = mapped_field(o);
+    if (!f || (f->kind != JOB_FIELD_INT && f->kind != JOB_FIELD_NUMBER)) return NULL;
+    const void *value = (const char *)js + f->offset;
+    double x = f->kind == JOB_FIELD_INT ? (double)*(const int64_t *)value : *(const double *)value;
+    if (o->multiplies_default) return json_real(x / f->def);
+    return f->kind == JOB_FIELD_INT ? json_integer(*(const int64_t *)value) : json_real(x);
+}
+
 /* The job object's hyperparameters under OpenAI's names, resolved from the parsed spec:
- * {"type": T, T: {"hyperparameters": {...}}}, as OpenAI shows a job's method. */
+ * {"type": T, T: {"hyperparameters": {...}}}, as OpenAI shows a job's method; an RL
+ * method's reward (grpo) or grader (reinforcement) beside them, as the trainer runs it. */
 static int show_hyperparameters(const struct job_method *m, const struct job_spec *js, struct job_plan *p,
                                 struct smelt_error *err) {
     p->shown_hp = json_object();
     if (!p->shown_hp) return error_set(err, SMELT_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_hps; i++) {
         const struct openai_hp *o = &m->hps[i];
-        const struct job_hp_field *f = job_hp_field_find(o->field);
-        /* The trainer accepted the spec, so it runs this method; a table without the field
-         * is a trainer and smeltd out of step: the server's failure, not the caller's. */
-        if (!f || (f->kind != JOB_FIELD_INT && f->kind != JOB_FIELD_NUMBER))
-            return error_set(err, SMELT_EUNSUPPORTED, "the trainer has no numeric hyperparameter '%s' (for %s)",
-                             o->field, o->name);
-        const void *value = (const char *)js + f->offset;
-        json_t *shown = f->kind == JOB_FIELD_INT ? json_integer(*(const int64_t *)value)
-                        : o->multiplies_default ? json_real(*(const double *)value / f->def)
-                                                : json_real(*(const double *)value);
+        json_t *shown = resolved_hp(o, js);
+        if (!shown)
+            return error_set(err, SMELT_EUNSUPPORTED, "the trainer has no numeric field '%s' (for %s)", o->field,
+                             o->name);
         TRY(set_member(p->shown_hp, o->name, shown, err));
     }
+    if (takes_grader(m)) TRY(set_member(p->shown_hp, "reasoning_effort", json_string("default"), err));
     p->method = json_pack("{s:s, s:{s:O}}", "type", m->type, m->type, "hyperparameters", p->shown_hp);
-    if (p->method && m->rl) { /* the reward as the trainer will run it (defaults filled in) */
+    if (p->method && m->reward_key) { /* the reward as the trainer will run it (defaults filled in) */
         void *full = NULL;
         if (job_spec_to_json(js, &full, err)) return SMELT_ENOMEM;
-        json_object_set(json_object_get(p->method, m->type), "reward",
-                        json_object_get(json_object_get(full, "rl"), "reward"));
+        json_t *reward = json_object_get(json_object_get(full, "rl"), "reward");
+        json_object_set(json_object_get(p->method, m->type), m->reward_key,
+                        takes_grader(m) ? json_object_get(reward, "grader") : reward);
         json_decref(full);
     }
     return p->method ? SMELT_OK : error_set(err, SMELT_ENOMEM, "out of memory");
@@ -626,6 +799,10 @@ static int check_spec(const struct hp_source *src, struct job_plan *p, struct sm
     request_param(spec_err.field, src, param, sizeof param);
     if (strcmp(param, spec_err.field) == 0 || !param[0])
         return error_set_field(err, SMELT_EINVAL, param, "%s", message);
+    /* "rl.reward.grader.x: why" reads "method.reinforcement.grader.x: why": the request's
+     * path in place of the spec's. */
+    size_t n = strlen(spec_err.field);
+    if (n && strncmp(message, spec_err.field, n) == 0 && strncmp(message + n, ": ", 2) == 0) message += n + 2;
     return error_set_field(err, SMELT_EINVAL, param, "%s: %s", param, message);
 }
 
@@ -666,6 +843,7 @@ static int plan_job(struct server *s, struct store_conn *conn, const char *proje
     TRY(find_hyperparameters(request, &src, err));
     struct job_inputs in;
     TRY(resolve_inputs(s, conn, project, src.method, p, &in, err));
+    TRY(resolve_critic(s, conn, project, &src, &in, err));
     TRY(build_spec(request, &in, job_dir, &src, p, err));
     TRY(check_spec(&src, p, err));
     return check_fits(conn, p, err);

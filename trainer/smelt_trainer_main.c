@@ -3,7 +3,10 @@
  *
  *   smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]
  *
- * Exit status: 0 finished (or stopped cleanly), 1 the job failed, 2 bad usage. */
+ * Exit status: 0 finished (or stopped cleanly), 1 the job failed on its input (spec, data,
+ * model: running it again cannot help), 2 bad usage, 3 the run failed against its
+ * surroundings (a rollout worker lost, a read or write, a device: a new attempt from the
+ * last checkpoint may succeed, and smeltd retries it within the job's max_retries). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -19,6 +22,12 @@ static void usage(FILE *f) {
     fprintf(f, "usage: smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]\n"
                "  runs an SFT, DPO, reward-model or GRPO job (its \"type\"; docs/job-spec.md); metrics go\n"
                "  to stdout and OUTPUT_DIR/metrics.jsonl\n");
+}
+
+/* The exit status of a failed run, by its error's code (common/error.h): I/O and device
+ * failures (a dead or silent rollout worker is SMELT_EIO) are the run's, not the job's. */
+static int failure_status(int code) {
+    return code == SMELT_EIO || code == SMELT_EBACKEND ? 3 : 1;
 }
 
 static void on_signal(int sig) {
@@ -93,9 +102,10 @@ int main(int argc, char **argv) {
         }
     }
     struct trainer_result res;
-    if (trainer_run(&spec, &o, &res, &err)) {
+    int rc = trainer_run(&spec, &o, &res, &err);
+    if (rc) {
         fprintf(stderr, "smelt-trainer: %s\n", err.message);
-        return 1;
+        return failure_status(rc);
     }
     if (res.stopped) {
         log_info("stopped at step %lld", (long long)res.steps);

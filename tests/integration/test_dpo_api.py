@@ -208,7 +208,7 @@ def test_a_file_of_the_wrong_kind_is_refused(client, pref_files, sft_file, metho
     ({"type": "dpo", "supervised": {"hyperparameters": {}}}, "method.supervised"),
     ({"type": "reward_model", "reward_model": {"hyperparameters": {"center_rewards_coefficient": -1}}},
      "method.reward_model.hyperparameters.center_rewards_coefficient"),
-    ({"type": "ppo"}, "method.type"),
+    ({"type": "ppo"}, "training_file"),
     ({"type": "grpo"}, "training_file"),
 ])
 def test_refusals_name_the_request_path(client, pref_files, method, param):

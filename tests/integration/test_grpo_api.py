@@ -125,6 +125,39 @@ def test_grpo_job_in_split_placement_syncs_its_workers(smeltd):
         assert d["rollout/logprob_diff_mean"] < 1e-3, d
 
 
+def test_ppo_job_runs_with_its_critic(smeltd):
+    """method ppo: the same prompts and reward, a critic (GAE) instead of groups; its
+    numbers in the events, the critic saved beside the model; critic_model names a
+    model as `model` does, never a path."""
+    train = upload(smeltd, prompts_rows(TRAIN_FILE, 16), "ppo_train.jsonl")
+    val = upload(smeltd, prompts_rows(VAL_FILE, 4), "ppo_val.jsonl")
+    body = grpo_request(train, val, hp={"batch_size": 4, "max_new_tokens": 4, "max_iterations": 3,
+                                        "learning_rate_multiplier": 10, "critic_learning_rate": 1e-3,
+                                        "kv_memory_mb": 4})
+    body["method"] = {"type": "ppo", "ppo": body["method"]["grpo"]}
+    status, job = smeltd.request("POST", J, body)
+    assert status == 200, job
+    assert job["method"]["type"] == "ppo", job
+    status, raw = smeltd.request("GET", J + "/" + job["id"])
+    assert raw["spec"]["type"] == "ppo" and raw["spec"]["rl"]["critic_learning_rate"] == 1e-3, raw["spec"]
+    job = smeltd.wait_job(job["id"], ("succeeded", "failed", "cancelled"), timeout=300)
+    assert job["status"] == "succeeded", (job, smeltd.read_log())
+    status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
+    steps = [e["data"] for e in events["data"] if e["type"] == "metrics" and e.get("data") and "train_loss" in e["data"]]
+    assert len(steps) == 3, events["data"]
+    for d in steps:  # one sample per prompt (PPO has no groups), the critic's numbers beside the reward
+        assert d["samples"] == 4 and "critic/vf_loss" in d and "critic/vpred_mean" in d, d
+    with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "output", "critic", "config.json")) as f:
+        assert "ForSequenceClassification" in f.read()
+    body["method"]["ppo"]["hyperparameters"]["critic_model"] = "no-such-model"
+    refused(smeltd, body, "method.ppo.hyperparameters.critic_model", "no such model")
+    body["method"]["ppo"]["hyperparameters"]["critic_model"] = "/etc"
+    refused(smeltd, body, "method.ppo.hyperparameters.critic_model")
+    body["method"]["ppo"]["hyperparameters"].pop("critic_model")
+    body["method"]["ppo"]["hyperparameters"]["dynamic_sampling"] = True
+    refused(smeltd, body, "method.ppo.hyperparameters.dynamic_sampling", "groups")
+
+
 def refused(smeltd, body, param, *words):
     status, err = smeltd.request("POST", J, body)
     assert status == 400, err

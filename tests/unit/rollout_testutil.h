@@ -1,13 +1,17 @@
 /* Helpers shared by the rollout tests: the parity fixtures' models, an engine sized in
- * tokens, deterministic prompts, and a run to idle that sorts the results by request and
- * sample. */
+ * tokens, deterministic prompts, a run to idle that sorts the results by request and
+ * sample, and an in-process smelt-rollout worker (rollout_worker_run on a thread behind
+ * a ROUTER socket) for the client and weight-sync tests. */
 #ifndef SMELT_TESTS_ROLLOUT_TESTUTIL_H
 #define SMELT_TESTS_ROLLOUT_TESTUTIL_H
 
 #include "tests/unit/testutil.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "model/model.h"
 #include "rollout/rollout.h"
@@ -80,6 +84,70 @@ static inline void rollout_test_free_collected(struct rollout_test_collected *c)
                 free(c->r[i][s].logprobs);
             }
     free(c);
+}
+
+/* ---- a worker on a thread ----
+ *
+ * rollout_worker_run serving a fresh engine of model m (and adapter, or NULL) on a ROUTER
+ * bound to endpoint in the caller's ZeroMQ context, on a thread of its own until
+ * rollout_test_halt. The test keeps m and the adapter; the worker owns its engine and
+ * socket, freed by rollout_test_unserve (with m too when own_model is set). */
+struct rollout_test_worker {
+    struct model *own_model; /* freed by rollout_test_unserve when set (rollout_test_serve_own) */
+    void *router;
+    struct rollout_engine *engine;
+    struct rollout_worker_setup setup;
+    pthread_t thread;
+    atomic_int stop; /* set by the test's thread, read by the worker's */
+    bool running;
+    int rc;
+    struct smelt_error err;
+};
+
+static inline void *rollout_test_worker_main(void *arg) {
+    struct rollout_test_worker *s = arg;
+    s->rc = rollout_worker_run(&s->setup, &s->err);
+    return NULL;
+}
+
+/* The worker's engine: rollout_test_engine(m, NULL, 1024, 256, max_seqs, 256). */
+static inline void rollout_test_serve(struct rollout_test_worker *s, void *ctx, const char *endpoint,
+                                      struct model *m, struct lora *adapter, int max_seqs) {
+    memset(s, 0, sizeof *s);
+    s->engine = rollout_test_engine(m, NULL, 1024, 256, max_seqs, 256);
+    s->router = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0;
+    cr_assert(s->router && zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero) == 0);
+    cr_assert_eq(zmq_bind(s->router, endpoint), 0, "bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
+    s->setup = (struct rollout_worker_setup){.engine = s->engine, .model = m, .adapter = adapter,
+                                             .router = s->router, .stop = &s->stop};
+    cr_assert_eq(pthread_create(&s->thread, NULL, rollout_test_worker_main, s), 0);
+    s->running = true;
+}
+
+/* A worker of its own model (the parity Llama), freed with the worker. */
+static inline void rollout_test_serve_own(struct rollout_test_worker *s, void *ctx, const char *endpoint,
+                                          int max_seqs) {
+    struct model *m = rollout_test_load("llama");
+    rollout_test_serve(s, ctx, endpoint, m, NULL, max_seqs);
+    s->own_model = m;
+}
+
+/* Stops the thread (no-op when stopped); the worker must have ended without error. */
+static inline void rollout_test_halt(struct rollout_test_worker *s) {
+    if (!s->running) return;
+    atomic_store(&s->stop, 1);
+    cr_assert_eq(pthread_join(s->thread, NULL), 0);
+    s->running = false;
+    cr_expect_eq(s->rc, 0, "rollout_worker_run failed: %s", s->err.message);
+}
+
+static inline void rollout_test_unserve(struct rollout_test_worker *s) {
+    rollout_test_halt(s);
+    if (s->router) zmq_close(s->router);
+    rollout_engine_free(s->engine);
+    model_free(s->own_model);
+    memset(s, 0, sizeof *s);
 }
 
 #endif

@@ -330,7 +330,8 @@ Test(datasets, every_row_error_names_line_and_field, .init = setup, .fini = tear
                   "line 4: %s", r->issues[i].message);
         i++;
         expect_issue(r, i++, 5, "messages", "no assistant turn (nothing to train)");
-        expect_issue(r, i++, 6, "messages[0].role", "expected \"system\", \"user\" or \"assistant\", got \"bot\"");
+        expect_issue(r, i++, 6, "messages[0].role",
+                     "expected \"system\", \"developer\", \"user\" or \"assistant\", got \"bot\"");
         expect_issue(r, i++, 7, "messages[0].content", "expected a string, got number");
         expect_issue(r, i++, 8, "", "unknown field \"foo\"");
         expect_issue(r, i++, 9, "", "a preference row in a sft file (line 1 decided the kind; kinds cannot mix)");

@@ -422,13 +422,13 @@ Test(jobs, dpo_method_params) {
         {"{\"type\": \"dpo\", \"dpo\": 3}", "method.dpo", "object"},
         {"{\"type\": \"dpo\", \"dpo\": {\"beta\": 0.1}}", "method.dpo", "unknown"},
         {"{\"type\": \"dpo\", \"supervised\": {}}", "method.supervised", "method.dpo"},
-        {"{\"type\": \"ppo\"}", "method.type", "not available"},
+        {"{\"type\": \"ppo\"}", "training_file", "a ppo job needs prompts rows"},
         {"{\"type\": \"grpo\"}", "training_file", "a grpo job needs prompts rows"},
         {"{\"type\": \"grpo\", \"grpo\": {\"grader\": {}}}", "method.grpo", "grader"},
         {"{\"type\": \"dpo\", \"dpo\": {\"reward\": {}}}", "method.dpo", "reward"},
         {"{\"type\": \"reward_model\", \"reward_model\": {\"hyperparameters\": {\"center_rewards_coefficient\": -1}}}",
          "method.reward_model.hyperparameters.center_rewards_coefficient", "center_rewards_coefficient"},
-        {"{\"type\": \"reinforcement\"}", "method.type", "not available"},
+        {"{\"type\": \"reinforcement\"}", "method.reinforcement.grader", "required"},
         {"{\"type\": \"dpo!\"}", "method.type", "not a method"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -489,7 +489,8 @@ Test(jobs, a_file_of_the_wrong_kind_is_refused) {
 Test(jobs, model_heads) {
     cr_expect_str_eq(jobs_method_head("supervised"), "lm");
     cr_expect_str_eq(jobs_method_head("dpo"), "lm");
-    cr_expect_null(jobs_method_head("ppo"), "no trainer, no model");
+    cr_expect_str_eq(jobs_method_head("ppo"), "lm");
+    cr_expect_null(jobs_method_head("magic"), "no such method");
     struct smelt_error err = {0};
     struct store_conn *conn = store_acquire(g_s.store, &err);
     cr_assert(conn, "%s", err.message);

@@ -12,7 +12,6 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -31,57 +30,6 @@ static int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* ---- workers on threads ---- */
-
-struct served {
-    struct model *model;
-    void *router;
-    struct rollout_engine *engine;
-    struct rollout_worker_setup setup;
-    pthread_t thread;
-    atomic_int stop;  /* set by the test's thread, read by the worker's */
-    bool running;
-    int rc;
-    struct smelt_error err;
-};
-
-static void *serve_main(void *arg) {
-    struct served *s = arg;
-    s->rc = rollout_worker_run(&s->setup, &s->err);
-    return NULL;
-}
-
-/* A worker of its own model (the parity Llama) on endpoint. */
-static void serve(struct served *s, void *ctx, const char *endpoint, int max_seqs) {
-    memset(s, 0, sizeof *s);
-    s->model = rollout_test_load("llama");
-    s->engine = rollout_test_engine(s->model, NULL, 1024, 256, max_seqs, 256);
-    s->router = zmq_socket(ctx, ZMQ_ROUTER);
-    int zero = 0;
-    cr_assert(s->router && zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero) == 0);
-    cr_assert_eq(zmq_bind(s->router, endpoint), 0, "bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
-    s->setup = (struct rollout_worker_setup){.engine = s->engine, .model = s->model, .router = s->router,
-                                             .stop = &s->stop};
-    cr_assert_eq(pthread_create(&s->thread, NULL, serve_main, s), 0);
-    s->running = true;
-}
-
-static void halt(struct served *s) {
-    if (!s->running) return;
-    atomic_store(&s->stop, 1);
-    cr_assert_eq(pthread_join(s->thread, NULL), 0);
-    s->running = false;
-    cr_expect_eq(s->rc, 0, "rollout_worker_run failed: %s", s->err.message);
-}
-
-static void unserve(struct served *s) {
-    halt(s);
-    if (s->router) zmq_close(s->router);
-    rollout_engine_free(s->engine);
-    model_free(s->model);
-    memset(s, 0, sizeof *s);
 }
 
 static struct rollout_client *client_of(void *ctx, const char *const *eps, int n, int64_t quiet_ms,
@@ -163,12 +111,12 @@ static void expect_like_local(const struct batch *b, const struct rollout_reques
 
 Test(rollout_client, a_batch_over_two_workers_is_filed_by_request_and_sample) {
     void *ctx = zmq_ctx_new();
-    struct served w[2];
-    for (int k = 0; k < 2; k++) serve(&w[k], ctx, endpoints[k], 16);
+    struct rollout_test_worker w[2];
+    for (int k = 0; k < 2; k++) rollout_test_serve_own(&w[k], ctx, endpoints[k], 16);
     struct rollout_client *c = client_of(ctx, endpoints, 2, 0, 0);
     int32_t prompts[N_REQ][24];
     struct rollout_request r[N_REQ];
-    make_requests(prompts, r, w[0].model->config.vocab_size);
+    make_requests(prompts, r, w[0].own_model->config.vocab_size);
     static struct batch b;
     struct rollout_client_results out = results_of(&b);
     struct smelt_error err = {0};
@@ -186,19 +134,19 @@ Test(rollout_client, a_batch_over_two_workers_is_filed_by_request_and_sample) {
     /* The same client runs the next batch. */
     TEST_OK(rollout_client_generate(c, r, N_REQ, &out, &err), &err);
     rollout_client_free(c);
-    for (int k = 0; k < 2; k++) unserve(&w[k]);
+    for (int k = 0; k < 2; k++) rollout_test_unserve(&w[k]);
     zmq_ctx_term(ctx);
     expect_like_local(&b, r, N_REQ);
 }
 
 Test(rollout_client, a_refused_request_fails_the_batch_naming_it) {
     void *ctx = zmq_ctx_new();
-    struct served w;
-    serve(&w, ctx, endpoints[0], 16);
+    struct rollout_test_worker w;
+    rollout_test_serve_own(&w, ctx, endpoints[0], 16);
     struct rollout_client *c = client_of(ctx, endpoints, 1, 0, 0);
     int32_t prompts[N_REQ][24];
     struct rollout_request r[N_REQ];
-    make_requests(prompts, r, w.model->config.vocab_size);
+    make_requests(prompts, r, w.own_model->config.vocab_size);
     int32_t outside[3] = {4, 500, 6}; /* the vocabulary has 96 ids */
     struct rollout_request bad[2] = {r[0], r[1]};
     bad[1].prompt = outside;
@@ -213,7 +161,7 @@ Test(rollout_client, a_refused_request_fails_the_batch_naming_it) {
     /* The next batch is whole and right: nothing of the failed one lands in it. */
     TEST_OK(rollout_client_generate(c, r, N_REQ, &out, &err), &err);
     rollout_client_free(c);
-    unserve(&w);
+    rollout_test_unserve(&w);
     zmq_ctx_term(ctx);
     expect_like_local(&b, r, N_REQ);
 }
@@ -283,8 +231,8 @@ static void wait_first(struct rollout_client *c) {
 
 Test(rollout_client, a_worker_stopped_mid_batch_fails_it_naming_the_worker) {
     void *ctx = zmq_ctx_new();
-    struct served w[2];
-    for (int k = 0; k < 2; k++) serve(&w[k], ctx, endpoints[k], 2);
+    struct rollout_test_worker w[2];
+    for (int k = 0; k < 2; k++) rollout_test_serve_own(&w[k], ctx, endpoints[k], 2);
     struct rollout_client *c = client_of(ctx, endpoints, 2, 0, 0);
     int32_t prompt[4] = {3, 1, 4, 1};
     struct rollout_request r[2];
@@ -299,13 +247,13 @@ Test(rollout_client, a_worker_stopped_mid_batch_fails_it_naming_the_worker) {
     struct smelt_error err = {0};
     TEST_OK(rollout_client_submit(c, r, 2, &out, &err), &err);
     wait_first(c);
-    halt(&w[1]);
+    rollout_test_halt(&w[1]);
     int64_t t0 = now_ms();
     TEST_EXPECT_ERROR(rollout_client_collect(c, &err), SMELT_EIO, &err);
     cr_expect_lt(now_ms() - t0, 10000, "the failure took %lld ms to be noticed", (long long)(now_ms() - t0));
     cr_expect(strstr(err.message, endpoints[1]) != NULL, "the error should name %s: %s", endpoints[1], err.message);
     rollout_client_free(c);
-    for (int k = 0; k < 2; k++) unserve(&w[k]);
+    for (int k = 0; k < 2; k++) rollout_test_unserve(&w[k]);
     zmq_ctx_term(ctx);
 }
 
@@ -338,8 +286,8 @@ Test(rollout_client, a_killed_worker_fails_the_batch_naming_it_without_hanging, 
     if (child == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
         void *ctx = zmq_ctx_new();
-        struct served s;
-        serve(&s, ctx, endpoint, 2);
+        struct rollout_test_worker s;
+        rollout_test_serve_own(&s, ctx, endpoint, 2);
         pthread_join(s.thread, NULL);
         _exit(0);
     }
@@ -411,8 +359,8 @@ Test(rollout_client, a_silent_worker_is_declared_dead) {
 
 Test(rollout_client, a_push_to_two_workers_waits_for_both_and_names_a_refusal) {
     void *ctx = zmq_ctx_new();
-    struct served w[2];
-    for (int k = 0; k < 2; k++) serve(&w[k], ctx, endpoints[k], 16);
+    struct rollout_test_worker w[2];
+    for (int k = 0; k < 2; k++) rollout_test_serve_own(&w[k], ctx, endpoints[k], 16);
     struct model *trainer = rollout_test_load("llama");
     float *tw = trainer->weights.data;
     for (int64_t i = 0; i < trainer->n_weights; i++) tw[i] *= 1.25f;
@@ -442,11 +390,11 @@ Test(rollout_client, a_push_to_two_workers_waits_for_both_and_names_a_refusal) {
     cr_expect_eq(rep.bytes_sent, 2 * rep.bytes);
     rollout_client_free(c);
     for (int k = 0; k < 2; k++) {
-        halt(&w[k]);
-        cr_expect_eq(memcmp(w[k].model->weights.data, tw, (size_t)trainer->n_weights * 4), 0,
+        rollout_test_halt(&w[k]);
+        cr_expect_eq(memcmp(w[k].own_model->weights.data, tw, (size_t)trainer->n_weights * 4), 0,
                      "worker %d does not hold the trainer's weights", k);
         cr_expect_eq(rollout_engine_stats(w[k].engine).policy_version, 6);
-        unserve(&w[k]);
+        rollout_test_unserve(&w[k]);
     }
     model_free(trainer);
     zmq_ctx_term(ctx);

@@ -13,8 +13,6 @@
  * .timeout (whose runner leaks an allocation under --jobs 2 that LeakSanitizer reports). */
 #include "tests/unit/rollout_testutil.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <zmq.h>
 
 #include "common/msg.h"
@@ -24,52 +22,6 @@
 #define ENDPOINT "inproc://weightsync-worker"
 #define TIMEOUT_MS 30000
 #define MAX_TOKENS 64
-
-/* ---- a worker on a thread ---- */
-
-struct served {
-    void *router;
-    struct rollout_engine *engine;
-    struct rollout_worker_setup setup;
-    pthread_t thread;
-    atomic_int stop;  /* set by the test's thread, read by the worker's */
-    bool running;
-    int rc;
-    struct smelt_error err;
-};
-
-static void *serve_main(void *arg) {
-    struct served *s = arg;
-    s->rc = rollout_worker_run(&s->setup, &s->err);
-    return NULL;
-}
-
-static void serve(struct served *s, void *ctx, const char *endpoint, struct model *m, struct lora *adapter,
-                  int max_seqs) {
-    memset(s, 0, sizeof *s);
-    s->engine = rollout_test_engine(m, NULL, 1024, 256, max_seqs, 256);
-    s->router = zmq_socket(ctx, ZMQ_ROUTER);
-    int zero = 0;
-    cr_assert(s->router && zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero) == 0);
-    cr_assert_eq(zmq_bind(s->router, endpoint), 0, "bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
-    s->setup = (struct rollout_worker_setup){.engine = s->engine, .model = m, .adapter = adapter,
-                                             .router = s->router, .stop = &s->stop};
-    cr_assert_eq(pthread_create(&s->thread, NULL, serve_main, s), 0);
-    s->running = true;
-}
-
-static void unserve(struct served *s) {
-    if (s->running) {
-        atomic_store(&s->stop, 1);
-        cr_assert_eq(pthread_join(s->thread, NULL), 0);
-        s->running = false;
-        cr_expect_eq(s->rc, 0, "rollout_worker_run failed: %s", s->err.message);
-    }
-    if (s->router) zmq_close(s->router);
-    s->router = NULL;
-    rollout_engine_free(s->engine);
-    s->engine = NULL;
-}
 
 static struct rollout_client *client_of(void *ctx, const char *endpoint, int64_t bucket_bytes) {
     const char *endpoints[1] = {endpoint};
@@ -562,8 +514,8 @@ Test(weightsync, a_full_sync_gives_the_trainers_outputs) {
     struct model *trainer = rollout_test_load("llama"), *worker = rollout_test_load("llama");
     perturb(trainer->weights.data, trainer->n_weights, 11);
     void *ctx = zmq_ctx_new();
-    struct served s;
-    serve(&s, ctx, ENDPOINT, worker, NULL, 16);
+    struct rollout_test_worker s;
+    rollout_test_serve(&s, ctx, ENDPOINT, worker, NULL, 16);
     /* 4000 bytes a bucket: tensors span buckets. */
     struct rollout_client *c = client_of(ctx, ENDPOINT, 4000);
     int32_t prompt[11];
@@ -587,7 +539,7 @@ Test(weightsync, a_full_sync_gives_the_trainers_outputs) {
     generate(c, &r, &after);
     cr_expect_eq(after.version[0], 3, "a sample after the sync carries its version");
     rollout_client_free(c);
-    unserve(&s);
+    rollout_test_unserve(&s);
     zmq_ctx_term(ctx);
 
     cr_expect_eq(memcmp(worker->weights.data, trainer->weights.data, (size_t)trainer->n_weights * 4), 0,
@@ -628,8 +580,8 @@ Test(weightsync, a_lora_sync_moves_only_the_adapter) {
     perturb(la->weights.data, la->n_weights, 21);
     for (int64_t i = 0; i < la->n_weights; i++) ((float *)la->weights.data)[i] *= 4; /* a clear change */
     void *ctx = zmq_ctx_new();
-    struct served s;
-    serve(&s, ctx, ENDPOINT, worker, lw, 16);
+    struct rollout_test_worker s;
+    rollout_test_serve(&s, ctx, ENDPOINT, worker, lw, 16);
     struct rollout_client *c = client_of(ctx, ENDPOINT, 1000);
     int32_t prompt[9];
     rollout_test_prompt(prompt, 9, 6, trainer->config.vocab_size);
@@ -651,7 +603,7 @@ Test(weightsync, a_lora_sync_moves_only_the_adapter) {
 
     /* A full sync to a worker with an adapter replaces the base and keeps the adapter. */
     rollout_client_free(c);
-    unserve(&s);
+    rollout_test_unserve(&s);
     zmq_ctx_term(ctx);
     cr_expect_eq(memcmp(lw->weights.data, la->weights.data, (size_t)la->n_weights * 4), 0,
                  "the worker's adapter is not the trainer's");
@@ -674,8 +626,8 @@ Test(weightsync, a_sync_in_the_middle_of_generation_never_mixes_versions) {
     struct model *trainer = rollout_test_load("llama"), *worker = rollout_test_load("llama");
     perturb(trainer->weights.data, trainer->n_weights, 31);
     void *ctx = zmq_ctx_new();
-    struct served s;
-    serve(&s, ctx, ENDPOINT, worker, NULL, 2); /* two sequences at a time: many steps */
+    struct rollout_test_worker s;
+    rollout_test_serve(&s, ctx, ENDPOINT, worker, NULL, 2); /* two sequences at a time: many steps */
     struct rollout_client *c = client_of(ctx, ENDPOINT, 0);
     int32_t prompt[7];
     rollout_test_prompt(prompt, 7, 8, trainer->config.vocab_size);
@@ -692,7 +644,7 @@ Test(weightsync, a_sync_in_the_middle_of_generation_never_mixes_versions) {
     TEST_OK(rollout_client_push_model(c, trainer, 1, NULL, &err), &err);
     TEST_OK(rollout_client_collect(c, &err), &err);
     rollout_client_free(c);
-    unserve(&s);
+    rollout_test_unserve(&s);
     zmq_ctx_term(ctx);
 
     struct model *orig = rollout_test_load("llama");
@@ -791,8 +743,8 @@ Test(weightsync, bad_syncs_are_refused_and_the_old_weights_stay) {
     struct model *orig = rollout_test_load("llama");
     perturb(trainer->weights.data, trainer->n_weights, 41);
     void *ctx = zmq_ctx_new();
-    struct served s;
-    serve(&s, ctx, ENDPOINT, worker, NULL, 16);
+    struct rollout_test_worker s;
+    rollout_test_serve(&s, ctx, ENDPOINT, worker, NULL, 16);
     void *d = dealer(ctx);
     const uint8_t *stream = trainer->weights.data;
     struct weightsync_meta meta;
@@ -869,7 +821,7 @@ Test(weightsync, bad_syncs_are_refused_and_the_old_weights_stay) {
     cr_expect_eq(json_integer_value(json_object_get(res.header, "policy_version")), 4);
     msg_free(&res);
     zmq_close(d);
-    unserve(&s);
+    rollout_test_unserve(&s);
     zmq_ctx_term(ctx);
     cr_expect_eq(memcmp(worker->weights.data, trainer->weights.data, (size_t)trainer->n_weights * 4), 0,
                  "the worker's weights are not the last accepted sync's");
@@ -888,8 +840,8 @@ Test(weightsync, a_lora_sync_of_another_configuration_is_refused) {
     TEST_OK(lora_load(worker, "tests/data/parity/llama-lora", &lw, &err), &err);
     TEST_OK(lora_attach(lw, &err), &err);
     void *ctx = zmq_ctx_new();
-    struct served s;
-    serve(&s, ctx, ENDPOINT, worker, lw, 16);
+    struct rollout_test_worker s;
+    rollout_test_serve(&s, ctx, ENDPOINT, worker, lw, 16);
     void *d = dealer(ctx);
     struct weightsync_meta meta;
     TEST_OK(weightsync_meta_lora(lw, 1, 0, &meta, &err), &err);
@@ -898,7 +850,7 @@ Test(weightsync, a_lora_sync_of_another_configuration_is_refused) {
     expect_refused(d, 1, "lora", "another lora_alpha");
     expect_version(d, 0, "after a refused adapter");
     zmq_close(d);
-    unserve(&s);
+    rollout_test_unserve(&s);
     zmq_ctx_term(ctx);
     weightsync_meta_free(&meta);
     lora_free(lw);

@@ -1,0 +1,272 @@
+/* datasets/: OpenAI's prompts rows ({"messages": [...], <any other field>}) — the prompt's
+ * ids against the chat template's own rendering with its generation prompt, the other
+ * fields kept as the metadata a grader reads, the answer; the kind a messages row gives
+ * a file (the last turn decides; the file's kind wins); every refusal with its line and
+ * field. Byte tokenizer and the plain template. */
+#include "tests/unit/testutil.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "datasets/datasets.h"
+#include "tokenizer/tokenizer.h"
+
+static struct tokenizer *tok;
+static struct chat_template chat;
+
+static void setup(void) {
+    test_tmp_setup();
+    struct smelt_error err = {0};
+    TEST_OK(tokenizer_create_bytes(NULL, 0, &tok, &err), &err);
+    chat_template_init(&chat, CHAT_TEMPLATE_PLAIN);
+}
+
+static void teardown(void) {
+    tokenizer_free(tok);
+    tok = NULL;
+    test_tmp_teardown();
+}
+
+static struct dataset_format format(int64_t max_seq_len) {
+    return (struct dataset_format){.tok = tok, .chat = &chat, .max_seq_len = max_seq_len,
+                                   .truncation = DATASET_TRUNCATE_ERROR,
+                                   .loss_on = DATASET_LOSS_COMPLETION, .add_bos = true};
+}
+
+static const char *write_file(const char *name, const char *text) {
+    static char paths[4][256];
+    static int next;
+    char *path = paths[next++ % 4];
+    test_tmp_path(path, 256, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+    return path;
+}
+
+static struct dataset *load_ok(const char *path, enum dataset_kind kind) {
+    struct dataset_format f = format(256);
+    struct smelt_error err = {0};
+    struct dataset *ds = NULL;
+    TEST_OK(dataset_load(path, kind, &f, &ds, NULL, &err), &err);
+    cr_assert(ds);
+    return ds;
+}
+
+/* The prompt's ids are exactly the template's rendering of messages with the generation
+ * prompt. */
+static void expect_rendered(const struct dataset_prompt *p, const struct chat_message *m, size_t n) {
+    struct smelt_error err = {0};
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t n_ids = 0;
+    TEST_OK(chat_tokenize(&chat, tok, m, n, true, &ids, &mask, &n_ids, &err), &err);
+    cr_assert_eq((size_t)p->n, n_ids, "line %lld: %d ids, the template gives %zu", (long long)p->line, p->n, n_ids);
+    cr_expect(!memcmp(p->ids, ids, n_ids * sizeof *ids), "line %lld: ids differ from the template's",
+              (long long)p->line);
+    free(ids);
+    free(mask);
+}
+
+static void expect_issue(const struct dataset_report *r, int64_t i, int64_t line, const char *field,
+                         const char *message) {
+    cr_assert(i < r->n_issues, "no issue %lld (%lld issues)", (long long)i, (long long)r->n_issues);
+    const struct dataset_issue *is = &r->issues[i];
+    cr_expect_eq(is->line, line, "issue %lld is on line %lld, expected %lld (%s: %s)", (long long)i,
+                 (long long)is->line, (long long)line, is->field, is->message);
+    cr_expect_str_eq(is->field, field, "issue %lld (line %lld)", (long long)i, (long long)line);
+    cr_expect_str_eq(is->message, message, "issue %lld (line %lld)", (long long)i, (long long)line);
+}
+
+Test(prompts_messages, openai_rows_are_prompts_with_their_fields_as_metadata, .init = setup, .fini = teardown) {
+    const char *path = write_file("rft.jsonl",
+        "{\"messages\": [{\"role\": \"developer\", \"content\": \"Add.\"}, {\"role\": \"user\", \"content\": \"2+2=\"}], "
+        "\"reference_answer\": \"4\", \"level\": 2, \"refs\": [{\"text\": \"four\"}]}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": \"hello\", \"metadata\": {\"x\": 1}}\n"
+        "\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1=\"}], \"answer\": 2, \"tools\": []}\n"
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"a\"}, "
+        "{\"role\": \"assistant\", \"content\": \"b\"}, {\"role\": \"user\", \"content\": \"c\"}], \"tools\": null}\n");
+    struct dataset *ds = load_ok(path, DATASET_AUTO);
+    cr_assert_eq(ds->kind, DATASET_PROMPTS);
+    cr_assert_eq(ds->n, 5);
+    cr_expect_null(ds->examples);
+
+    /* developer is the template's system turn */
+    const struct dataset_prompt *p = &ds->prompts[0];
+    expect_rendered(p, (struct chat_message[]){{"system", "Add."}, {"user", "2+2="}}, 2);
+    cr_expect_null(p->answer);
+    cr_expect_str_eq(p->metadata_json, "{\"reference_answer\":\"4\",\"level\":2,\"refs\":[{\"text\":\"four\"}]}");
+    cr_expect_eq(p->line, 1);
+
+    /* a string answer is the row's answer too; "metadata" is a field like any other */
+    p = &ds->prompts[1];
+    expect_rendered(p, (struct chat_message[]){{"user", "hi"}}, 1);
+    cr_expect_str_eq(p->answer, "hello");
+    cr_expect_str_eq(p->metadata_json, "{\"answer\":\"hello\",\"metadata\":{\"x\":1}}");
+    cr_expect_eq(p->line, 2);
+
+    /* messages alone: no metadata */
+    p = &ds->prompts[2];
+    cr_expect_eq(p->line, 4);
+    cr_expect_null(p->answer);
+    cr_expect_null(p->metadata_json);
+
+    /* a number answer stays in the metadata (a grader's {{item.answer}} finds it there);
+     * an empty tools list is OpenAI's reserved key, not data */
+    p = &ds->prompts[3];
+    cr_expect_null(p->answer);
+    cr_expect_str_eq(p->metadata_json, "{\"answer\":2}");
+
+    /* earlier assistant turns are context: the prompt ends with the user's */
+    p = &ds->prompts[4];
+    expect_rendered(p, (struct chat_message[]){{"system", "s"}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}}, 4);
+    cr_expect_null(p->metadata_json);
+    dataset_free(ds);
+}
+
+/* Without a template a message list cannot be rendered: refused naming the line. */
+Test(prompts_messages, need_a_chat_template, .init = setup, .fini = teardown) {
+    const char *path = write_file("rft.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"a\": 1}\n");
+    struct dataset_format f = format(64);
+    f.chat = NULL;
+    struct dataset *ds = NULL;
+    struct dataset_report r;
+    struct smelt_error err = {0};
+    TEST_EXPECT_ERROR(dataset_load(path, DATASET_AUTO, &f, &ds, &r, &err), SMELT_EFORMAT, &err);
+    cr_expect_null(ds);
+    cr_expect_eq(r.kind, DATASET_PROMPTS);
+    expect_issue(&r, 0, 1, "messages", "a list of messages needs a chat template, and none was given or found with "
+                                     "the tokenizer");
+}
+
+Test(prompts_messages, the_last_turn_decides_the_kind_of_a_file, .init = setup, .fini = teardown) {
+    struct dataset_report r;
+    struct smelt_error err = {0};
+    const char *rft = write_file("rft.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n"
+                                              "{\"messages\": [{\"role\": \"user\", \"content\": \"r\"}], \"x\": 1}\n");
+    TEST_OK(dataset_validate_file(rft, DATASET_AUTO, &r, &err), &err);
+    cr_expect_eq(r.kind, DATASET_PROMPTS);
+    cr_expect_eq(r.n_examples, 2);
+
+    const char *sft = write_file("sft.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}, "
+        "{\"role\": \"user\", \"content\": \"thanks\"}]}\n");
+    /* the first row decides; in an sft file a conversation ending with a user turn is
+     * still sft (its assistant turn is trained) */
+    TEST_OK(dataset_validate_file(sft, DATASET_AUTO, &r, &err), &err);
+    cr_expect_eq(r.kind, DATASET_SFT);
+    cr_expect_eq(r.n_examples, 2);
+    struct dataset *ds = load_ok(sft, DATASET_AUTO);
+    cr_expect_eq(ds->kind, DATASET_SFT);
+    cr_expect_eq(ds->n, 2);
+    dataset_free(ds);
+
+    /* requested as prompts, an SFT file's rows are refused naming line and turn */
+    TEST_EXPECT_ERROR(dataset_validate_file(sft, DATASET_PROMPTS, &r, &err), SMELT_EFORMAT, &err);
+    cr_expect_eq(r.n_issues, 1);
+    cr_expect_eq(r.n_examples, 1);
+    expect_issue(&r, 0, 1, "messages[1].role",
+                 "a prompt ends with a user or system turn (the model writes the answer), got a final assistant turn");
+    char want[600];
+    snprintf(want, sizeof want, "%s:1: messages[1].role: a prompt ends with a user or system turn (the model "
+             "writes the answer), got a final assistant turn", sft);
+    cr_expect_str_eq(err.message, want);
+
+    /* requested as sft, a prompts row without an assistant turn has nothing to train */
+    TEST_EXPECT_ERROR(dataset_validate_file(rft, DATASET_SFT, &r, &err), SMELT_EFORMAT, &err);
+    cr_expect_eq(r.n_issues, 2);
+    expect_issue(&r, 0, 1, "messages", "no assistant turn (nothing to train)");
+    expect_issue(&r, 1, 2, "", "unknown field \"x\"");
+}
+
+Test(prompts_messages, refusals_name_line_and_field, .init = setup, .fini = teardown) {
+    const char *path = write_file("bad.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"reference_answer\": \"4\"}\n"        /* 1 ok */
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"4\"}], "
+        "\"reference_answer\": \"4\"}\n"                                                                       /* 2 */
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": [{\"type\": \"function\"}]}\n"  /* 3 */
+        "{\"messages\": [{\"role\": \"tool\", \"content\": \"q\"}]}\n"                                        /* 4 */
+        "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"q\"}]}]}\n"      /* 5 */
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\", \"name\": \"n\"}]}\n"                      /* 6 */
+        "{\"messages\": []}\n"                                                                                 /* 7 */
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n" /* 8 */
+        "{\"prompt\": \"q\", \"reference_answer\": \"4\"}\n"                                                   /* 9 */
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \" \"}]}\n"); /* 10 */
+    struct dataset_report r;
+    struct smelt_error err = {0};
+    TEST_EXPECT_ERROR(dataset_validate_file(path, DATASET_AUTO, &r, &err), SMELT_EFORMAT, &err);
+    cr_expect_eq(r.kind, DATASET_PROMPTS);
+    cr_expect_eq(r.n_examples, 1);
+    cr_expect_eq(r.n_issues, 9);
+    int i = 0;
+    expect_issue(&r, i++, 2, "messages[1].role",
+                 "a prompt ends with a user or system turn (the model writes the answer), got a final assistant turn");
+    expect_issue(&r, i++, 3, "tools", "not supported: smelt's samples are text completions (no tool calls)");
+    expect_issue(&r, i++, 4, "messages[0].role",
+                 "expected \"system\", \"developer\", \"user\" or \"assistant\", got \"tool\"");
+    expect_issue(&r, i++, 5, "messages[0].content", "expected a string, got array");
+    expect_issue(&r, i++, 6, "messages[0]", "unknown field \"name\"");
+    expect_issue(&r, i++, 7, "messages", "empty list of messages");
+    expect_issue(&r, i++, 8, "prompt[1].role",
+                 "a prompt ends with a user or system turn (the model writes the answer), got a final assistant turn");
+    /* smelt's own form keeps its keys */
+    expect_issue(&r, i++, 9, "", "unknown field \"reference_answer\"");
+    expect_issue(&r, i++, 10, "messages[1].content", "empty assistant turn");
+
+    /* the same through dataset_load: the first issue is the error */
+    struct dataset_format f = format(256);
+    struct dataset *ds = NULL;
+    TEST_EXPECT_ERROR(dataset_load(path, DATASET_AUTO, &f, &ds, &r, &err), SMELT_EFORMAT, &err);
+    cr_expect_null(ds);
+    cr_expect_eq(r.n_issues, 9);
+    char want[600];
+    snprintf(want, sizeof want, "%s:2: messages[1].role: a prompt ends with a user or system turn (the model "
+             "writes the answer), got a final assistant turn", path);
+    cr_expect_str_eq(err.message, want);
+}
+
+/* "developer" in an SFT conversation is its system turn, token for token. */
+Test(prompts_messages, developer_is_the_system_turn_in_sft_rows, .init = setup, .fini = teardown) {
+    const char *dev = write_file("dev.jsonl", "{\"messages\": [{\"role\": \"developer\", \"content\": \"be brief\"}, "
+                                              "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
+                                              "\"content\": \"a\"}]}\n");
+    const char *sys = write_file("sys.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, "
+                                              "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
+                                              "\"content\": \"a\"}]}\n");
+    struct dataset *a = load_ok(dev, DATASET_AUTO), *b = load_ok(sys, DATASET_AUTO);
+    cr_assert_eq(a->kind, DATASET_SFT);
+    cr_assert_eq(a->examples[0].n, b->examples[0].n);
+    cr_expect(!memcmp(a->examples[0].ids, b->examples[0].ids, (size_t)a->examples[0].n * sizeof(int32_t)));
+    cr_expect(!memcmp(a->examples[0].mask, b->examples[0].mask, (size_t)a->examples[0].n));
+    dataset_free(a);
+    dataset_free(b);
+}
+
+/* The held-out split keeps each prompt's metadata with it. */
+Test(prompts_messages, split_keeps_metadata, .init = setup, .fini = teardown) {
+    const char *path = write_file("rft.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"k\": \"a\"}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"b\"}], \"k\": \"b\"}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"c\"}], \"k\": \"c\"}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"d\"}], \"k\": \"d\"}\n");
+    struct dataset *ds = load_ok(path, DATASET_PROMPTS), *val = NULL;
+    struct smelt_error err = {0};
+    TEST_OK(dataset_split(ds, 0.5, 3, &val, &err), &err);
+    cr_assert_eq(ds->n + val->n, 4);
+    const struct dataset *parts[2] = {ds, val};
+    for (int k = 0; k < 2; k++)
+        for (int64_t i = 0; i < parts[k]->n; i++) {
+            const struct dataset_prompt *p = &parts[k]->prompts[i];
+            char want[32];
+            char letter = (char)('a' + p->line - 1);
+            snprintf(want, sizeof want, "{\"k\":\"%c\"}", letter);
+            cr_expect_str_eq(p->metadata_json, want, "line %lld", (long long)p->line);
+        }
+    dataset_free(val);
+    dataset_free(ds);
+}
