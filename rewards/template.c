@@ -247,7 +247,10 @@ static int resolve_item(const struct grader_template *t, const struct grader_ref
     if (answer && !json_object_get(meta, "answer"))
         return ref_fail(t, r, why, why_n, "the row has no \"answer\" (nor has its metadata)");
     if (!meta) return ref_fail(t, r, why, why_n, "the row has no \"metadata\"");
-    bool whole = !g->is_index && g->key_len == 8 && memcmp(t->src + g->key, "metadata", 8) == 0;
+    /* item.metadata.x spells out smelt's own rows' "metadata" object; an OpenAI row whose
+     * fields include one named "metadata" means that field. */
+    bool whole = !g->is_index && g->key_len == 8 && memcmp(t->src + g->key, "metadata", 8) == 0 &&
+                 !json_object_get(meta, "metadata");
     return walk(t, r, whole ? 1 : 0, meta, "the row's metadata", out, why, why_n);
 }
 

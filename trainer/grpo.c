@@ -144,9 +144,6 @@ int rl_plan(struct trainer_run *r, struct smelt_error *err) {
                                "rl.max_new_tokens: the longest prompt plus %lld new tokens is %lld tokens, beyond "
                                "the model's context %lld", (long long)s->rl.max_new_tokens, (long long)longest,
                                (long long)ctx);
-    if (s->hp.max_steps > 0)
-        return error_set_field(err, SMELT_EINVAL, "hyperparameters.max_steps",
-                               "hyperparameters.max_steps: a grpo job counts iterations: set rl.max_iterations");
     int64_t iterations = s->rl.max_iterations;
     if (!iterations)
         for (int64_t e = 0; e < s->hp.epochs; e++) iterations += dataset_loader_batches_in_epoch(r->loader, e);

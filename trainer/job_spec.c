@@ -338,6 +338,10 @@ static int parse_sections(const json_t *root, const char *where, struct job_spec
                                "%s: hyperparameters.batch_tokens: %lld is below data.max_seq_len %lld", where,
                                (long long)s->hp.batch_tokens, (long long)s->data.max_seq_len);
     TRY(parse_section(root, "rl", where, s, job_parse_rl, err));
+    if (job_type_is_rl(s->type) && s->hp.max_steps > 0)
+        return error_set_field(err, SMELT_EINVAL, "hyperparameters.max_steps",
+                               "%s: hyperparameters.max_steps: a %s job counts iterations: set rl.max_iterations",
+                               where, job_type_name(s->type));
     TRY(parse_lora(root, where, s, err));
     TRY(check_dpo(s, where, err));
     TRY(parse_section(root, "eval", where, s, parse_eval, err));

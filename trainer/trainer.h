@@ -52,7 +52,7 @@ static inline bool job_type_is_rl(enum job_type type) { return type == JOB_GRPO 
 enum rl_placement { RL_PLACEMENT_COLOCATED, RL_PLACEMENT_SPLIT };
 const char *rl_placement_name(enum rl_placement p);
 
-#define JOB_REWARD_SPEC_BYTES 16384
+#define JOB_REWARD_SPEC_BYTES 65536 /* a python grader's source is most of it */
 
 struct job_spec {
     enum job_type type;

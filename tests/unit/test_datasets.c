@@ -3,7 +3,7 @@
  * and the loader: each epoch's units exactly once, packing limits, targets, shuffling,
  * batches_in_epoch and exact resumption from a cursor. Byte tokenizer and the plain
  * template, plus Qwen3's real tokenizer and template once. */
-#include "tests/unit/testutil.h"
+#include "tests/unit/datasets_testutil.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -16,49 +16,17 @@
 #define BOS 256
 #define EOS 257
 
-static struct tokenizer *tok;
-static struct chat_template chat;
-
+/* ds_setup, and the byte tokenizer's bos and eos are BOS and EOS. */
 static void setup(void) {
-    test_tmp_setup();
-    struct smelt_error err = {0};
-    TEST_OK(tokenizer_create_bytes(NULL, 0, &tok, &err), &err);
-    cr_assert_eq(tokenizer_special_ids(tok)->bos, BOS);
-    cr_assert_eq(tokenizer_special_ids(tok)->eos, EOS);
-    chat_template_init(&chat, CHAT_TEMPLATE_PLAIN);
+    ds_setup();
+    cr_assert_eq(tokenizer_special_ids(ds_tok)->bos, BOS);
+    cr_assert_eq(tokenizer_special_ids(ds_tok)->eos, EOS);
 }
 
-static void teardown(void) {
-    tokenizer_free(tok);
-    tok = NULL;
-    test_tmp_teardown();
-}
-
-static struct dataset_format format(int64_t max_seq_len) {
-    return (struct dataset_format){.tok = tok, .chat = &chat, .max_seq_len = max_seq_len,
-                                   .truncation = DATASET_TRUNCATE_ERROR,
-                                   .loss_on = DATASET_LOSS_COMPLETION, .add_bos = true};
-}
-
-/* Writes text into the test folder as name; returns the path (static buffer per call site). */
-static const char *write_file(const char *name, const char *text) {
-    static char paths[8][256];
-    static int next;
-    char *path = paths[next++ % 8];
-    test_tmp_path(path, 256, name);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
-    fclose(f);
-    return path;
-}
-
+/* ds_load, and the report counts every example. */
 static struct dataset *load_ok(const char *path, enum dataset_kind kind, const struct dataset_format *f) {
-    struct smelt_error err = {0};
-    struct dataset *ds = NULL;
     struct dataset_report report;
-    TEST_OK(dataset_load(path, kind, f, &ds, &report, &err), &err);
-    cr_assert(ds);
+    struct dataset *ds = ds_load(path, kind, f, &report);
     cr_expect_eq(report.n_examples, ds->n);
     return ds;
 }
@@ -71,7 +39,7 @@ struct ids {
 static struct ids enc(const char *text) {
     struct smelt_error err = {0};
     struct ids r = {0};
-    TEST_OK(tokenizer_encode(tok, text, strlen(text), false, &r.v, &r.n, &err), &err);
+    TEST_OK(tokenizer_encode(ds_tok, text, strlen(text), false, &r.v, &r.n, &err), &err);
     return r;
 }
 
@@ -119,17 +87,6 @@ static void expect_load_error(const char *path, enum dataset_kind kind, const st
     cr_expect_str_eq(err.message, full);
 }
 
-static void expect_issue(const struct dataset_report *r, int64_t i, int64_t line, const char *field,
-                         const char *message) {
-    cr_assert(i < r->n_issues && i < DATASET_MAX_ISSUES, "no issue %lld (%lld issues)", (long long)i,
-              (long long)r->n_issues);
-    const struct dataset_issue *is = &r->issues[i];
-    cr_expect_eq(is->line, line, "issue %lld is on line %lld, expected %lld (%s: %s)", (long long)i,
-                 (long long)is->line, (long long)line, is->field, is->message);
-    cr_expect_str_eq(is->field, field, "issue %lld (line %lld)", (long long)i, (long long)line);
-    cr_expect_str_eq(is->message, message, "issue %lld (line %lld)", (long long)i, (long long)line);
-}
-
 /* ---- names ---- */
 
 Test(datasets, names_round_trip) {
@@ -156,12 +113,12 @@ Test(datasets, names_round_trip) {
 
 /* ---- tokens and masks ---- */
 
-Test(datasets, sft_messages_ids_and_mask, .init = setup, .fini = teardown) {
-    const char *path = write_file("chat.jsonl",
+Test(datasets, sft_messages_ids_and_mask, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("chat.jsonl",
         "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
         "{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello\"}, "
         "{\"role\": \"user\", \"content\": \"again\"}, {\"role\": \"assistant\", \"content\": \"ok\"}]}\n");
-    struct dataset_format f = format(256);
+    struct dataset_format f = ds_format(256);
     struct dataset *ds = load_ok(path, DATASET_AUTO, &f);
     cr_assert_eq(ds->kind, DATASET_SFT);
     cr_assert_eq(ds->n, 1);
@@ -181,7 +138,7 @@ Test(datasets, sft_messages_ids_and_mask, .init = setup, .fini = teardown) {
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     size_t n = 0;
-    TEST_OK(chat_tokenize(&chat, tok, m, 5, false, &ids, &mask, &n, &err), &err);
+    TEST_OK(chat_tokenize(&ds_chat, ds_tok, m, 5, false, &ids, &mask, &n, &err), &err);
     cr_assert_eq((size_t)ds->examples[0].n, n);
     cr_expect(!memcmp(ids, ds->examples[0].ids, n * sizeof *ids));
     cr_expect(!memcmp(mask, ds->examples[0].mask, n));
@@ -193,10 +150,10 @@ Test(datasets, sft_messages_ids_and_mask, .init = setup, .fini = teardown) {
     dataset_free(ds);
 }
 
-Test(datasets, prompt_completion_ids_and_mask, .init = setup, .fini = teardown) {
-    const char *path = write_file("pc.jsonl", "{\"prompt\": \"2+2=\", \"completion\": \" 4\"}\n"
+Test(datasets, prompt_completion_ids_and_mask, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("pc.jsonl", "{\"prompt\": \"2+2=\", \"completion\": \" 4\"}\n"
                                               "{\"prompt\": \"\", \"completion\": \"<|eos|>x\"}\n");
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_AUTO, &f);
     cr_assert_eq(ds->kind, DATASET_SFT);
     cr_assert_eq(ds->n, 2);
@@ -220,11 +177,11 @@ Test(datasets, prompt_completion_ids_and_mask, .init = setup, .fini = teardown) 
     dataset_free(ds);
 }
 
-Test(datasets, conversational_prompt_completion_trains_the_completion_only, .init = setup, .fini = teardown) {
-    const char *path = write_file("conv.jsonl",
+Test(datasets, conversational_prompt_completion_trains_the_completion_only, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("conv.jsonl",
         "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hey\"}, "
         "{\"role\": \"user\", \"content\": \"bye\"}], \"completion\": [{\"role\": \"assistant\", \"content\": \"ciao\"}]}\n");
-    struct dataset_format f = format(128);
+    struct dataset_format f = ds_format(128);
     struct dataset *ds = load_ok(path, DATASET_AUTO, &f);
     cr_assert_eq(ds->kind, DATASET_SFT);
     const struct piece want[] = {{NULL, BOS, false}, {"User: hi\nAssistant: hey", 0, false}, {NULL, EOS, false},
@@ -234,11 +191,11 @@ Test(datasets, conversational_prompt_completion_trains_the_completion_only, .ini
     dataset_free(ds);
 }
 
-Test(datasets, loss_on_all_trains_every_token_but_the_first, .init = setup, .fini = teardown) {
-    const char *path = write_file("pc.jsonl",
+Test(datasets, loss_on_all_trains_every_token_but_the_first, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("pc.jsonl",
         "{\"prompt\": \"ab\", \"completion\": \"cd\"}\n"
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n");
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     f.loss_on = DATASET_LOSS_ALL;
     struct dataset *ds = load_ok(path, DATASET_SFT, &f);
     cr_assert_eq(ds->n, 2);
@@ -259,7 +216,7 @@ Test(datasets, qwen3_template_masks_the_answer) {
     struct chat_template t;
     TEST_OK(chat_template_from_tokenizer_config("tests/data/tokenizers/qwen3", NULL, &t, qwen, &err), &err);
     test_tmp_setup();
-    const char *path = write_file("qwen.jsonl",
+    const char *path = ds_write_file("qwen.jsonl",
         "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}, "
         "{\"role\": \"assistant\", \"content\": \"It is 4.\"}]}\n");
     struct dataset_format f = {.tok = qwen, .chat = &t, .max_seq_len = 512};
@@ -287,8 +244,8 @@ Test(datasets, qwen3_template_masks_the_answer) {
 
 /* ---- errors ---- */
 
-Test(datasets, every_row_error_names_line_and_field, .init = setup, .fini = teardown) {
-    const char *path = write_file("bad.jsonl",
+Test(datasets, every_row_error_names_line_and_field, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("bad.jsonl",
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n" /* 1 ok */
         "   \n"                                                                                                  /* 2 */
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \" \\n\"}]}\n" /* 3 */
@@ -310,7 +267,7 @@ Test(datasets, every_row_error_names_line_and_field, .init = setup, .fini = tear
         "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"completion\": \"a\"}\n"                    /* 19 */
         "{}\n");                                                                                                 /* 20 */
     struct dataset_report report;
-    struct dataset_format f = format(256);
+    struct dataset_format f = ds_format(256);
     expect_load_error(path, DATASET_AUTO, &f, ":3: messages[1].content: empty assistant turn", &report);
     struct smelt_error err = {0};
     struct dataset_report vreport;
@@ -323,40 +280,40 @@ Test(datasets, every_row_error_names_line_and_field, .init = setup, .fini = tear
         cr_expect_eq(r->n_examples, 1);
         cr_expect_eq(r->n_issues, 17);
         int i = 0;
-        expect_issue(r, i++, 3, "messages[1].content", "empty assistant turn");
+        ds_expect_issue(r, i++, 3, "messages[1].content", "empty assistant turn");
         cr_expect_eq(r->issues[i].line, 4);
         cr_expect_str_eq(r->issues[i].field, "");
         cr_expect(!strncmp(r->issues[i].message, "invalid JSON: ", 14) && strstr(r->issues[i].message, "(column "),
                   "line 4: %s", r->issues[i].message);
         i++;
-        expect_issue(r, i++, 5, "messages", "no assistant turn (nothing to train)");
-        expect_issue(r, i++, 6, "messages[0].role",
+        ds_expect_issue(r, i++, 5, "messages", "no assistant turn (nothing to train)");
+        ds_expect_issue(r, i++, 6, "messages[0].role",
                      "expected \"system\", \"developer\", \"user\" or \"assistant\", got \"bot\"");
-        expect_issue(r, i++, 7, "messages[0].content", "expected a string, got number");
-        expect_issue(r, i++, 8, "", "unknown field \"foo\"");
-        expect_issue(r, i++, 9, "", "a preference row in a sft file (line 1 decided the kind; kinds cannot mix)");
-        expect_issue(r, i++, 10, "", "expected a JSON object, got array");
-        expect_issue(r, i++, 11, "messages[0]", "unknown field \"name\"");
-        expect_issue(r, i++, 12, "completion", "empty completion");
-        expect_issue(r, i++, 13, "prompt", "missing field");
-        expect_issue(r, i++, 14, "messages", "expected a list of messages, got string");
-        expect_issue(r, i++, 15, "messages", "empty list of messages");
+        ds_expect_issue(r, i++, 7, "messages[0].content", "expected a string, got number");
+        ds_expect_issue(r, i++, 8, "", "unknown field \"foo\"");
+        ds_expect_issue(r, i++, 9, "", "a preference row in a sft file (line 1 decided the kind; kinds cannot mix)");
+        ds_expect_issue(r, i++, 10, "", "expected a JSON object, got array");
+        ds_expect_issue(r, i++, 11, "messages[0]", "unknown field \"name\"");
+        ds_expect_issue(r, i++, 12, "completion", "empty completion");
+        ds_expect_issue(r, i++, 13, "prompt", "missing field");
+        ds_expect_issue(r, i++, 14, "messages", "expected a list of messages, got string");
+        ds_expect_issue(r, i++, 15, "messages", "empty list of messages");
         cr_expect_eq(r->issues[i].line, 16);
         cr_expect_str_eq(r->issues[i].message,
                          "invalid JSON (not UTF-8): unable to decode byte 0xc3 near '\"caf' (column 34)");
         i++;
-        expect_issue(r, i++, 17, "messages[0].role", "missing field");
-        expect_issue(r, i++, 19, "completion", "expected a list of messages like prompt, got string");
-        expect_issue(r, i++, 20, "", "no \"messages\" or \"prompt\" field: not an sft, preference or prompts row");
+        ds_expect_issue(r, i++, 17, "messages[0].role", "missing field");
+        ds_expect_issue(r, i++, 19, "completion", "expected a list of messages like prompt, got string");
+        ds_expect_issue(r, i++, 20, "", "no \"messages\" or \"prompt\" field: not an sft, preference or prompts row");
     }
     char want[600];
     snprintf(want, sizeof want, "%s:3: messages[1].content: empty assistant turn", path);
     cr_expect_str_eq(err.message, want);
 }
 
-Test(datasets, invalid_json_message_has_the_column, .init = setup, .fini = teardown) {
-    const char *path = write_file("json.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": 1,,}\n");
-    struct dataset_format f = format(64);
+Test(datasets, invalid_json_message_has_the_column, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("json.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": 1,,}\n");
+    struct dataset_format f = ds_format(64);
     struct dataset_report r;
     struct smelt_error err = {0};
     struct dataset *ds = NULL;
@@ -366,8 +323,8 @@ Test(datasets, invalid_json_message_has_the_column, .init = setup, .fini = teard
     cr_expect_str_eq(err.message, want);
 }
 
-Test(datasets, preference_and_prompts_field_errors, .init = setup, .fini = teardown) {
-    const char *pref = write_file("pref.jsonl",
+Test(datasets, preference_and_prompts_field_errors, .init = setup, .fini = ds_teardown) {
+    const char *pref = ds_write_file("pref.jsonl",
         "{\"prompt\": 5, \"chosen\": \"a\", \"rejected\": \"b\"}\n"
         "{\"prompt\": \"p\", \"chosen\": [{\"role\": \"assistant\", \"content\": \"a\"}], \"rejected\": \"b\"}\n"
         "{\"prompt\": \"p\", \"chosen\": \"a\"}\n"
@@ -379,18 +336,18 @@ Test(datasets, preference_and_prompts_field_errors, .init = setup, .fini = teard
     struct smelt_error err = {0};
     TEST_EXPECT_ERROR(dataset_validate_file(pref, DATASET_PREFERENCE, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_eq(r.n_issues, 7);
-    expect_issue(&r, 0, 1, "prompt", "expected a string or a list of messages, got number");
-    expect_issue(&r, 1, 2, "chosen", "expected a string like prompt, got array");
-    expect_issue(&r, 2, 3, "rejected", "missing field");
-    expect_issue(&r, 3, 4, "chosen[0].role", "a response holds assistant turns only, got \"user\"");
-    expect_issue(&r, 4, 5, "rejected", "empty response");
-    expect_issue(&r, 5, 6, "", "unknown field \"score\"");
-    expect_issue(&r, 6, 7, "rejected", "identical to chosen (a preference pair must differ)");
+    ds_expect_issue(&r, 0, 1, "prompt", "expected a string or a list of messages, got number");
+    ds_expect_issue(&r, 1, 2, "chosen", "expected a string like prompt, got array");
+    ds_expect_issue(&r, 2, 3, "rejected", "missing field");
+    ds_expect_issue(&r, 3, 4, "chosen[0].role", "a response holds assistant turns only, got \"user\"");
+    ds_expect_issue(&r, 4, 5, "rejected", "empty response");
+    ds_expect_issue(&r, 5, 6, "", "unknown field \"score\"");
+    ds_expect_issue(&r, 6, 7, "rejected", "identical to chosen (a preference pair must differ)");
     char want[600];
     snprintf(want, sizeof want, "%s:1: prompt: expected a string or a list of messages, got number", pref);
     cr_expect_str_eq(err.message, want);
 
-    const char *prompts = write_file("prompts.jsonl",
+    const char *prompts = ds_write_file("prompts.jsonl",
         "{\"prompt\": \"q\", \"answer\": 4}\n"
         "{\"prompt\": \"q\", \"metadata\": [1]}\n"
         "{\"prompt\": \" \"}\n"
@@ -399,13 +356,13 @@ Test(datasets, preference_and_prompts_field_errors, .init = setup, .fini = teard
     cr_expect_eq(r.kind, DATASET_PROMPTS);
     cr_expect_eq(r.n_issues, 3);
     cr_expect_eq(r.n_examples, 1);
-    expect_issue(&r, 0, 1, "answer", "expected a string, got number");
-    expect_issue(&r, 1, 2, "metadata", "expected an object, got array");
-    expect_issue(&r, 2, 3, "prompt", "empty prompt");
+    ds_expect_issue(&r, 0, 1, "answer", "expected a string, got number");
+    ds_expect_issue(&r, 1, 2, "metadata", "expected an object, got array");
+    ds_expect_issue(&r, 2, 3, "prompt", "empty prompt");
 }
 
-Test(datasets, kind_requested_or_decided_by_first_valid_row, .init = setup, .fini = teardown) {
-    const char *path = write_file("mixed.jsonl",
+Test(datasets, kind_requested_or_decided_by_first_valid_row, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("mixed.jsonl",
         "{not json}\n"
         "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n"
         "{\"prompt\": \"p\", \"completion\": \"c\"}\n"
@@ -415,29 +372,29 @@ Test(datasets, kind_requested_or_decided_by_first_valid_row, .init = setup, .fin
     TEST_EXPECT_ERROR(dataset_validate_file(path, DATASET_AUTO, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_eq(r.kind, DATASET_PREFERENCE);
     cr_expect_eq(r.n_issues, 3);
-    expect_issue(&r, 1, 3, "", "a sft row in a preference file (line 2 decided the kind; kinds cannot mix)");
-    expect_issue(&r, 2, 4, "chosen", "missing field"); /* a bare prompt is checked as the file's kind */
+    ds_expect_issue(&r, 1, 3, "", "a sft row in a preference file (line 2 decided the kind; kinds cannot mix)");
+    ds_expect_issue(&r, 2, 4, "chosen", "missing field"); /* a bare prompt is checked as the file's kind */
 
     TEST_EXPECT_ERROR(dataset_validate_file(path, DATASET_SFT, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_eq(r.kind, DATASET_SFT);
-    expect_issue(&r, 1, 2, "", "a preference row, but the dataset was requested as sft");
-    expect_issue(&r, 2, 4, "completion", "missing field");
+    ds_expect_issue(&r, 1, 2, "", "a preference row, but the dataset was requested as sft");
+    ds_expect_issue(&r, 2, 4, "completion", "missing field");
     cr_expect_eq(r.n_examples, 1);
 
-    const char *ok = write_file("prompts.jsonl", "{\"prompt\": \"p\"}\n");
+    const char *ok = ds_write_file("prompts.jsonl", "{\"prompt\": \"p\"}\n");
     TEST_OK(dataset_validate_file(ok, DATASET_AUTO, &r, &err), &err);
     cr_expect_eq(r.kind, DATASET_PROMPTS);
     cr_expect_eq(r.n_tokens, 0);
 }
 
-Test(datasets, empty_missing_and_blank_files, .init = setup, .fini = teardown) {
-    struct dataset_format f = format(64);
+Test(datasets, empty_missing_and_blank_files, .init = setup, .fini = ds_teardown) {
+    struct dataset_format f = ds_format(64);
     struct dataset_report r;
-    const char *empty = write_file("empty.jsonl", "");
+    const char *empty = ds_write_file("empty.jsonl", "");
     expect_load_error(empty, DATASET_AUTO, &f, ": no rows: the file is empty or holds only blank lines", &r);
     cr_expect_eq(r.n_issues, 1);
     cr_expect_eq(r.issues[0].line, 0);
-    const char *blank = write_file("blank.jsonl", "\n  \r\n\t\n");
+    const char *blank = ds_write_file("blank.jsonl", "\n  \r\n\t\n");
     expect_load_error(blank, DATASET_AUTO, &f, ": no rows: the file is empty or holds only blank lines", &r);
     cr_expect_eq(r.n_lines, 3);
     cr_expect_eq(r.n_skipped_blank, 3);
@@ -450,15 +407,15 @@ Test(datasets, empty_missing_and_blank_files, .init = setup, .fini = teardown) {
     cr_expect(strstr(err.message, "nope.jsonl") != NULL);
     f.max_seq_len = 1;
     TEST_EXPECT_ERROR(dataset_load(blank, DATASET_AUTO, &f, &ds, &r, &err), SMELT_EINVAL, &err);
-    f = format(64);
+    f = ds_format(64);
     f.tok = NULL;
     TEST_EXPECT_ERROR(dataset_load(blank, DATASET_AUTO, &f, &ds, &r, &err), SMELT_EINVAL, &err);
 }
 
-Test(datasets, messages_without_a_chat_template, .init = setup, .fini = teardown) {
-    const char *path = write_file("chat.jsonl",
+Test(datasets, messages_without_a_chat_template, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("chat.jsonl",
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n");
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     f.chat = NULL;
     struct dataset_report r;
     expect_load_error(path, DATASET_AUTO, &f,
@@ -466,34 +423,34 @@ Test(datasets, messages_without_a_chat_template, .init = setup, .fini = teardown
                       "with the tokenizer", &r);
 }
 
-Test(datasets, issue_list_keeps_the_first_twenty_and_counts_all, .init = setup, .fini = teardown) {
+Test(datasets, issue_list_keeps_the_first_twenty_and_counts_all, .init = setup, .fini = ds_teardown) {
     char text[4096] = "";
     for (int i = 0; i < 30; i++) strcat(text, i % 2 ? "{\"prompt\": \"p\", \"completion\": 3}\n" : "\n");
-    const char *path = write_file("many.jsonl", text);
+    const char *path = ds_write_file("many.jsonl", text);
     struct dataset_report r;
     struct smelt_error err = {0};
     TEST_EXPECT_ERROR(dataset_validate_file(path, DATASET_SFT, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_eq(r.n_issues, 15);
     cr_expect_eq(r.n_skipped_blank, 15);
-    for (int i = 0; i < 15; i++) expect_issue(&r, i, 2 * i + 2, "completion", "expected a string like prompt, got number");
+    for (int i = 0; i < 15; i++) ds_expect_issue(&r, i, 2 * i + 2, "completion", "expected a string like prompt, got number");
     text[0] = '\0';
     for (int i = 0; i < 25; i++) strcat(text, "{\"prompt\": \"p\", \"completion\": 3}\n");
-    path = write_file("more.jsonl", text);
+    path = ds_write_file("more.jsonl", text);
     TEST_EXPECT_ERROR(dataset_validate_file(path, DATASET_SFT, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_eq(r.n_issues, 25);
-    expect_issue(&r, DATASET_MAX_ISSUES - 1, DATASET_MAX_ISSUES, "completion", "expected a string like prompt, got number");
+    ds_expect_issue(&r, DATASET_MAX_ISSUES - 1, DATASET_MAX_ISSUES, "completion", "expected a string like prompt, got number");
 }
 
-Test(datasets, long_lines_and_a_byte_order_mark, .init = setup, .fini = teardown) {
+Test(datasets, long_lines_and_a_byte_order_mark, .init = setup, .fini = ds_teardown) {
     size_t n = 200000;
     char *text = malloc(n + 256);
     cr_assert(text);
     int k = sprintf(text, "\xEF\xBB\xBF{\"prompt\": \"p\", \"completion\": \"");
     memset(text + k, 'x', n);
     strcpy(text + k + n, "\"}\r\n");
-    const char *path = write_file("long.jsonl", text);
+    const char *path = ds_write_file("long.jsonl", text);
     free(text);
-    struct dataset_format f = format(300000);
+    struct dataset_format f = ds_format(300000);
     struct dataset *ds = load_ok(path, DATASET_AUTO, &f);
     cr_expect_eq(ds->examples[0].n, (int32_t)(1 + 1 + n + 1));
     dataset_free(ds);
@@ -501,18 +458,18 @@ Test(datasets, long_lines_and_a_byte_order_mark, .init = setup, .fini = teardown
 
 /* ---- max_seq_len ---- */
 
-Test(datasets, truncation_policies, .init = setup, .fini = teardown) {
+Test(datasets, truncation_policies, .init = setup, .fini = ds_teardown) {
     /* Lengths: bos + prompt + completion + eos. */
-    const char *path = write_file("len.jsonl",
+    const char *path = ds_write_file("len.jsonl",
         "{\"prompt\": \"ab\", \"completion\": \"cd\"}\n"          /* 6 */
         "{\"prompt\": \"abcdef\", \"completion\": \"ghij\"}\n"    /* 12 */
         "{\"prompt\": \"abcdefghijk\", \"completion\": \"l\"}\n"  /* 14: cut at 10 keeps no completion */
         "{\"prompt\": \"a\", \"completion\": \"bc\"}\n");         /* 5 */
-    struct dataset_format f = format(10);
+    struct dataset_format f = ds_format(10);
     struct dataset_report r;
     expect_load_error(path, DATASET_AUTO, &f, ":2: sequence of 12 tokens exceeds max_seq_len 10", &r);
     cr_expect_eq(r.n_issues, 2);
-    expect_issue(&r, 1, 3, "", "sequence of 14 tokens exceeds max_seq_len 10");
+    ds_expect_issue(&r, 1, 3, "", "sequence of 14 tokens exceeds max_seq_len 10");
 
     f.truncation = DATASET_TRUNCATE_DROP;
     struct dataset *ds = load_ok(path, DATASET_AUTO, &f);
@@ -546,13 +503,13 @@ Test(datasets, truncation_policies, .init = setup, .fini = teardown) {
 
 /* ---- preference and prompts ---- */
 
-Test(datasets, preference_pairs, .init = setup, .fini = teardown) {
-    const char *path = write_file("pref.jsonl",
+Test(datasets, preference_pairs, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("pref.jsonl",
         "{\"prompt\": \"Q\", \"chosen\": \"yes\", \"rejected\": \"no\"}\n"
         "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hey\"}, "
         "{\"role\": \"user\", \"content\": \"bye\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"ciao\"}], "
         "\"rejected\": [{\"role\": \"assistant\", \"content\": \"no\"}]}\n");
-    struct dataset_format f = format(128);
+    struct dataset_format f = ds_format(128);
     f.loss_on = DATASET_LOSS_ALL; /* preference masks are the responses whatever loss_on says */
     struct dataset *ds = load_ok(path, DATASET_AUTO, &f);
     cr_assert_eq(ds->kind, DATASET_PREFERENCE);
@@ -576,10 +533,10 @@ Test(datasets, preference_pairs, .init = setup, .fini = teardown) {
     dataset_free(ds);
 
     /* A pair too long on one side only: dropped whole. */
-    const char *longer = write_file("pref2.jsonl",
+    const char *longer = ds_write_file("pref2.jsonl",
         "{\"prompt\": \"Q\", \"chosen\": \"yes\", \"rejected\": \"a much longer rejection\"}\n"
         "{\"prompt\": \"Q\", \"chosen\": \"y\", \"rejected\": \"n\"}\n");
-    f = format(8);
+    f = ds_format(8);
     f.truncation = DATASET_TRUNCATE_DROP;
     ds = load_ok(longer, DATASET_PREFERENCE, &f);
     cr_expect_eq(ds->n, 1);
@@ -595,8 +552,8 @@ Test(datasets, preference_pairs, .init = setup, .fini = teardown) {
 /* Issue 14's bad preference input: an empty response on either side, in text or as
  * message lists, and a pair whose sides are the same — each named by line and field,
  * both when an upload validates the file and when a job loads it. */
-Test(datasets, preference_empty_or_identical_responses_name_line_and_field, .init = setup, .fini = teardown) {
-    const char *path = write_file("pref_bad.jsonl",
+Test(datasets, preference_empty_or_identical_responses_name_line_and_field, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("pref_bad.jsonl",
         "{\"prompt\": \"p\", \"chosen\": \"\", \"rejected\": \"b\"}\n"
         "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \" \\n\"}\n"
         "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \" \"}], "
@@ -612,33 +569,33 @@ Test(datasets, preference_empty_or_identical_responses_name_line_and_field, .ini
     cr_expect_eq(r.kind, DATASET_PREFERENCE);
     cr_expect_eq(r.n_issues, 5);
     cr_expect_eq(r.n_examples, 1);
-    expect_issue(&r, 0, 1, "chosen", "empty response");
-    expect_issue(&r, 1, 2, "rejected", "empty response");
-    expect_issue(&r, 2, 3, "chosen[0].content", "empty assistant turn");
-    expect_issue(&r, 3, 4, "rejected", "empty list of messages");
-    expect_issue(&r, 4, 5, "rejected", "identical to chosen (a preference pair must differ)");
+    ds_expect_issue(&r, 0, 1, "chosen", "empty response");
+    ds_expect_issue(&r, 1, 2, "rejected", "empty response");
+    ds_expect_issue(&r, 2, 3, "chosen[0].content", "empty assistant turn");
+    ds_expect_issue(&r, 3, 4, "rejected", "empty list of messages");
+    ds_expect_issue(&r, 4, 5, "rejected", "identical to chosen (a preference pair must differ)");
 
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     expect_load_error(path, DATASET_AUTO, &f, ":1: chosen: empty response", &r);
     cr_expect_eq(r.n_issues, 5);
-    expect_issue(&r, 4, 5, "rejected", "identical to chosen (a preference pair must differ)");
+    ds_expect_issue(&r, 4, 5, "rejected", "identical to chosen (a preference pair must differ)");
 }
 
 /* A pair over max_seq_len under each policy. Lengths (bos + prompt + response + eos):
  * line 1 chosen 6, rejected 12; line 2 both 12 with a 10-token prompt; line 3 both 4. */
-Test(datasets, preference_pairs_over_max_seq_len_under_each_policy, .init = setup, .fini = teardown) {
-    const char *path = write_file("pref_len.jsonl",
+Test(datasets, preference_pairs_over_max_seq_len_under_each_policy, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("pref_len.jsonl",
         "{\"prompt\": \"ab\", \"chosen\": \"cd\", \"rejected\": \"efghijkl\"}\n"
         "{\"prompt\": \"abcdefghi\", \"chosen\": \"x\", \"rejected\": \"y\"}\n"
         "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n");
-    struct dataset_format f = format(8);
+    struct dataset_format f = ds_format(8);
     struct dataset_report r;
 
     /* error: the file is refused; each issue names its line and the side over the limit
      * (the first side found: chosen is checked before rejected). */
     expect_load_error(path, DATASET_PREFERENCE, &f, ":1: rejected: sequence of 12 tokens exceeds max_seq_len 8", &r);
     cr_expect_eq(r.n_issues, 2);
-    expect_issue(&r, 1, 2, "chosen", "sequence of 12 tokens exceeds max_seq_len 8");
+    ds_expect_issue(&r, 1, 2, "chosen", "sequence of 12 tokens exceeds max_seq_len 8");
 
     /* drop: both pairs with a long side go, whole; the report counts them. */
     f.truncation = DATASET_TRUNCATE_DROP;
@@ -680,12 +637,12 @@ Test(datasets, preference_pairs_over_max_seq_len_under_each_policy, .init = setu
                       ": no examples left: all 3 rows were dropped as longer than max_seq_len 3", &r);
 }
 
-Test(datasets, prompts_with_answer_and_metadata, .init = setup, .fini = teardown) {
-    const char *path = write_file("prompts.jsonl",
+Test(datasets, prompts_with_answer_and_metadata, .init = setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("prompts.jsonl",
         "{\"prompt\": \"2+2=\", \"answer\": \"4\", \"metadata\": {\"level\": 1, \"tags\": [\"add\"]}}\n"
         "\n"
         "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_AUTO, &f);
     cr_assert_eq(ds->kind, DATASET_PROMPTS);
     cr_assert_eq(ds->n, 2);
@@ -707,7 +664,7 @@ Test(datasets, prompts_with_answer_and_metadata, .init = setup, .fini = teardown
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     size_t n = 0;
-    TEST_OK(chat_tokenize(&chat, tok, &m, 1, true, &ids, &mask, &n, &err), &err);
+    TEST_OK(chat_tokenize(&ds_chat, ds_tok, &m, 1, true, &ids, &mask, &n, &err), &err);
     cr_assert_eq((size_t)p->n, n);
     cr_expect(!memcmp(p->ids, ids, n * sizeof *ids));
     free(ids);
@@ -752,7 +709,7 @@ static const char *write_rows(const char *name, int n, bool preference) {
             len += (size_t)snprintf(text + len, cap - len, "{\"prompt\": \"%s\", \"completion\": \"%s\"}\n", prompt,
                                     completion);
     }
-    const char *path = write_file(name, text);
+    const char *path = ds_write_file(name, text);
     free(text);
     return path;
 }
@@ -762,9 +719,9 @@ static void lines_of(const struct dataset *ds, int64_t *lines) {
     for (int64_t i = 0; i < ds->n; i++) lines[i] = ds->examples[i * seqs].line;
 }
 
-Test(datasets, split_is_seeded_and_sized, .init = setup, .fini = teardown) {
+Test(datasets, split_is_seeded_and_sized, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("rows.jsonl", 40, false);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct smelt_error err = {0};
     int64_t lines_a[40], lines_b[40], val_a[40], val_b[40];
     int64_t tokens = 0;
@@ -818,9 +775,9 @@ Test(datasets, split_is_seeded_and_sized, .init = setup, .fini = teardown) {
     dataset_free(ds);
 }
 
-Test(datasets, split_moves_pairs_and_prompts_together, .init = setup, .fini = teardown) {
+Test(datasets, split_moves_pairs_and_prompts_together, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("pairs.jsonl", 10, true);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct smelt_error err = {0};
     struct dataset *ds = load_ok(path, DATASET_PREFERENCE, &f), *val = NULL;
     TEST_OK(dataset_split(ds, 0.3, 3, &val, &err), &err);
@@ -838,7 +795,7 @@ Test(datasets, split_moves_pairs_and_prompts_together, .init = setup, .fini = te
     dataset_free(ds);
     dataset_free(val);
 
-    const char *prompts = write_file("prompts.jsonl", "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\", "
+    const char *prompts = ds_write_file("prompts.jsonl", "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\", "
                                                       "\"answer\": \"2\"}\n{\"prompt\": \"c\", \"answer\": \"3\"}\n");
     ds = load_ok(prompts, DATASET_PROMPTS, &f);
     TEST_OK(dataset_split(ds, 0.5, 1, &val, &err), &err);
@@ -912,9 +869,9 @@ static void check_epoch(const struct dataset *ds, struct dataset_loader *l, int6
     free(count);
 }
 
-Test(datasets, loader_batch_size_mode, .init = setup, .fini = teardown) {
+Test(datasets, loader_batch_size_mode, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("rows.jsonl", 37, false);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_SFT, &f);
     struct smelt_error err = {0};
     struct dataset_loader_config c = {.batch_size = 5, .shuffle = false, .seed = 1};
@@ -936,9 +893,9 @@ Test(datasets, loader_batch_size_mode, .init = setup, .fini = teardown) {
     dataset_free(ds);
 }
 
-Test(datasets, loader_packing_mode, .init = setup, .fini = teardown) {
+Test(datasets, loader_packing_mode, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("rows.jsonl", 53, false);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_SFT, &f);
     struct smelt_error err = {0};
     for (int drop = 0; drop < 2; drop++) {
@@ -972,9 +929,9 @@ Test(datasets, loader_packing_mode, .init = setup, .fini = teardown) {
     dataset_free(ds);
 }
 
-Test(datasets, loader_refuses_what_it_cannot_batch, .init = setup, .fini = teardown) {
+Test(datasets, loader_refuses_what_it_cannot_batch, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("rows.jsonl", 6, false);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_SFT, &f);
     struct smelt_error err = {0};
     struct dataset_loader *l = NULL;
@@ -999,9 +956,9 @@ Test(datasets, loader_refuses_what_it_cannot_batch, .init = setup, .fini = teard
 
 /* A prompts batch (the RL loop's): its rows are the prompts, their ids laid out, nothing
  * trained. */
-Test(datasets, loader_batches_prompts, .init = setup, .fini = teardown) {
-    const char *prompts = write_file("prompts.jsonl", "{\"prompt\": \"ab\"}\n{\"prompt\": \"c\"}\n{\"prompt\": \"de\"}\n");
-    struct dataset_format f = format(64);
+Test(datasets, loader_batches_prompts, .init = setup, .fini = ds_teardown) {
+    const char *prompts = ds_write_file("prompts.jsonl", "{\"prompt\": \"ab\"}\n{\"prompt\": \"c\"}\n{\"prompt\": \"de\"}\n");
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(prompts, DATASET_AUTO, &f);
     struct smelt_error err = {0};
     struct dataset_loader *l = NULL;
@@ -1039,9 +996,9 @@ static void first_units(const struct dataset *ds, const struct dataset_loader_co
     dataset_loader_free(l);
 }
 
-Test(datasets, shuffle_depends_on_seed_and_epoch, .init = setup, .fini = teardown) {
+Test(datasets, shuffle_depends_on_seed_and_epoch, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("rows.jsonl", 30, false);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_SFT, &f);
     struct dataset_loader_config c = {.batch_size = 3, .shuffle = true, .seed = 11};
     int64_t a[60], b[60], other[60];
@@ -1103,9 +1060,9 @@ static void check_resume(const struct dataset *ds, const struct dataset_loader_c
     dataset_loader_free(full);
 }
 
-Test(datasets, cursor_and_seek_continue_exactly, .init = setup, .fini = teardown) {
+Test(datasets, cursor_and_seek_continue_exactly, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("rows.jsonl", 23, false);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_SFT, &f);
     struct dataset_loader_config configs[] = {
         {.batch_size = 4, .shuffle = true, .seed = 3},
@@ -1127,9 +1084,9 @@ Test(datasets, cursor_and_seek_continue_exactly, .init = setup, .fini = teardown
     dataset_free(ds);
 }
 
-Test(datasets, loader_keeps_preference_pairs_adjacent, .init = setup, .fini = teardown) {
+Test(datasets, loader_keeps_preference_pairs_adjacent, .init = setup, .fini = ds_teardown) {
     const char *path = write_rows("pairs.jsonl", 19, true);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct dataset *ds = load_ok(path, DATASET_PREFERENCE, &f);
     struct smelt_error err = {0};
     struct dataset_loader_config configs[] = {
@@ -1148,10 +1105,10 @@ Test(datasets, loader_keeps_preference_pairs_adjacent, .init = setup, .fini = te
 
 /* ---- size ---- */
 
-Test(datasets, many_rows_load_quickly, .init = setup, .fini = teardown) {
+Test(datasets, many_rows_load_quickly, .init = setup, .fini = ds_teardown) {
     int n = 20000;
     const char *path = write_rows("many.jsonl", n, false);
-    struct dataset_format f = format(64);
+    struct dataset_format f = ds_format(64);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     struct dataset *ds = load_ok(path, DATASET_SFT, &f);

@@ -15,39 +15,19 @@
 
 #include "rewards/graders_internal.h"
 #include "rewards/rewards.h"
+#include "rewards_testutil.h"
 
 /* ---- helpers ---- */
-
-static json_t *parse(const char *text) {
-    json_error_t jerr;
-    json_t *j = json_loads(text, 0, &jerr);
-    cr_assert(j, "test JSON does not parse: %s (%s)", jerr.text, text);
-    return j;
-}
-
-static struct reward_stage *stage_of(const char *spec_text) {
-    json_t *spec = parse(spec_text);
-    struct reward_stage *st = NULL;
-    struct smelt_error err = {0};
-    int rc = reward_stage_create(spec, "reward", &st, &err);
-    json_decref(spec);
-    cr_assert_eq(rc, SMELT_OK, "spec %s refused: %s", spec_text, err.message);
-    return st;
-}
 
 static struct reward_result grade(struct reward_stage *st, const char *completion, const char *answer,
                                   const char *metadata) {
     struct reward_sample s = {.completion = completion, .answer = answer, .metadata_json = metadata};
-    struct reward_result r;
-    memset(&r, 0xff, sizeof r); /* every field must be written */
-    struct smelt_error err = {0};
-    cr_assert_eq(reward_stage_score(st, &s, 1, &r, &err), SMELT_OK, "%s", err.message);
-    return r;
+    return rewards_test_score(st, &s);
 }
 
 /* The grader's score of one sample, which must not fail. */
 static double score_of(const char *spec, const char *completion, const char *answer, const char *metadata) {
-    struct reward_stage *st = stage_of(spec);
+    struct reward_stage *st = rewards_test_stage(spec);
     struct reward_result r = grade(st, completion, answer, metadata);
     reward_stage_free(st);
     cr_assert(!r.failed, "%s on \"%s\" failed: %s", spec, completion, r.error);
@@ -58,7 +38,7 @@ static double score_of(const char *spec, const char *completion, const char *ans
 /* The message of a sample that must fail. */
 static void expect_failure(const char *spec, const char *completion, const char *answer, const char *metadata,
                            const char *message) {
-    struct reward_stage *st = stage_of(spec);
+    struct reward_stage *st = rewards_test_stage(spec);
     struct reward_result r = grade(st, completion, answer, metadata);
     reward_stage_free(st);
     cr_assert(r.failed, "%s on \"%s\" scored %g, expected a failure", spec, completion, r.reward);
@@ -68,7 +48,7 @@ static void expect_failure(const char *spec, const char *completion, const char 
 
 /* A spec that must be refused: the error's field and a piece of its message. */
 static void expect_refused(const char *spec_text, const char *field, const char *message_part) {
-    json_t *spec = parse(spec_text);
+    json_t *spec = rewards_test_parse(spec_text);
     struct reward_stage *st = NULL;
     struct smelt_error err = {0};
     int rc = reward_stage_create(spec, "reward", &st, &err);
@@ -218,6 +198,10 @@ Test(graders, templates_read_the_row_and_the_completion) {
     cr_expect_eq(score_of(CHECK("eq", "{{sample.output_text}}", "{{item.answer}}"), "42", "42", meta), 1.0);
     cr_expect_eq(score_of(CHECK("eq", "{{sample.output_text}}", "{{ item.city }}"), "Paris", NULL, meta), 1.0);
     cr_expect_eq(score_of(CHECK("eq", "{{sample.output_text}}", "{{item.metadata.city}}"), "Paris", NULL, meta), 1.0);
+    /* an OpenAI row with a field named "metadata": item.metadata.x means that field's x */
+    cr_expect_eq(score_of(CHECK("eq", "{{sample.output_text}}", "{{item.metadata.city}}"), "Rome", NULL,
+                          "{\"city\": \"Paris\", \"metadata\": {\"city\": \"Rome\"}}"),
+                 1.0);
     cr_expect_eq(score_of(CHECK("eq", "{{sample.output_text}}", "{{item.list[1].b}}-{{item.list[0]}}"), "B-a", NULL,
                           meta),
                  1.0);
@@ -255,10 +239,11 @@ Test(graders, templates_that_name_nothing_fail_the_sample) {
 }
 
 Test(graders, the_prompt_check_refuses_rows_missing_a_field) {
-    struct reward_stage *st = stage_of("{\"grader\": {\"type\": \"multi\", \"calculate_output\": \"a + b\", "
-                                       "\"graders\": {\"a\": " CHECK_G("eq", "{{sample.output_text}}", "{{item.answer}}")
-                                       ", \"b\": " SIMILAR_G("bleu", "{{sample.output_json.x}}", "{{item.ref.text}}")
-                                       "}}}");
+    struct reward_stage *st = rewards_test_stage(
+        "{\"grader\": {\"type\": \"multi\", \"calculate_output\": \"a + b\", "
+        "\"graders\": {\"a\": " CHECK_G("eq", "{{sample.output_text}}", "{{item.answer}}")
+        ", \"b\": " SIMILAR_G("bleu", "{{sample.output_json.x}}", "{{item.ref.text}}")
+        "}}}");
     struct smelt_error err = {0};
     cr_expect_eq(reward_stage_check_prompt(st, "1", "{\"ref\": {\"text\": \"t\"}}", &err), SMELT_OK, "%s", err.message);
     cr_expect_eq(reward_stage_check_prompt(st, NULL, "{\"ref\": {\"text\": \"t\"}}", &err), SMELT_EINVAL);
@@ -309,11 +294,12 @@ Test(graders, multi_formula_semantics) {
 }
 
 Test(graders, multi_reports_every_sub_score) {
-    struct reward_stage *st = stage_of("{\"grader\": {\"type\": \"multi\", \"name\": \"combined\", "
-                                       "\"calculate_output\": \"(exact + near) / 2\", \"graders\": {"
-                                       "\"exact\": " CHECK_G("eq", "{{sample.output_text}}", "{{item.answer}}") ", "
-                                       "\"near\": " SIMILAR_G("fuzzy_match", "{{sample.output_text}}", "{{item.answer}}")
-                                       "}}}");
+    struct reward_stage *st = rewards_test_stage(
+        "{\"grader\": {\"type\": \"multi\", \"name\": \"combined\", "
+        "\"calculate_output\": \"(exact + near) / 2\", \"graders\": {"
+        "\"exact\": " CHECK_G("eq", "{{sample.output_text}}", "{{item.answer}}") ", "
+        "\"near\": " SIMILAR_G("fuzzy_match", "{{sample.output_text}}", "{{item.answer}}")
+        "}}}");
     cr_assert_eq(reward_stage_count(st), 3);
     cr_expect_str_eq(reward_stage_name(st, 0), "multi");
     cr_expect_str_eq(reward_stage_name(st, 1), "exact");
@@ -344,7 +330,7 @@ Test(graders, multi_formula_failures_fail_the_sample) {
                    "grader (multi): calculate_output: the term at offset 0 gives -inf, not a finite number");
     const char *root = "{\"grader\": {\"type\": \"multi\", \"calculate_output\": \"sqrt(a - 1)\", \"graders\": {"
                        "\"a\": " CHECK_G("eq", "{{sample.output_text}}", "yes") "}}}";
-    struct reward_stage *st = stage_of(root);
+    struct reward_stage *st = rewards_test_stage(root);
     struct reward_result r = grade(st, "no", NULL, NULL);
     cr_expect(r.failed && strstr(r.error, "the term at offset 0 gives"), "%s", r.error);
     reward_stage_free(st);
@@ -443,11 +429,11 @@ Test(graders, spec_written_back_builds_the_same_stage) {
                        "\"reference\": \"{{item.city}}\"}, \"sim\": {\"type\": \"text_similarity\", "
                        "\"evaluation_metric\": \"rouge_l\", \"pass_threshold\": 0.5, \"input\": "
                        "\"{{sample.output_text}}\", \"reference\": \"{{item.answer}}\"}}}}";
-    struct reward_stage *st = stage_of(text);
+    struct reward_stage *st = rewards_test_stage(text);
     json_t *out = NULL, *again = NULL;
     struct smelt_error err = {0};
     cr_assert_eq(reward_stage_to_json(st, &out, &err), SMELT_OK);
-    json_t *want = parse(text);
+    json_t *want = rewards_test_parse(text);
     cr_expect(json_equal(out, want), "the spec written back differs from the spec");
     struct reward_stage *st2 = NULL;
     cr_assert_eq(reward_stage_create(out, "reward", &st2, &err), SMELT_OK, "%s", err.message);

@@ -23,69 +23,21 @@
 
 #include "testutil.h"
 #include "trainer/trainer_internal.h"
+#include "rl_testutil.h"
 #include "trainer_testutil.h"
 
 /* ---- data, specs, runs ---- */
 
-/* Rows first .. first + n - 1 of a prompts file: "xyz>" with 2 to 5 letters (prompts of
- * different lengths) and the reversal as the answer; the row on line missing_answer
- * (1-based; 0: none) has no answer. */
-static void write_prompts(const char *path, int first, int n, int missing_answer) {
-    FILE *f = fopen(path, "w");
-    cr_assert(f);
-    for (int i = first; i < first + n; i++) {
-        int len = 2 + i % 4;
-        char s[8], rev[8];
-        for (int k = 0; k < len; k++) s[k] = (char)('a' + (i * 7 + k * 3) % 26);
-        for (int k = 0; k < len; k++) rev[k] = s[len - 1 - k];
-        s[len] = rev[len] = 0;
-        if (i - first + 1 == missing_answer) fprintf(f, "{\"prompt\": \"%s>\"}\n", s);
-        else fprintf(f, "{\"prompt\": \"%s>\", \"answer\": \"%s\"}\n", s, rev);
-    }
-    fclose(f);
-}
-
-/* The tiny pretrained model, 6 training prompts (3 iterations of 2 make an epoch) and 4
- * held-out ones. */
-static void setup_grpo(struct test_run_paths *p) {
-    test_run_paths_init(p, true);
-    write_prompts(p->train, 0, 6, 0);
-    write_prompts(p->val, 20, 4, 0);
-}
-
-/* exact_match of the answer (never met by the tiny model: val_accuracy is its pass
- * rate) and a letter or digit anywhere in the completion (about half of the random
- * completions of 3-4 tokens have one): rewards 0, 0.5 or 1. */
-#define REWARD_MIXED                                                                                  \
-    "\"reward\":{\"verifiers\":[{\"type\":\"exact_match\",\"weight\":0.5},{\"type\":\"regex_match\"," \
-    "\"pattern\":\"[0-9a-z]\",\"weight\":0.5}]}"
 /* The letter-or-digit check alone: 0 or 1, groups of 3 all equal about a quarter of the time. */
 #define REWARD_BINARY "\"reward\":{\"verifiers\":[{\"type\":\"regex_match\",\"pattern\":\"[0-9a-z]\"}]}"
 /* Always 0 (no completion comes near 1000 tokens): every group is degenerate. */
 #define REWARD_CONSTANT \
     "\"reward\":{\"verifiers\":[{\"type\":\"length_penalty\",\"max_tokens\":1000,\"cache_tokens\":0}]}"
 
-/* A spec of `type` over p's model and validation prompts, with extra (sections, each
- * followed by a comma) and train as data.train, written to p->spec and loaded. */
-static int load_spec(const struct test_run_paths *p, const char *type, const char *train, const char *out,
-                     const char *extra, struct job_spec *spec, struct smelt_error *err) {
-    char text[8192];
-    int n = snprintf(text, sizeof text,
-                     "{\"type\":\"%s\",\"model\":\"%s\",%s\"data\":{\"train\":\"%s\",\"validation\":\"%s\"},"
-                     "\"output_dir\":\"%s\",\"seed\":7}",
-                     type, p->model, extra, train, p->val, out);
-    cr_assert(n > 0 && (size_t)n < sizeof text);
-    test_write_text(p->spec, text);
-    return job_spec_load(p->spec, spec, err);
-}
-
 /* Runs the grpo job of extra over p's data into out, to the end or as o says. */
 static void run_grpo(const struct test_run_paths *p, const char *out, const char *extra,
                      const struct trainer_options *o, struct trainer_result *res) {
-    struct smelt_error err = {0};
-    struct job_spec spec;
-    TEST_OK(load_spec(p, "grpo", p->train, out, extra, &spec, &err), &err);
-    TEST_OK(trainer_run(&spec, o, res, &err), &err);
+    rl_test_run(p, "grpo", out, extra, o, res);
 }
 
 /* The error trainer_run gives for the grpo job of extra over train. */
@@ -94,40 +46,11 @@ static void expect_run_refused(const struct test_run_paths *p, const char *train
     struct job_spec spec;
     struct trainer_result res;
     static const struct trainer_options o = {.quiet = true};
-    TEST_OK(load_spec(p, "grpo", train, p->out, extra, &spec, err), err);
+    TEST_OK(rl_test_load_spec(p, "grpo", train, p->out, extra, &spec, err), err);
     TEST_EXPECT_ERROR(trainer_run(&spec, &o, &res, err), SMELT_EINVAL, err);
 }
 
 static const struct trainer_options quiet = {.quiet = true};
-
-/* Every line of type `type` of out_dir/metrics.jsonl, in order (at most cap); the
- * caller frees them (free_lines). */
-static int read_lines(const char *out_dir, const char *type, json_t **lines, int cap) {
-    char path[700];
-    static char text[1 << 16];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no %s", path);
-    int n = 0;
-    while (fgets(text, sizeof text, f)) {
-        cr_assert(strchr(text, '\n'), "a metrics line longer than %zu bytes", sizeof text);
-        json_t *j = json_loads(text, 0, NULL);
-        cr_assert(j, "bad metrics line %s", text);
-        const char *t = json_string_value(json_object_get(j, "type"));
-        if (t && strcmp(t, type) == 0) {
-            cr_assert(n < cap, "more than %d %s lines", cap, type);
-            lines[n++] = j;
-        } else {
-            json_decref(j);
-        }
-    }
-    fclose(f);
-    return n;
-}
-
-static void free_lines(json_t **lines, int n) {
-    for (int i = 0; i < n; i++) json_decref(lines[i]);
-}
 
 static int64_t int_at(const json_t *line, const char *key) {
     const json_t *v = json_object_get(line, key);
@@ -156,14 +79,14 @@ static float *model_weights_of(const char *dir, int64_t *n) {
 
 /* ---- (1) the spec ---- */
 
-#define MINIMAL_RL "\"rl\":{" REWARD_MIXED "},"
+#define MINIMAL_RL "\"rl\":{" RL_TEST_REWARD_MIXED "},"
 
 Test(grpo, spec_defaults_and_round_trip) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct smelt_error err = {0};
     struct job_spec spec, back;
-    TEST_OK(load_spec(&p, "grpo", p.train, p.out, MINIMAL_RL, &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out, MINIMAL_RL, &spec, &err), &err);
     cr_expect_eq(spec.type, JOB_GRPO);
     cr_expect_eq(spec.rl.num_generations, 8);
     cr_expect_eq(spec.rl.minibatches, 1);
@@ -201,8 +124,8 @@ Test(grpo, spec_defaults_and_round_trip) {
     };
     for (size_t i = 0; i < sizeof clip / sizeof *clip; i++) {
         char extra[1024];
-        snprintf(extra, sizeof extra, "\"rl\":{%s" REWARD_MIXED "},", clip[i].rl);
-        TEST_OK(load_spec(&p, "grpo", p.train, p.out, extra, &spec, &err), &err);
+        snprintf(extra, sizeof extra, "\"rl\":{%s" RL_TEST_REWARD_MIXED "},", clip[i].rl);
+        TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out, extra, &spec, &err), &err);
         cr_expect_eq(spec.rl.loss_type, clip[i].type, "%s", clip[i].rl);
         cr_expect(spec.rl.epsilon == clip[i].lo && spec.rl.epsilon_high == clip[i].hi, "%s: epsilon %g / %g",
                   clip[i].rl, spec.rl.epsilon, spec.rl.epsilon_high);
@@ -219,10 +142,10 @@ Test(grpo, spec_defaults_and_round_trip) {
         "\"dual_clip\":3,\"beta\":0.04,\"kl_estimator\":\"k2\",\"advantage_estimator\":\"rloo\","
         "\"scale_rewards\":false,\"mask_truncated_completions\":true,\"dynamic_sampling\":true,\"tis_cap\":2,"
         "\"tis_level\":\"sequence\",\"tis_mode\":\"mask\",\"kv_memory_mb\":64,\"placement\":\"split\","
-        "\"rollout_workers\":3," REWARD_MIXED "},",
+        "\"rollout_workers\":3," RL_TEST_REWARD_MIXED "},",
     };
     for (size_t i = 0; i < sizeof round_trip / sizeof *round_trip; i++) {
-        TEST_OK(load_spec(&p, "grpo", p.train, p.out, round_trip[i], &spec, &err), &err);
+        TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out, round_trip[i], &spec, &err), &err);
         void *j;
         TEST_OK(job_spec_to_json(&spec, &j, &err), &err);
         cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "grpo");
@@ -237,7 +160,7 @@ Test(grpo, spec_defaults_and_round_trip) {
         json_decref(j);
     }
     /* Another job type writes no rl section and takes an empty one. */
-    TEST_OK(load_spec(&p, "sft", p.train, p.out, "\"rl\":{},", &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "sft", p.train, p.out, "\"rl\":{},", &spec, &err), &err);
     void *j;
     TEST_OK(job_spec_to_json(&spec, &j, &err), &err);
     cr_expect_null(json_object_get(j, "rl"), "an sft spec written with an rl section");
@@ -247,51 +170,42 @@ Test(grpo, spec_defaults_and_round_trip) {
 
 Test(grpo, spec_refusals_name_the_field) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    struct smelt_error err = {0};
-    struct job_spec spec;
+    rl_test_setup(&p, 6);
     /* says: what the message must hold (the field's path, or for an unknown key the
      * section and the key, as every section words it). */
-    static const struct {
-        const char *type, *extra, *field, *says;
-    } refused[] = {
+    static const struct rl_test_refusal refused[] = {
         {"grpo", "", "rl.reward", "rl.reward"},
-        {"grpo", "\"rl\":{\"num_generation\":4," REWARD_MIXED "},", "rl.num_generation",
+        {"grpo", "\"rl\":{\"num_generation\":4," RL_TEST_REWARD_MIXED "},", "rl.num_generation",
          "rl: unknown field 'num_generation'"},
-        {"grpo", "\"rl\":{\"dual_clip\":0.5," REWARD_MIXED "},", "rl.dual_clip", "rl.dual_clip"},
-        {"grpo", "\"rl\":{\"advantage_estimator\":\"gae\"," REWARD_MIXED "},", "rl.advantage_estimator",
+        {"grpo", "\"rl\":{\"dual_clip\":0.5," RL_TEST_REWARD_MIXED "},", "rl.dual_clip", "rl.dual_clip"},
+        {"grpo", "\"rl\":{\"advantage_estimator\":\"gae\"," RL_TEST_REWARD_MIXED "},", "rl.advantage_estimator",
          "rl.advantage_estimator"},
-        {"grpo", "\"rl\":{\"placement\":\"elsewhere\"," REWARD_MIXED "},", "rl.placement", "rl.placement"},
-        {"grpo", "\"rl\":{\"placement\":\"split\",\"rollout_workers\":0," REWARD_MIXED "},",
+        {"grpo", "\"rl\":{\"placement\":\"elsewhere\"," RL_TEST_REWARD_MIXED "},", "rl.placement", "rl.placement"},
+        {"grpo", "\"rl\":{\"placement\":\"split\",\"rollout_workers\":0," RL_TEST_REWARD_MIXED "},",
          "rl.rollout_workers", "rl: field 'rollout_workers'"},
-        {"grpo", "\"rl\":{\"rollout_workers\":2," REWARD_MIXED "},", "rl.rollout_workers", "rl.rollout_workers"},
-        {"grpo", "\"rl\":{\"epsilon\":1," REWARD_MIXED "},", "rl.epsilon", "rl: field 'epsilon'"},
-        {"grpo", "\"rl\":{\"num_generations\":1," REWARD_MIXED "},", "rl.num_generations",
+        {"grpo", "\"rl\":{\"rollout_workers\":2," RL_TEST_REWARD_MIXED "},", "rl.rollout_workers",
+         "rl.rollout_workers"},
+        {"grpo", "\"rl\":{\"epsilon\":1," RL_TEST_REWARD_MIXED "},", "rl.epsilon", "rl: field 'epsilon'"},
+        {"grpo", "\"rl\":{\"num_generations\":1," RL_TEST_REWARD_MIXED "},", "rl.num_generations",
          "rl: field 'num_generations'"},
-        {"grpo", "\"rl\":{\"tis_cap\":0.5," REWARD_MIXED "},", "rl.tis_cap", "rl.tis_cap"},
-        {"grpo", "\"rl\":{\"loss_type\":\"ppo\"," REWARD_MIXED "},", "rl.loss_type", "rl.loss_type"},
+        {"grpo", "\"rl\":{\"tis_cap\":0.5," RL_TEST_REWARD_MIXED "},", "rl.tis_cap", "rl.tis_cap"},
+        {"grpo", "\"rl\":{\"loss_type\":\"ppo\"," RL_TEST_REWARD_MIXED "},", "rl.loss_type", "rl.loss_type"},
         {"grpo", "\"rl\":{\"reward\":{\"verifiers\":[{\"type\":\"llm_judge\"}]}},", "rl.reward.verifiers[0].type",
          "rl.reward.verifiers[0].type"},
         {"sft", "\"rl\":{\"num_generations\":4},", "rl", "rl: only a grpo job"},
     };
-    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
-        TEST_EXPECT_ERROR(load_spec(&p, refused[i].type, p.train, p.out, refused[i].extra, &spec, &err),
-                          SMELT_EINVAL, &err);
-        cr_expect_str_eq(err.field, refused[i].field, "%s", err.message);
-        cr_expect(strstr(err.message, refused[i].says), "the message does not say \"%s\": %s", refused[i].says,
-                  err.message);
-        cr_expect(strstr(err.message, p.spec), "the message does not name the spec file: %s", err.message);
-    }
+    rl_test_expect_refusals(&p, refused, sizeof refused / sizeof *refused);
     test_tmp_teardown();
 }
 
 /* ---- (2) what a grpo job refuses when it starts ---- */
 
-#define RUN_RL(more) "\"rl\":{\"num_generations\":2,\"max_new_tokens\":3,\"kv_memory_mb\":2," more REWARD_MIXED "},"
+#define RUN_RL(more) \
+    "\"rl\":{\"num_generations\":2,\"max_new_tokens\":3,\"kv_memory_mb\":2," more RL_TEST_REWARD_MIXED "},"
 
 Test(grpo, setup_refusals_say_what_is_wrong) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct smelt_error err = {0};
     char other[600];
 
@@ -303,7 +217,7 @@ Test(grpo, setup_refusals_say_what_is_wrong) {
     cr_expect_str_eq(err.field, "data.train");
 
     snprintf(other, sizeof other, "%s.noanswer", p.train);
-    write_prompts(other, 0, 6, 3);
+    rl_test_write_prompts(other, 0, 6, 3);
     expect_run_refused(&p, other, RUN_RL(""), &err);
     char at[700];
     snprintf(at, sizeof at, "%s:3", other);
@@ -312,19 +226,23 @@ Test(grpo, setup_refusals_say_what_is_wrong) {
     cr_expect(strncmp(err.field, "data.train", 10) == 0, "field %s: %s", err.field, err.message);
 
     /* The same row in the validation file. */
-    write_prompts(p.val, 20, 4, 2);
+    rl_test_write_prompts(p.val, 20, 4, 2);
     expect_run_refused(&p, p.train, RUN_RL(""), &err);
     snprintf(at, sizeof at, "%s:2", p.val);
     cr_expect(strstr(err.message, at), "the message does not name %s: %s", at, err.message);
     cr_expect(strncmp(err.field, "data.validation", 15) == 0, "field %s: %s", err.field, err.message);
-    write_prompts(p.val, 20, 4, 0);
+    rl_test_write_prompts(p.val, 20, 4, 0);
 
-    expect_run_refused(&p, p.train, "\"hyperparameters\":{\"max_steps\":3}," RUN_RL(""), &err);
+    struct job_spec spec; /* refused when the spec is read: the API refuses it at creation */
+    TEST_EXPECT_ERROR(rl_test_load_spec(&p, "grpo", p.train, p.out, "\"hyperparameters\":{\"max_steps\":3}," RUN_RL(""),
+                                        &spec, &err),
+                      SMELT_EINVAL, &err);
     cr_expect_str_eq(err.field, "hyperparameters.max_steps", "%s", err.message);
     cr_expect(strstr(err.message, "rl.max_iterations"), "%s", err.message);
 
     /* The longest prompt (bos + 5 letters + '>') and 122 new tokens: 129 > 128. */
-    expect_run_refused(&p, p.train, "\"rl\":{\"num_generations\":2,\"max_new_tokens\":122," REWARD_MIXED "},", &err);
+    expect_run_refused(&p, p.train, "\"rl\":{\"num_generations\":2,\"max_new_tokens\":122," RL_TEST_REWARD_MIXED "},",
+                       &err);
     cr_expect_str_eq(err.field, "rl.max_new_tokens", "%s", err.message);
     cr_expect(strstr(err.message, "129") && strstr(err.message, "128"), "%s", err.message);
     /* 121 fits exactly: the check is not off by one (one iteration runs). */
@@ -333,7 +251,7 @@ Test(grpo, setup_refusals_say_what_is_wrong) {
     snprintf(out2, sizeof out2, "%s-fits", p.out);
     run_grpo(&p, out2,
              "\"hyperparameters\":{\"batch_size\":1},\"rl\":{\"num_generations\":2,\"max_new_tokens\":121,"
-             "\"kv_memory_mb\":2,\"max_iterations\":1," REWARD_MIXED "},\"eval\":{\"accuracy_examples\":1},",
+             "\"kv_memory_mb\":2,\"max_iterations\":1," RL_TEST_REWARD_MIXED "},\"eval\":{\"accuracy_examples\":1},",
              &quiet, &res);
     cr_expect_eq(res.steps, 1);
     test_tmp_teardown();
@@ -343,7 +261,7 @@ Test(grpo, setup_refusals_say_what_is_wrong) {
 
 #define SHORT_RUN_WITH(more)                                                                             \
     "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{" more "\"num_generations\":4,"  \
-    "\"max_new_tokens\":4,\"max_iterations\":3,\"kv_memory_mb\":2,\"temperature\":0.8," REWARD_MIXED "},"
+    "\"max_new_tokens\":4,\"max_iterations\":3,\"kv_memory_mb\":2,\"temperature\":0.8," RL_TEST_REWARD_MIXED "},"
 #define SHORT_RUN SHORT_RUN_WITH("")
 
 /* Reward and loss of every train line of out, into reward[0..3) and loss[0..3). */
@@ -356,21 +274,21 @@ static void read_reward_loss(const char *out, double *reward, double *loss) {
 
 Test(grpo, a_short_colocated_run_logs_every_iteration) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     run_grpo(&p, p.out, SHORT_RUN, &quiet, &res);
     cr_expect_eq(res.steps, 3);
     cr_expect(!res.stopped);
 
     json_t *ev[4], *tr[8], *sm[8], *fin[2];
-    int n_eval = read_lines(p.out, "eval", ev, 4);
+    int n_eval = test_read_lines(p.out, "eval", ev, 4);
     cr_assert_eq(n_eval, 1, "eval lines: %d (one at step 0 expected)", n_eval);
     cr_expect_eq(int_at(ev[0], "step"), 0);
     double v = num_at(ev[0], "val_reward");
     cr_expect(v >= 0 && v <= 1, "val_reward %g", v);
     cr_expect_eq(int_at(ev[0], "val_samples"), 4);
 
-    int n_train = read_lines(p.out, "train", tr, 8);
+    int n_train = test_read_lines(p.out, "train", tr, 8);
     cr_assert_eq(n_train, 3);
     for (int i = 0; i < n_train; i++) {
         const json_t *t = tr[i];
@@ -399,10 +317,10 @@ Test(grpo, a_short_colocated_run_logs_every_iteration) {
         cr_expect(fabs(num_at(t, "ratio_mean") - 1) < 1e-3, "one step per iteration: ratios are 1, got %g",
                   num_at(t, "ratio_mean"));
     }
-    free_lines(tr, n_train);
+    test_free_lines(tr, n_train);
 
     /* A samples line after each train line: the first sample of each group (2 here). */
-    int n_samples = read_lines(p.out, "samples", sm, 8);
+    int n_samples = test_read_lines(p.out, "samples", sm, 8);
     cr_expect_eq(n_samples, 3);
     for (int i = 0; i < n_samples; i++) {
         cr_expect_eq(int_at(sm[i], "step"), i + 1);
@@ -421,14 +339,14 @@ Test(grpo, a_short_colocated_run_logs_every_iteration) {
             cr_expect(r == 0 || r == 0.5 || r == 1, "sample reward %g", r);
         }
     }
-    free_lines(sm, n_samples);
+    test_free_lines(sm, n_samples);
 
-    cr_assert_eq(read_lines(p.out, "final", fin, 2), 1);
+    cr_assert_eq(test_read_lines(p.out, "final", fin, 2), 1);
     double vr = num_at(fin[0], "val_reward"), va = num_at(fin[0], "val_accuracy");
     cr_expect(vr >= 0 && vr <= 1 && va >= 0 && va <= 1, "final val_reward %g, val_accuracy %g", vr, va);
     cr_expect_eq(int_at(fin[0], "step"), 3);
-    free_lines(fin, 1);
-    free_lines(ev, n_eval);
+    test_free_lines(fin, 1);
+    test_free_lines(ev, n_eval);
 
     /* The same spec again: the same samples, rewards and updates, bit for bit. */
     char out2[600];
@@ -450,21 +368,10 @@ Test(grpo, a_short_colocated_run_logs_every_iteration) {
  * float64 from the logits: log_softmax(logits[n_prompt - 1 + j])[token j]. */
 static void unpacked_logprobs(struct trainer_run *r, const struct rl_sample *s, int n, const int64_t *start,
                               double *out) {
-    struct smelt_error err = {0};
     int64_t V = r->model->config.vocab_size;
     for (int i = 0; i < n; i++) {
         const struct dataset_prompt *p = &r->train->prompts[s[i].row];
-        int64_t T = p->n + s[i].n;
-        int32_t ids[64], cu[2] = {0, (int32_t)T};
-        cr_assert(T <= 64);
-        memcpy(ids, p->ids, (size_t)p->n * sizeof *ids);
-        memcpy(ids + p->n, s[i].ids, (size_t)s[i].n * sizeof *ids);
-        float *logits = malloc((size_t)(T * V) * sizeof *logits);
-        cr_assert(logits);
-        int64_t shape[2] = {T, V};
-        struct tensor tl = tensor_f32(logits, 2, shape);
-        struct model_batch mb = {.n_tokens = T, .n_seqs = 1, .ids = ids, .cu_seqlens = cu};
-        TEST_OK(model_forward(r->model, r->acts, &mb, NULL, &tl, NULL, &err), &err);
+        float *logits = rl_test_forward_alone(r->model, r->acts, p, &s[i], false);
         for (int64_t j = 0; j < s[i].n; j++) {
             const float *row = logits + (p->n - 1 + j) * V;
             double mx = row[0], z = 0;
@@ -554,13 +461,13 @@ static double packed_step(const struct grad_case *g, const struct rl_policy_conf
 
 Test(grpo, step_gradient_matches_finite_differences) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct smelt_error err = {0};
     struct job_spec spec;
-    TEST_OK(load_spec(&p, "grpo", p.train, p.out,
-                      "\"hyperparameters\":{\"batch_size\":2},\"rl\":{\"num_generations\":4,\"max_new_tokens\":4,"
-                      "\"loss_type\":\"grpo\"," REWARD_MIXED "},",
-                      &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out,
+                              "\"hyperparameters\":{\"batch_size\":2},\"rl\":{\"num_generations\":4,"
+                              "\"max_new_tokens\":4,\"loss_type\":\"grpo\"," RL_TEST_REWARD_MIXED "},",
+                              &spec, &err), &err);
     struct trainer_run r = {.spec = &spec, .quiet = true, .algo = &GRPO_ALGO};
     TEST_OK(run_setup(&r, &err), &err);
     TEST_OK(GRPO_ALGO.prepare(&r, &err), &err);
@@ -650,71 +557,26 @@ Test(grpo, step_gradient_matches_finite_differences) {
 
 /* ---- (5) exact resume ---- */
 
-/* Every train line's `key` of out (in order), and their steps. */
-static int train_values(const char *out, const char *key, double *v, int *steps, int cap) {
-    return test_read_metric(out, "train", key, v, steps, cap);
-}
-
-static void expect_same_rewards(const char *a, const char *b, int n) {
-    double ra[16], rb[16];
-    cr_assert_eq(train_values(a, "reward", ra, NULL, 16), n);
-    cr_assert_eq(train_values(b, "reward", rb, NULL, 16), n);
-    for (int i = 0; i < n; i++)
-        cr_expect_eq(ra[i], rb[i], "iteration %d: reward %.17g uninterrupted vs %.17g resumed", i + 1, ra[i], rb[i]);
-}
-
 /* One optimizer step per iteration: test_expect_resume_exact's six steps are six
  * iterations; 6 prompts in batches of 2 make the stop after 3 an epoch boundary. */
 #define RESUME_RL(more)                                                                                   \
     "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":3,"        \
-    "\"max_new_tokens\":3,\"max_iterations\":6,\"kv_memory_mb\":2," more REWARD_MIXED "},"
+    "\"max_new_tokens\":3,\"max_iterations\":6,\"kv_memory_mb\":2," more RL_TEST_REWARD_MIXED "},"
+
+/* test_expect_resume_exact over grpo runs of extra, every iteration's reward the same
+ * too; the stopped and resumed run's directory into out2. */
+static void expect_resume_exact_rewards(const struct test_run_paths *p, const char *extra, char *out2, size_t size) {
+    test_expect_resume_exact(p, run_grpo, extra, "val_reward");
+    snprintf(out2, size, "%s2", p->out);
+    rl_test_expect_same_train(p->out, out2, "reward", 6, "uninterrupted", "resumed");
+}
 
 Test(grpo, full_run_resumes_bit_identically) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    test_expect_resume_exact(&p, run_grpo, RESUME_RL("") "\"checkpoint\":{\"every_steps\":2},", "val_reward");
+    rl_test_setup(&p, 6);
     char out2[600];
-    snprintf(out2, sizeof out2, "%s2", p.out);
-    expect_same_rewards(p.out, out2, 6);
+    expect_resume_exact_rewards(&p, RESUME_RL("") "\"checkpoint\":{\"every_steps\":2},", out2, sizeof out2);
     test_tmp_teardown();
-}
-
-/* test_expect_resume_exact for several optimizer steps per iteration: a train line per
- * iteration at steps spi, 2 spi, ...; a stop requested after `stop` steps takes effect
- * at the end of that iteration. */
-static void expect_resume_exact_iterations(const struct test_run_paths *p, const char *extra, int iterations,
-                                           int spi, int stop) {
-    struct trainer_result res;
-    struct trainer_options all = {.quiet = true}, stopped = {.quiet = true, .stop_after_step = stop},
-                           resume = {.quiet = true, .resume = "latest"};
-    run_grpo(p, p->out, extra, &all, &res);
-    cr_expect_eq(res.steps, iterations * spi);
-    cr_expect(res.base_unchanged);
-    char out2[600];
-    snprintf(out2, sizeof out2, "%s2", p->out);
-    run_grpo(p, out2, extra, &stopped, &res);
-    int stop_at = (stop + spi - 1) / spi * spi;
-    cr_expect(res.stopped && res.steps == stop_at, "stopped %d after %lld steps, expected %d", res.stopped,
-              (long long)res.steps, stop_at);
-    run_grpo(p, out2, extra, &resume, &res);
-    cr_expect_eq(res.steps, iterations * spi);
-    cr_expect(res.base_unchanged);
-    static const char *const keys[] = {"loss", "reward", "kl", "grad_norm", "ratio_mean"};
-    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-        double a[16], b[16];
-        int sa[16], sb[16];
-        cr_assert_eq(train_values(p->out, keys[k], a, sa, 16), iterations);
-        cr_assert_eq(train_values(out2, keys[k], b, sb, 16), iterations);
-        for (int i = 0; i < iterations; i++) {
-            cr_expect(sa[i] == (i + 1) * spi && sb[i] == sa[i], "train line %d at steps %d / %d", i, sa[i], sb[i]);
-            cr_expect_eq(a[i], b[i], "iteration %d: %s %.17g uninterrupted vs %.17g resumed", i + 1, keys[k], a[i],
-                         b[i]);
-        }
-    }
-    double fa, fb;
-    cr_assert_eq(test_read_metric(p->out, "final", "val_reward", &fa, NULL, 1), 1);
-    cr_assert_eq(test_read_metric(out2, "final", "val_reward", &fb, NULL, 1), 1);
-    cr_expect_eq(fa, fb, "final val_reward %.17g vs %.17g", fa, fb);
 }
 
 /* LoRA with a KL to the reference (the base with the adapter off) and dropout; two
@@ -722,15 +584,18 @@ static void expect_resume_exact_iterations(const struct test_run_paths *p, const
  * ends the second iteration (step 8), in the middle of the prompts' first epoch. */
 Test(grpo, lora_run_with_reference_resumes_bit_identically) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    expect_resume_exact_iterations(
-        &p,
-        RESUME_RL("\"ppo_epochs\":2,\"minibatches\":2,\"beta\":0.04,")
+    rl_test_setup(&p, 6);
+    static const char *const keys[] = {"loss", "reward", "kl", "grad_norm", "ratio_mean"};
+    struct rl_test_resume r = {
+        .type = "grpo",
+        .extra = RESUME_RL("\"ppo_epochs\":2,\"minibatches\":2,\"beta\":0.04,")
         "\"lora\":{\"rank\":4,\"alpha\":8,\"dropout\":0.1},\"checkpoint\":{\"every_steps\":4},",
-        6, 4, 5);
+        .iterations = 6, .spi = 4, .stop = 5, .keys = keys, .n_keys = sizeof keys / sizeof *keys,
+        .base_unchanged = true};
+    rl_test_expect_resume_iterations(&p, &r);
     /* The KL to the reference is measured, and the adapter moved the policy from it. */
     double kl[8];
-    cr_assert_eq(train_values(p.out, "kl", kl, NULL, 8), 6);
+    cr_assert_eq(rl_test_train_values(p.out, "kl", kl, NULL, 8), 6);
     cr_expect(kl[5] > 0, "kl %g at the last iteration", kl[5]);
     test_tmp_teardown();
 }
@@ -741,16 +606,16 @@ Test(grpo, lora_run_with_reference_resumes_bit_identically) {
  * updates it is not (a reference taken with the adapter on would stay at 0). */
 Test(grpo, lora_reference_is_the_base) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     run_grpo(&p, p.out,
              "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":3,"
-             "\"max_new_tokens\":3,\"max_iterations\":3,\"kv_memory_mb\":2,\"beta\":0.04," REWARD_MIXED "},"
+             "\"max_new_tokens\":3,\"max_iterations\":3,\"kv_memory_mb\":2,\"beta\":0.04," RL_TEST_REWARD_MIXED "},"
              "\"lora\":{\"rank\":4,\"alpha\":8},",
              &quiet, &res);
     cr_expect(res.base_unchanged);
     double kl[4];
-    cr_assert_eq(train_values(p.out, "kl", kl, NULL, 4), 3);
+    cr_assert_eq(rl_test_train_values(p.out, "kl", kl, NULL, 4), 3);
     cr_expect_eq(kl[0], 0.0, "iteration 1: kl %.17g with a fresh adapter", kl[0]);
     /* an iteration whose groups all tie updates nothing: the KL is > 0 once one did */
     cr_expect(kl[2] > 0, "kl %g, %g after updates", kl[1], kl[2]);
@@ -762,14 +627,14 @@ Test(grpo, lora_reference_is_the_base) {
  * grows after the updates. */
 Test(grpo, full_reference_is_the_starting_model) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     run_grpo(&p, p.out,
              "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":3,"
-             "\"max_new_tokens\":3,\"max_iterations\":3,\"kv_memory_mb\":2,\"beta\":0.04," REWARD_MIXED "},",
+             "\"max_new_tokens\":3,\"max_iterations\":3,\"kv_memory_mb\":2,\"beta\":0.04," RL_TEST_REWARD_MIXED "},",
              &quiet, &res);
     double kl[4];
-    cr_assert_eq(train_values(p.out, "kl", kl, NULL, 4), 3);
+    cr_assert_eq(rl_test_train_values(p.out, "kl", kl, NULL, 4), 3);
     cr_expect_eq(kl[0], 0.0, "iteration 1: kl %.17g against the starting weights", kl[0]);
     /* an iteration whose groups all tie updates nothing: the KL is > 0 once one did */
     cr_expect(kl[2] > 0, "kl %g, %g after updates", kl[1], kl[2]);
@@ -811,12 +676,12 @@ static void add_counts(struct counts *acc, struct counts c) {
  * zero advantages). */
 Test(grpo, dynamic_sampling_drops_degenerate_groups) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     run_grpo(&p, p.out, SAMPLING_RUN(REWARD_CONSTANT, "\"dynamic_sampling\":true,"), &quiet, &res);
     cr_expect_eq(res.steps, 3);
     json_t *tr[8];
-    int n = read_lines(p.out, "train", tr, 8);
+    int n = test_read_lines(p.out, "train", tr, 8);
     cr_assert_eq(n, 3, "the run did not complete its iterations");
     for (int i = 0; i < n; i++) {
         struct counts c = iteration_counts(tr[i]);
@@ -828,7 +693,7 @@ Test(grpo, dynamic_sampling_drops_degenerate_groups) {
         cr_expect_eq(num_at(tr[i], "reward"), 0.0);
         cr_expect_eq(num_at(tr[i], "grad_norm"), 0.0);
     }
-    free_lines(tr, n);
+    test_free_lines(tr, n);
     int64_t n0, n1;
     char out[700];
     snprintf(out, sizeof out, "%s/output", p.out);
@@ -841,7 +706,7 @@ Test(grpo, dynamic_sampling_drops_degenerate_groups) {
     char out2[600];
     snprintf(out2, sizeof out2, "%s-all", p.out);
     run_grpo(&p, out2, SAMPLING_RUN(REWARD_CONSTANT, ""), &quiet, &res);
-    n = read_lines(out2, "train", tr, 8);
+    n = test_read_lines(out2, "train", tr, 8);
     cr_assert_eq(n, 3);
     for (int i = 0; i < n; i++) {
         struct counts c = iteration_counts(tr[i]);
@@ -849,7 +714,7 @@ Test(grpo, dynamic_sampling_drops_degenerate_groups) {
                   "iteration %d without dynamic sampling: %lld prompts, %lld samples, %lld trained", i + 1,
                   (long long)c.prompts, (long long)c.samples, (long long)c.trained);
     }
-    free_lines(tr, n);
+    test_free_lines(tr, n);
     test_tmp_teardown();
 }
 
@@ -857,11 +722,11 @@ Test(grpo, dynamic_sampling_drops_degenerate_groups) {
  * prompts are drawn until 2 of them are (at most 4 rounds). */
 Test(grpo, dynamic_sampling_trains_the_mixed_groups) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     run_grpo(&p, p.out, SAMPLING_RUN(REWARD_BINARY, "\"dynamic_sampling\":true,"), &quiet, &res);
     json_t *tr[8];
-    int n = read_lines(p.out, "train", tr, 8);
+    int n = test_read_lines(p.out, "train", tr, 8);
     cr_assert_eq(n, 3);
     struct counts sum = {0};
     for (int i = 0; i < n; i++) {
@@ -885,7 +750,7 @@ Test(grpo, dynamic_sampling_trains_the_mixed_groups) {
                   "iteration %d: reward %.17g over %lld samples, rewards/regex_match/mean %.17g", i + 1, reward,
                   (long long)c.samples, verifier);
     }
-    free_lines(tr, n);
+    test_free_lines(tr, n);
     cr_expect(sum.degenerate_groups > 0 && sum.degenerate_groups < sum.prompts,
               "a run that does not tell: %lld degenerate groups of %lld", (long long)sum.degenerate_groups,
               (long long)sum.prompts);
@@ -916,12 +781,12 @@ static void make_eos_likely(const char *dir, float lift) {
  * mask_truncated_completions exactly the cut ones do not train. */
 Test(grpo, mask_truncated_completions_leaves_out_the_cut_samples) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     make_eos_likely(p.model, 0.6f);
     struct trainer_result res;
     run_grpo(&p, p.out, SAMPLING_RUN(REWARD_BINARY, "\"mask_truncated_completions\":true,"), &quiet, &res);
     json_t *tr[8];
-    int n = read_lines(p.out, "train", tr, 8);
+    int n = test_read_lines(p.out, "train", tr, 8);
     cr_assert_eq(n, 3);
     struct counts sum = {0};
     for (int i = 0; i < n; i++) {
@@ -930,14 +795,14 @@ Test(grpo, mask_truncated_completions_leaves_out_the_cut_samples) {
         cr_expect_eq(c.trained, c.samples - c.clipped, "iteration %d: %lld trained of %lld samples, %lld cut", i + 1,
                      (long long)c.trained, (long long)c.samples, (long long)c.clipped);
     }
-    free_lines(tr, n);
+    test_free_lines(tr, n);
     cr_expect(sum.clipped > 0 && sum.clipped < sum.samples, "a run that does not tell: %lld cut of %lld",
               (long long)sum.clipped, (long long)sum.samples);
 
     char out2[600];
     snprintf(out2, sizeof out2, "%s-all", p.out);
     run_grpo(&p, out2, SAMPLING_RUN(REWARD_BINARY, ""), &quiet, &res);
-    n = read_lines(out2, "train", tr, 8);
+    n = test_read_lines(out2, "train", tr, 8);
     cr_assert_eq(n, 3);
     struct counts all = {0};
     for (int i = 0; i < n; i++) {
@@ -946,30 +811,12 @@ Test(grpo, mask_truncated_completions_leaves_out_the_cut_samples) {
         cr_expect_eq(c.trained, c.samples, "iteration %d without the mask: %lld trained of %lld", i + 1,
                      (long long)c.trained, (long long)c.samples);
     }
-    free_lines(tr, n);
+    test_free_lines(tr, n);
     cr_expect(all.clipped > 0, "no cut sample without the mask either");
     test_tmp_teardown();
 }
 
 /* ---- (7) the split placement ---- */
-
-/* The smelt-rollout built beside these tests (BUILD/tests/unit_tests -> BUILD/smelt-rollout):
- * the trainer looks next to its own executable, which here is the test program. */
-static void use_built_rollout(void) {
-    char exe[600], prog[700];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    cr_assert(n > 0);
-    exe[n] = 0;
-    for (int up = 0; up < 2; up++) {
-        char *slash = strrchr(exe, '/');
-        cr_assert(slash);
-        *slash = 0;
-    }
-    snprintf(prog, sizeof prog, "%s/smelt-rollout", exe);
-    cr_assert(access(prog, X_OK) == 0, "%s is missing: the split placement's tests run the built smelt-rollout "
-              "(make BUILD=... all)", prog);
-    rl_workers_set_program(prog);
-}
 
 /* The smelt-rollout processes whose parent is this one (zombies included), their pids
  * into pids (at most cap); how many. */
@@ -1007,22 +854,14 @@ static void expect_no_rollout_children(const char *when) {
     cr_expect_eq(n, 0, "%s: %d smelt-rollout processes are left (the first pid %d)", when, n, n ? (int)pids[0] : 0);
 }
 
-/* key of every train line of a and b, equal bit for bit. */
-static void expect_same_train(const char *a, const char *b, const char *key, int n) {
-    double va[16], vb[16];
-    cr_assert_eq(train_values(a, key, va, NULL, 16), n, "%s", key);
-    cr_assert_eq(train_values(b, key, vb, NULL, 16), n, "%s", key);
-    for (int i = 0; i < n; i++)
-        cr_expect_eq(va[i], vb[i], "iteration %d: %s %.17g colocated vs %.17g split", i + 1, key, va[i], vb[i]);
-}
-
 /* Everything the two placements log of the same spec: each iteration's rewards, losses,
  * gradient norms, ratios and rollout/trainer mismatch, and the held-out rewards. */
 static void expect_same_run(const char *colocated, const char *split, int iterations) {
     static const char *const keys[] = {"reward", "reward_std", "loss", "grad_norm", "kl", "ratio_mean",
                                        "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/kl",
                                        "completions/mean_length"};
-    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) expect_same_train(colocated, split, keys[k], iterations);
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+        rl_test_expect_same_train(colocated, split, keys[k], iterations, "colocated", "split");
     double ea[4], eb[4], fa, fb;
     cr_assert_eq(test_read_metric(colocated, "eval", "val_reward", ea, NULL, 4), 1);
     cr_assert_eq(test_read_metric(split, "eval", "val_reward", eb, NULL, 4), 1);
@@ -1035,8 +874,8 @@ static void expect_same_run(const char *colocated, const char *split, int iterat
 /* Every iteration's sync: `bytes` per worker (0 and no time colocated). */
 static void expect_syncs(const char *out, int iterations, double bytes) {
     double b[16], t[16];
-    cr_assert_eq(train_values(out, "sync_bytes", b, NULL, 16), iterations);
-    cr_assert_eq(train_values(out, "time/sync_s", t, NULL, 16), iterations);
+    cr_assert_eq(rl_test_train_values(out, "sync_bytes", b, NULL, 16), iterations);
+    cr_assert_eq(rl_test_train_values(out, "time/sync_s", t, NULL, 16), iterations);
     for (int i = 0; i < iterations; i++) {
         cr_expect_eq(b[i], bytes, "iteration %d: sync_bytes %.0f, expected %.0f", i + 1, b[i], bytes);
         cr_expect(bytes > 0 ? t[i] > 0 : t[i] == 0, "iteration %d: time/sync_s %g", i + 1, t[i]);
@@ -1048,8 +887,8 @@ static void expect_syncs(const char *out, int iterations, double bytes) {
  * loads the model directory the trainer loaded, and every full sync moves the model. */
 Test(grpo, a_split_run_is_the_colocated_run_bit_for_bit) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    use_built_rollout();
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
     struct trainer_result res;
     run_grpo(&p, p.out, SHORT_RUN, &quiet, &res);
     char split[600];
@@ -1073,8 +912,8 @@ Test(grpo, a_split_run_is_the_colocated_run_bit_for_bit) {
  * model's; the run is still the colocated one. */
 Test(grpo, a_split_lora_run_syncs_only_the_adapter) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    use_built_rollout();
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
 #define LORA_RUN(more) SHORT_RUN_WITH(more) "\"lora\":{\"rank\":4,\"alpha\":8},"
     struct trainer_result res;
     run_grpo(&p, p.out, LORA_RUN(""), &quiet, &res);
@@ -1150,15 +989,16 @@ static double since(const struct timespec *t0) {
  * worker is stopped too. */
 Test(grpo, a_killed_worker_fails_the_run_at_once_naming_it) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    use_built_rollout();
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
     struct smelt_error err = {0};
     struct job_spec spec;
-    TEST_OK(load_spec(&p, "grpo", p.train, p.out,
-                      "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"placement\":\"split\","
-                      "\"rollout_workers\":2,\"num_generations\":4,\"max_new_tokens\":4,\"max_iterations\":200,"
-                      "\"kv_memory_mb\":2," REWARD_MIXED "},",
-                      &spec, &err),
+    TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out,
+                              "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},"
+                              "\"rl\":{\"placement\":\"split\",\"rollout_workers\":2,\"num_generations\":4,"
+                              "\"max_new_tokens\":4,\"max_iterations\":200,\"kv_memory_mb\":2,"
+                              RL_TEST_REWARD_MIXED "},",
+                              &spec, &err),
             &err);
     struct killer k = {0};
     snprintf(k.metrics, sizeof k.metrics, "%s/metrics.jsonl", p.out);
@@ -1187,7 +1027,7 @@ Test(grpo, a_killed_worker_fails_the_run_at_once_naming_it) {
  * the other worker is stopped too. */
 Test(grpo, a_worker_that_fails_to_start_fails_the_job_naming_it) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     char bin[600], prog[700];
     struct smelt_error err = {0};
     TEST_OK(dir_create_all(test_tmp_path(bin, sizeof bin, "bin"), &err), &err);
@@ -1197,8 +1037,8 @@ Test(grpo, a_worker_that_fails_to_start_fails_the_job_naming_it) {
     rl_workers_set_program(prog);
     struct job_spec spec;
     struct trainer_result res;
-    TEST_OK(load_spec(&p, "grpo", p.train, p.out, SHORT_RUN_WITH("\"placement\":\"split\",\"rollout_workers\":2,"),
-                      &spec, &err),
+    TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out,
+                              SHORT_RUN_WITH("\"placement\":\"split\",\"rollout_workers\":2,"), &spec, &err),
             &err);
     TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_EIO, &err);
     cr_expect(strstr(err.message, "rollout worker ") && strstr(err.message, "exited with status 3 before serving") &&
@@ -1215,15 +1055,13 @@ Test(grpo, a_worker_that_fails_to_start_fails_the_job_naming_it) {
  * an uninterrupted one does. */
 Test(grpo, a_split_run_resumes_bit_identically) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    use_built_rollout();
-    test_expect_resume_exact(&p, run_grpo,
-                             "\"model_init\":\"random\"," RESUME_RL("\"placement\":\"split\",")
-                             "\"checkpoint\":{\"every_steps\":2},",
-                             "val_reward");
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
     char out2[600], path[700];
-    snprintf(out2, sizeof out2, "%s2", p.out);
-    expect_same_rewards(p.out, out2, 6);
+    expect_resume_exact_rewards(&p,
+                                "\"model_init\":\"random\"," RESUME_RL("\"placement\":\"split\",")
+                                "\"checkpoint\":{\"every_steps\":2},",
+                                out2, sizeof out2);
     snprintf(path, sizeof path, "%s/rollout-model", out2);
     cr_expect(!path_exists(path), "%s is still there", path);
     /* The worker's log: it loaded the copy, both times, and took version 3 at the resume. */
@@ -1251,7 +1089,7 @@ Test(grpo, a_split_run_resumes_bit_identically) {
  * small. Returns the largest mean |Δlogprob| seen. */
 static double expect_mismatch(const char *out, int iterations, bool want_zero) {
     json_t *tr[8];
-    int n = read_lines(out, "train", tr, 8);
+    int n = test_read_lines(out, "train", tr, 8);
     cr_assert_eq(n, iterations);
     double worst = 0;
     for (int i = 0; i < n; i++) {
@@ -1263,7 +1101,7 @@ static double expect_mismatch(const char *out, int iterations, bool want_zero) {
         else cr_expect(mean < 1e-5 && max < 1e-3, "%s iteration %d: mean %g max %g", out, i + 1, mean, max);
         if (mean > worst) worst = mean;
     }
-    free_lines(tr, n);
+    test_free_lines(tr, n);
     return worst;
 }
 
@@ -1273,8 +1111,8 @@ static double expect_mismatch(const char *out, int iterations, bool want_zero) {
  * figure is printed (docs/algorithms.md states it). */
 Test(grpo, true_on_policy_gives_the_trainers_logprobs_bit_for_bit) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    use_built_rollout();
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
     struct trainer_result res;
     char out[600];
     static const char *const runs[] = {
@@ -1299,15 +1137,16 @@ Test(grpo, true_on_policy_gives_the_trainers_logprobs_bit_for_bit) {
 
 Test(grpo, off_policy_overlap_needs_the_split_placement) {
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct smelt_error err = {0};
     struct job_spec spec;
-    TEST_EXPECT_ERROR(load_spec(&p, "grpo", p.train, p.out, SHORT_RUN_WITH("\"max_staleness\":1,"), &spec, &err),
-                      SMELT_EINVAL, &err);
+    TEST_EXPECT_ERROR(
+        rl_test_load_spec(&p, "grpo", p.train, p.out, SHORT_RUN_WITH("\"max_staleness\":1,"), &spec, &err),
+        SMELT_EINVAL, &err);
     cr_expect_str_eq(err.field, "rl.max_staleness", "%s", err.message);
     cr_expect(strstr(err.message, "split"), "%s", err.message);
-    TEST_EXPECT_ERROR(load_spec(&p, "grpo", p.train, p.out,
-                                SHORT_RUN_WITH("\"placement\":\"split\",\"max_staleness\":2,"), &spec, &err),
+    TEST_EXPECT_ERROR(rl_test_load_spec(&p, "grpo", p.train, p.out,
+                                        SHORT_RUN_WITH("\"placement\":\"split\",\"max_staleness\":2,"), &spec, &err),
                       SMELT_EINVAL, &err);
     cr_expect_str_eq(err.field, "rl.max_staleness", "%s", err.message);
     test_tmp_teardown();
@@ -1319,13 +1158,13 @@ Test(grpo, off_policy_overlap_needs_the_split_placement) {
  * mismatch, which needs the generating weights, measured where the trainer has them. */
 Test(grpo, an_off_policy_run_trains_on_the_previous_versions_samples) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    use_built_rollout();
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
     struct trainer_result res;
     run_grpo(&p, p.out, SHORT_RUN_WITH("\"placement\":\"split\",\"max_staleness\":1,"), &quiet, &res);
     cr_expect_eq(res.steps, 3);
     json_t *tr[8];
-    int n = read_lines(p.out, "train", tr, 8);
+    int n = test_read_lines(p.out, "train", tr, 8);
     cr_assert_eq(n, 3);
     for (int i = 0; i < n; i++) {
         double lag = num_at(tr[i], "version_lag");
@@ -1340,7 +1179,7 @@ Test(grpo, an_off_policy_run_trains_on_the_previous_versions_samples) {
         if (i == 0) cr_expect_eq(ratio, 1.0, "on-policy first step: ratio %.17g", ratio);
         else cr_expect(isfinite(ratio) && ratio != 1.0, "iteration %d: ratio %.17g", i + 1, ratio);
     }
-    free_lines(tr, n);
+    test_free_lines(tr, n);
     expect_no_rollout_children("after the run");
     test_tmp_teardown();
 }
@@ -1349,15 +1188,13 @@ Test(grpo, an_off_policy_run_trains_on_the_previous_versions_samples) {
  * the very samples an uninterrupted one does (also across the epoch boundary at 3). */
 Test(grpo, an_off_policy_run_resumes_bit_identically) {
     struct test_run_paths p;
-    setup_grpo(&p);
-    use_built_rollout();
-    test_expect_resume_exact(&p, run_grpo,
-                             "\"model_init\":\"random\"," RESUME_RL("\"placement\":\"split\",\"max_staleness\":1,")
-                             "\"checkpoint\":{\"every_steps\":2},",
-                             "val_reward");
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
     char out2[600], path[700];
-    snprintf(out2, sizeof out2, "%s2", p.out);
-    expect_same_rewards(p.out, out2, 6);
+    expect_resume_exact_rewards(&p,
+                                "\"model_init\":\"random\"," RESUME_RL("\"placement\":\"split\",\"max_staleness\":1,")
+                                "\"checkpoint\":{\"every_steps\":2},",
+                                out2, sizeof out2);
     snprintf(path, sizeof path, "%s/checkpoints/step-3/rl_pending.safetensors", out2);
     cr_expect(path_exists(path), "no %s", path);
     expect_no_rollout_children("after the runs");
@@ -1370,7 +1207,7 @@ Test(grpo, an_off_policy_run_resumes_bit_identically) {
 Test(grpo, a_grader_that_raises_scores_the_sample_0_and_says_so) {
     if (access("/usr/bin/bwrap", X_OK) != 0) cr_skip_test("no bubblewrap: python graders cannot run here");
     struct test_run_paths p;
-    setup_grpo(&p);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     char extra[2048];
     snprintf(extra, sizeof extra,
@@ -1380,12 +1217,12 @@ Test(grpo, a_grader_that_raises_scores_the_sample_0_and_says_so) {
              "sample['output_text']):\\n        raise ValueError('no letter')\\n    return 1.0\\n\"}}},");
     struct smelt_error err = {0};
     struct job_spec spec;
-    int rc = load_spec(&p, "grpo", p.train, p.out, extra, &spec, &err);
+    int rc = rl_test_load_spec(&p, "grpo", p.train, p.out, extra, &spec, &err);
     if (rc && strstr(err.message, "sandbox")) cr_skip_test("no sandbox here: %s", err.message);
     TEST_OK(rc, &err);
     TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
     json_t *tr[4], *se[4];
-    int n = read_lines(p.out, "train", tr, 4), zeroed = 0;
+    int n = test_read_lines(p.out, "train", tr, 4), zeroed = 0;
     cr_assert_eq(n, 2);
     for (int i = 0; i < n; i++) {
         zeroed += (int)int_at(tr[i], "samples_graded_zero");
@@ -1393,7 +1230,7 @@ Test(grpo, a_grader_that_raises_scores_the_sample_0_and_says_so) {
         cr_expect_eq(int_at(tr[i], "samples_trained"), 8, "samples scored 0 still train");
     }
     cr_assert(zeroed > 0, "no completion without a letter in %d iterations: pick another grader", n);
-    int k = read_lines(p.out, "sample_errors", se, 4), reported = 0;
+    int k = test_read_lines(p.out, "sample_errors", se, 4), reported = 0;
     for (int i = 0; i < k; i++) {
         reported += (int)int_at(se[i], "zeroed");
         const json_t *first = json_array_get(json_object_get(se[i], "errors"), 0);
@@ -1402,7 +1239,7 @@ Test(grpo, a_grader_that_raises_scores_the_sample_0_and_says_so) {
         cr_expect(json_is_true(json_object_get(first, "scored")));
     }
     cr_expect_eq(reported, zeroed);
-    free_lines(tr, n);
-    free_lines(se, k);
+    test_free_lines(tr, n);
+    test_free_lines(se, k);
     test_tmp_teardown();
 }

@@ -12,96 +12,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "model/score_head.h"
 #include "testutil.h"
 #include "trainer/trainer_internal.h"
+#include "rl_testutil.h"
 #include "trainer_testutil.h"
 
-/* ---- data, specs, runs (test_grpo.c's shapes) ---- */
-
-/* Rows first .. first + n - 1: "xyz>" with 2 to 5 letters and the reversal as the answer. */
-static void write_prompts(const char *path, int first, int n) {
-    FILE *f = fopen(path, "w");
-    cr_assert(f);
-    for (int i = first; i < first + n; i++) {
-        int len = 2 + i % 4;
-        char s[8], rev[8];
-        for (int k = 0; k < len; k++) s[k] = (char)('a' + (i * 7 + k * 3) % 26);
-        for (int k = 0; k < len; k++) rev[k] = s[len - 1 - k];
-        s[len] = rev[len] = 0;
-        fprintf(f, "{\"prompt\": \"%s>\", \"answer\": \"%s\"}\n", s, rev);
-    }
-    fclose(f);
-}
-
-static void setup_ppo(struct test_run_paths *p, int n_train) {
-    test_run_paths_init(p, true);
-    write_prompts(p->train, 0, n_train);
-    write_prompts(p->val, 20, 4);
-}
-
-/* exact_match (never met by the tiny model) and a letter or digit: rewards 0, 0.5, 1. */
-#define REWARD_MIXED                                                                                  \
-    "\"reward\":{\"verifiers\":[{\"type\":\"exact_match\",\"weight\":0.5},{\"type\":\"regex_match\"," \
-    "\"pattern\":\"[0-9a-z]\",\"weight\":0.5}]}"
-
-static int load_spec(const struct test_run_paths *p, const char *type, const char *out, const char *extra,
-                     struct job_spec *spec, struct smelt_error *err) {
-    char text[8192];
-    int n = snprintf(text, sizeof text,
-                     "{\"type\":\"%s\",\"model\":\"%s\",%s\"data\":{\"train\":\"%s\",\"validation\":\"%s\"},"
-                     "\"output_dir\":\"%s\",\"seed\":7}",
-                     type, p->model, extra, p->train, p->val, out);
-    cr_assert(n > 0 && (size_t)n < sizeof text);
-    test_write_text(p->spec, text);
-    return job_spec_load(p->spec, spec, err);
-}
+/* ---- data, specs, runs (rl_testutil.h) ---- */
 
 static void run_ppo(const struct test_run_paths *p, const char *out, const char *extra,
                     const struct trainer_options *o, struct trainer_result *res) {
-    struct smelt_error err = {0};
-    struct job_spec spec;
-    TEST_OK(load_spec(p, "ppo", out, extra, &spec, &err), &err);
-    TEST_OK(trainer_run(&spec, o, res, &err), &err);
+    rl_test_run(p, "ppo", out, extra, o, res);
 }
 
 static const struct trainer_options quiet = {.quiet = true};
 
-static int train_values(const char *out, const char *key, double *v, int *steps, int cap) {
-    return test_read_metric(out, "train", key, v, steps, cap);
-}
-
-/* The train lines of out, parsed (at most cap); free them with json_decref. */
-static int train_lines(const char *out_dir, json_t **lines, int cap) {
-    char path[700];
-    static char text[1 << 16];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no %s", path);
-    int n = 0;
-    while (fgets(text, sizeof text, f)) {
-        json_t *j = json_loads(text, 0, NULL);
-        cr_assert(j, "bad metrics line %s", text);
-        const char *t = json_string_value(json_object_get(j, "type"));
-        if (t && strcmp(t, "train") == 0 && n < cap) lines[n++] = j;
-        else json_decref(j);
-    }
-    fclose(f);
-    return n;
-}
-
 /* ---- (1) the spec ---- */
 
-#define MINIMAL_PPO "\"rl\":{" REWARD_MIXED "},"
+#define MINIMAL_PPO "\"rl\":{" RL_TEST_REWARD_MIXED "},"
 
 Test(ppo, spec_defaults_and_round_trip) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
+    rl_test_setup(&p, 6);
     struct smelt_error err = {0};
     struct job_spec spec, back;
-    TEST_OK(load_spec(&p, "ppo", p.out, MINIMAL_PPO, &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "ppo", p.train, p.out, MINIMAL_PPO, &spec, &err), &err);
     cr_expect_eq(spec.type, JOB_PPO);
     cr_expect_str_eq(job_type_name(spec.type), "ppo");
     cr_expect_eq(spec.rl.num_generations, 1, "ppo needs no group");
@@ -116,16 +52,19 @@ Test(ppo, spec_defaults_and_round_trip) {
 
     /* beta with the KL in the reward: not in the policy loss; as a loss (k3 then). */
     struct rl_policy_config c;
-    TEST_OK(load_spec(&p, "ppo", p.out, "\"rl\":{\"beta\":0.05," REWARD_MIXED "},", &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "ppo", p.train, p.out, "\"rl\":{\"beta\":0.05," RL_TEST_REWARD_MIXED "},", &spec,
+                              &err),
+            &err);
     job_rl_loss_config(&spec, &c);
     cr_expect(c.beta == 0 && spec.rl.beta == 0.05, "loss beta %g", c.beta);
-    TEST_OK(load_spec(&p, "ppo", p.out, "\"rl\":{\"beta\":0.05,\"kl_in_reward\":false," REWARD_MIXED "},", &spec, &err),
+    TEST_OK(rl_test_load_spec(&p, "ppo", p.train, p.out,
+                              "\"rl\":{\"beta\":0.05,\"kl_in_reward\":false," RL_TEST_REWARD_MIXED "},", &spec, &err),
             &err);
     job_rl_loss_config(&spec, &c);
     cr_expect(c.beta == 0.05 && spec.rl.kl_estimator == RL_KL_K3, "loss beta %g, estimator %d", c.beta,
               (int)spec.rl.kl_estimator);
     /* A grpo job keeps its own defaults. */
-    TEST_OK(load_spec(&p, "grpo", p.out, MINIMAL_PPO, &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out, MINIMAL_PPO, &spec, &err), &err);
     cr_expect(spec.rl.num_generations == 8 && spec.rl.advantage_estimator == RL_ADV_GRPO && !spec.rl.kl_in_reward &&
               spec.rl.kl_estimator == RL_KL_K3);
 
@@ -135,13 +74,13 @@ Test(ppo, spec_defaults_and_round_trip) {
         MINIMAL_PPO,
         "\"rl\":{\"num_generations\":3,\"minibatches\":2,\"ppo_epochs\":2,\"beta\":0.02,\"kl_estimator\":\"k2\","
         "\"critic_learning_rate\":0.001,\"gamma\":0.99,\"lambda\":1,\"value_clip\":0,\"whiten_advantages\":false,"
-        "\"critic_warmup_iterations\":2,\"critic_model\":\"%s\",\"placement\":\"split\"," REWARD_MIXED "},",
-        "\"rl\":{\"kl_in_reward\":false,\"beta\":0.1," REWARD_MIXED "},",
+        "\"critic_warmup_iterations\":2,\"critic_model\":\"%s\",\"placement\":\"split\"," RL_TEST_REWARD_MIXED "},",
+        "\"rl\":{\"kl_in_reward\":false,\"beta\":0.1," RL_TEST_REWARD_MIXED "},",
     };
     for (size_t i = 0; i < sizeof fmt / sizeof *fmt; i++) {
         char extra[2048];
         snprintf(extra, sizeof extra, fmt[i], critic);
-        TEST_OK(load_spec(&p, "ppo", p.out, extra, &spec, &err), &err);
+        TEST_OK(rl_test_load_spec(&p, "ppo", p.train, p.out, extra, &spec, &err), &err);
         void *j;
         TEST_OK(job_spec_to_json(&spec, &j, &err), &err);
         cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "ppo");
@@ -161,70 +100,61 @@ Test(ppo, spec_defaults_and_round_trip) {
 
 Test(ppo, spec_refusals_name_the_field) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
-    struct smelt_error err = {0};
-    struct job_spec spec;
-    static const struct {
-        const char *type, *extra, *field, *says;
-    } refused[] = {
-        {"ppo", "\"rl\":{\"advantage_estimator\":\"grpo\"," REWARD_MIXED "},", "rl.advantage_estimator",
+    rl_test_setup(&p, 6);
+    static const struct rl_test_refusal refused[] = {
+        {"ppo", "\"rl\":{\"advantage_estimator\":\"grpo\"," RL_TEST_REWARD_MIXED "},", "rl.advantage_estimator",
          "rl.advantage_estimator: a ppo job's advantages come from its critic"},
-        {"ppo", "\"rl\":{\"advantage_estimator\":\"rloo\"," REWARD_MIXED "},", "rl.advantage_estimator", "\"rloo\""},
-        {"ppo", "\"rl\":{\"dynamic_sampling\":true," REWARD_MIXED "},", "rl.dynamic_sampling", "rl.dynamic_sampling"},
-        {"ppo", "\"rl\":{\"gamma\":1.5," REWARD_MIXED "},", "rl.gamma", "rl: field 'gamma'"},
-        {"ppo", "\"rl\":{\"lambda\":-0.1," REWARD_MIXED "},", "rl.lambda", "rl: field 'lambda'"},
-        {"ppo", "\"rl\":{\"value_clip\":-1," REWARD_MIXED "},", "rl.value_clip", "rl: field 'value_clip'"},
-        {"ppo", "\"rl\":{\"critic_learning_rate\":0," REWARD_MIXED "},", "rl.critic_learning_rate",
+        {"ppo", "\"rl\":{\"advantage_estimator\":\"rloo\"," RL_TEST_REWARD_MIXED "},", "rl.advantage_estimator",
+         "\"rloo\""},
+        {"ppo", "\"rl\":{\"dynamic_sampling\":true," RL_TEST_REWARD_MIXED "},", "rl.dynamic_sampling",
+         "rl.dynamic_sampling"},
+        {"ppo", "\"rl\":{\"gamma\":1.5," RL_TEST_REWARD_MIXED "},", "rl.gamma", "rl: field 'gamma'"},
+        {"ppo", "\"rl\":{\"lambda\":-0.1," RL_TEST_REWARD_MIXED "},", "rl.lambda", "rl: field 'lambda'"},
+        {"ppo", "\"rl\":{\"value_clip\":-1," RL_TEST_REWARD_MIXED "},", "rl.value_clip", "rl: field 'value_clip'"},
+        {"ppo", "\"rl\":{\"critic_learning_rate\":0," RL_TEST_REWARD_MIXED "},", "rl.critic_learning_rate",
          "rl.critic_learning_rate"},
-        {"ppo", "\"rl\":{\"critic_warmup_iterations\":-1," REWARD_MIXED "},", "rl.critic_warmup_iterations",
+        {"ppo", "\"rl\":{\"critic_warmup_iterations\":-1," RL_TEST_REWARD_MIXED "},", "rl.critic_warmup_iterations",
          "rl: field 'critic_warmup_iterations'"},
-        {"ppo", "\"rl\":{\"whiten_advantages\":1," REWARD_MIXED "},", "rl.whiten_advantages",
+        {"ppo", "\"rl\":{\"whiten_advantages\":1," RL_TEST_REWARD_MIXED "},", "rl.whiten_advantages",
          "rl: field 'whiten_advantages'"},
-        {"ppo", "\"rl\":{\"critic_model\":3," REWARD_MIXED "},", "rl.critic_model", "rl.critic_model"},
-        {"ppo", "\"rl\":{\"critic\":\"x\"," REWARD_MIXED "},", "rl.critic", "rl: unknown field 'critic'"},
-        {"ppo", "\"rl\":{\"num_generations\":0," REWARD_MIXED "},", "rl.num_generations",
+        {"ppo", "\"rl\":{\"critic_model\":3," RL_TEST_REWARD_MIXED "},", "rl.critic_model", "rl.critic_model"},
+        {"ppo", "\"rl\":{\"critic\":\"x\"," RL_TEST_REWARD_MIXED "},", "rl.critic", "rl: unknown field 'critic'"},
+        {"ppo", "\"rl\":{\"num_generations\":0," RL_TEST_REWARD_MIXED "},", "rl.num_generations",
          "rl: field 'num_generations'"},
-        {"ppo", "\"rl\":{}", "rl.reward", "rl.reward"},
+        {"ppo", "\"rl\":{},", "rl.reward", "rl.reward"},
         /* a grpo job has no critic, and its groups still need 2 */
-        {"grpo", "\"rl\":{\"gamma\":0.9," REWARD_MIXED "},", "rl.gamma", "rl.gamma: a ppo job's field"},
-        {"grpo", "\"rl\":{\"kl_in_reward\":true," REWARD_MIXED "},", "rl.kl_in_reward", "rl.kl_in_reward"},
-        {"grpo", "\"rl\":{\"critic_model\":\"x\"," REWARD_MIXED "},", "rl.critic_model", "rl.critic_model"},
-        {"grpo", "\"rl\":{\"num_generations\":1," REWARD_MIXED "},", "rl.num_generations",
+        {"grpo", "\"rl\":{\"gamma\":0.9," RL_TEST_REWARD_MIXED "},", "rl.gamma", "rl.gamma: a ppo job's field"},
+        {"grpo", "\"rl\":{\"kl_in_reward\":true," RL_TEST_REWARD_MIXED "},", "rl.kl_in_reward", "rl.kl_in_reward"},
+        {"grpo", "\"rl\":{\"critic_model\":\"x\"," RL_TEST_REWARD_MIXED "},", "rl.critic_model", "rl.critic_model"},
+        {"grpo", "\"rl\":{\"num_generations\":1," RL_TEST_REWARD_MIXED "},", "rl.num_generations",
          "rl: field 'num_generations'"},
         {"sft", "\"rl\":{\"gamma\":0.9},", "rl", "rl: only a grpo job or a ppo job"},
     };
-    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
-        char extra[1024];
-        snprintf(extra, sizeof extra, "%s%s", refused[i].extra, strcmp(refused[i].extra, "\"rl\":{}") ? "" : ",");
-        TEST_EXPECT_ERROR(load_spec(&p, refused[i].type, p.out, extra, &spec, &err), SMELT_EINVAL, &err);
-        cr_expect_str_eq(err.field, refused[i].field, "case %zu: %s", i, err.message);
-        cr_expect(strstr(err.message, refused[i].says), "case %zu: the message does not say \"%s\": %s", i,
-                  refused[i].says, err.message);
-        cr_expect(strstr(err.message, p.spec), "the message does not name the spec file: %s", err.message);
-    }
+    rl_test_expect_refusals(&p, refused, sizeof refused / sizeof *refused);
     test_tmp_teardown();
 }
 
-#define RUN_RL(more) \
-    "\"hyperparameters\":{\"batch_size\":2},\"rl\":{\"max_new_tokens\":3,\"kv_memory_mb\":2," more REWARD_MIXED "},"
+#define RUN_RL(more)                                                                               \
+    "\"hyperparameters\":{\"batch_size\":2},\"rl\":{\"max_new_tokens\":3,\"kv_memory_mb\":2," more \
+    RL_TEST_REWARD_MIXED "},"
 
 /* The critic's model must be a reward model with the policy's vocabulary. */
 Test(ppo, critic_model_refusals) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
+    rl_test_setup(&p, 6);
     struct smelt_error err = {0};
     struct job_spec spec;
     struct trainer_result res;
     char extra[2048], missing[600];
     snprintf(extra, sizeof extra, RUN_RL("\"critic_model\":\"%s\","), p.model); /* a causal LM */
-    TEST_OK(load_spec(&p, "ppo", p.out, extra, &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "ppo", p.train, p.out, extra, &spec, &err), &err);
     TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_EINVAL, &err);
     cr_expect_str_eq(err.field, "rl.critic_model", "%s", err.message);
     cr_expect(strstr(err.message, "score head") && strstr(err.message, p.model), "%s", err.message);
 
     snprintf(missing, sizeof missing, "%s/none", p.model);
     snprintf(extra, sizeof extra, RUN_RL("\"critic_model\":\"%s\","), missing);
-    TEST_OK(load_spec(&p, "ppo", p.out, extra, &spec, &err), &err);
+    TEST_OK(rl_test_load_spec(&p, "ppo", p.train, p.out, extra, &spec, &err), &err);
     TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_ENOTFOUND, &err);
     cr_expect(strstr(err.message, "rl.critic_model") && strstr(err.message, missing), "%s", err.message);
     test_tmp_teardown();
@@ -235,16 +165,16 @@ Test(ppo, critic_model_refusals) {
 #define SHORT_PPO(more)                                                                                         \
     "\"hyperparameters\":{\"batch_size\":3,\"learning_rate\":0.01},\"rl\":{" more "\"num_generations\":2,"      \
     "\"max_new_tokens\":4,\"max_iterations\":3,\"kv_memory_mb\":2,\"temperature\":0.8,\"beta\":0.05,"           \
-    "\"critic_learning_rate\":0.003," REWARD_MIXED "},"
+    "\"critic_learning_rate\":0.003," RL_TEST_REWARD_MIXED "},"
 
 Test(ppo, a_short_colocated_run_logs_every_metric) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     run_ppo(&p, p.out, SHORT_PPO(""), &quiet, &res);
     cr_expect_eq(res.steps, 3);
     json_t *tr[8];
-    int n = train_lines(p.out, tr, 8);
+    int n = test_read_lines(p.out, "train", tr, 8);
     cr_assert_eq(n, 3);
     static const char *const keys[] = {
         "loss", "grad_norm", "reward", "reward_std", "kl", "ppo_kl", "ratio_mean", "critic/value_mean",
@@ -265,7 +195,7 @@ Test(ppo, a_short_colocated_run_logs_every_metric) {
     }
     /* The first iteration's policy is the reference: its KL (in the reward) is 0. */
     cr_expect_eq(json_number_value(json_object_get(tr[0], "kl")), 0.0);
-    for (int i = 0; i < n; i++) json_decref(tr[i]);
+    test_free_lines(tr, n);
 
     /* output/critic: a reward model's directory (loads as a classifier, scores), trained away from its start. */
     char dir[700];
@@ -290,12 +220,12 @@ Test(ppo, a_short_colocated_run_logs_every_metric) {
  * no update), the critic does. */
 Test(ppo, critic_warmup_leaves_the_policy) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
+    rl_test_setup(&p, 6);
     struct trainer_result res;
     run_ppo(&p, p.out, SHORT_PPO("\"critic_warmup_iterations\":2,"), &quiet, &res);
     double gn[4], cgn[4];
-    cr_assert_eq(train_values(p.out, "grad_norm", gn, NULL, 4), 3);
-    cr_assert_eq(train_values(p.out, "critic/grad_norm", cgn, NULL, 4), 3);
+    cr_assert_eq(rl_test_train_values(p.out, "grad_norm", gn, NULL, 4), 3);
+    cr_assert_eq(rl_test_train_values(p.out, "critic/grad_norm", cgn, NULL, 4), 3);
     cr_expect(gn[0] == 0 && gn[1] == 0 && gn[2] > 0, "policy grad_norm %g %g %g", gn[0], gn[1], gn[2]);
     cr_expect(cgn[0] > 0 && cgn[1] > 0 && cgn[2] > 0, "critic grad_norm %g %g %g", cgn[0], cgn[1], cgn[2]);
     test_tmp_teardown();
@@ -307,23 +237,12 @@ Test(ppo, critic_warmup_leaves_the_policy) {
  * packed), in float64 from the hidden states: score.weight . hidden[n_prompt - 1 + j]. */
 static void unpacked_values(struct trainer_run *r, const struct rl_sample *s, int n, const int64_t *start,
                             double *out) {
-    struct smelt_error err = {0};
     struct critic *c = r->rl->critic;
     int64_t C = c->model->config.hidden_size;
     const float *w = c->model->w.score.data;
     for (int i = 0; i < n; i++) {
         const struct dataset_prompt *p = &r->train->prompts[s[i].row];
-        int64_t T = p->n + s[i].n;
-        int32_t ids[64], cu[2] = {0, (int32_t)T};
-        cr_assert(T <= 64);
-        memcpy(ids, p->ids, (size_t)p->n * sizeof *ids);
-        memcpy(ids + p->n, s[i].ids, (size_t)s[i].n * sizeof *ids);
-        float *hidden = malloc((size_t)(T * C) * sizeof *hidden);
-        cr_assert(hidden);
-        int64_t shape[2] = {T, C};
-        struct tensor th = tensor_f32(hidden, 2, shape);
-        struct model_batch mb = {.n_tokens = T, .n_seqs = 1, .ids = ids, .cu_seqlens = cu};
-        TEST_OK(model_forward(c->model, c->acts, &mb, NULL, NULL, &th, &err), &err);
+        float *hidden = rl_test_forward_alone(c->model, c->acts, p, &s[i], true);
         for (int64_t j = 0; j < s[i].n; j++) {
             double v = 0;
             for (int64_t k = 0; k < C; k++) v += (double)w[k] * hidden[(p->n - 1 + j) * C + k];
@@ -361,15 +280,16 @@ static double vloss(const struct vcase *g) {
 
 Test(ppo, critic_gradient_matches_finite_differences) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
+    rl_test_setup(&p, 6);
     struct smelt_error err = {0};
     struct job_spec spec;
     /* batch_tokens 20: the six samples (5 to 11 tokens each) take several micro-batches. */
-    TEST_OK(load_spec(&p, "ppo", p.out,
-                      "\"hyperparameters\":{\"batch_size\":2,\"batch_tokens\":20},\"rl\":{\"num_generations\":4,"
-                      "\"max_new_tokens\":4,\"value_clip\":0.05," REWARD_MIXED "},",
-                      &spec, &err), &err);
-    spec.data.max_seq_len = 20; /* the spec's data section is load_spec's */
+    TEST_OK(rl_test_load_spec(&p, "ppo", p.train, p.out,
+                              "\"hyperparameters\":{\"batch_size\":2,\"batch_tokens\":20},"
+                              "\"rl\":{\"num_generations\":4,\"max_new_tokens\":4,\"value_clip\":0.05,"
+                              RL_TEST_REWARD_MIXED "},",
+                              &spec, &err), &err);
+    spec.data.max_seq_len = 20; /* the spec's data section is rl_test_load_spec's */
     struct trainer_run r = {.spec = &spec, .quiet = true, .algo = &PPO_ALGO};
     TEST_OK(run_setup(&r, &err), &err);
     TEST_OK(PPO_ALGO.prepare(&r, &err), &err);
@@ -447,40 +367,18 @@ Test(ppo, critic_gradient_matches_finite_differences) {
 
 /* ---- (4) exact resume ---- */
 
-/* A run straight and one stopped after `stop` steps and resumed: the same train lines. */
+/* A run straight and one stopped after `stop` steps and resumed: the same train lines,
+ * and the same critic saved at the end. */
 static void expect_resume_exact(const struct test_run_paths *p, const char *extra, int iterations, int spi,
                                 int stop) {
-    struct trainer_result res;
-    struct trainer_options all = {.quiet = true}, stopped = {.quiet = true, .stop_after_step = stop},
-                           resume = {.quiet = true, .resume = "latest"};
-    run_ppo(p, p->out, extra, &all, &res);
-    cr_expect_eq(res.steps, iterations * spi);
-    char out2[600];
-    snprintf(out2, sizeof out2, "%s2", p->out);
-    run_ppo(p, out2, extra, &stopped, &res);
-    int stop_at = (stop + spi - 1) / spi * spi;
-    cr_expect(res.stopped && res.steps == stop_at, "stopped %d after %lld steps, expected %d", res.stopped,
-              (long long)res.steps, stop_at);
-    run_ppo(p, out2, extra, &resume, &res);
-    cr_expect_eq(res.steps, iterations * spi);
     static const char *const keys[] = {"loss", "reward", "kl", "grad_norm", "ratio_mean", "critic/value_mean",
                                        "critic/vf_loss", "critic/vf_clipfrac", "critic/returns_mean",
                                        "critic/grad_norm", "critic/vpred_mean"};
-    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-        double a[16], b[16];
-        int sa[16], sb[16];
-        cr_assert_eq(train_values(p->out, keys[k], a, sa, 16), iterations, "%s", keys[k]);
-        cr_assert_eq(train_values(out2, keys[k], b, sb, 16), iterations, "%s", keys[k]);
-        for (int i = 0; i < iterations; i++) {
-            cr_expect(sa[i] == (i + 1) * spi && sb[i] == sa[i], "train line %d at steps %d / %d", i, sa[i], sb[i]);
-            cr_expect_eq(a[i], b[i], "iteration %d: %s %.17g uninterrupted vs %.17g resumed", i + 1, keys[k], a[i],
-                         b[i]);
-        }
-    }
-    double fa, fb;
-    cr_assert_eq(test_read_metric(p->out, "final", "val_reward", &fa, NULL, 1), 1);
-    cr_assert_eq(test_read_metric(out2, "final", "val_reward", &fb, NULL, 1), 1);
-    cr_expect_eq(fa, fb, "final val_reward %.17g vs %.17g", fa, fb);
+    struct rl_test_resume r = {.type = "ppo", .extra = extra, .iterations = iterations, .spi = spi, .stop = stop,
+                               .keys = keys, .n_keys = sizeof keys / sizeof *keys};
+    rl_test_expect_resume_iterations(p, &r);
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s2", p->out);
     /* The critics saved at the end are the same, bit for bit. */
     char da[700], db[700];
     snprintf(da, sizeof da, "%s/output/critic", p->out);
@@ -499,11 +397,11 @@ static void expect_resume_exact(const struct test_run_paths *p, const char *extr
 #define RESUME_PPO(more)                                                                                   \
     "\"hyperparameters\":{\"batch_size\":2,\"learning_rate\":0.01},\"rl\":{\"num_generations\":2,"         \
     "\"max_new_tokens\":3,\"max_iterations\":6,\"kv_memory_mb\":2,\"critic_learning_rate\":0.003," more    \
-    REWARD_MIXED "},"
+    RL_TEST_REWARD_MIXED "},"
 
 Test(ppo, full_run_resumes_bit_identically) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
+    rl_test_setup(&p, 6);
     expect_resume_exact(&p, RESUME_PPO("\"beta\":0.05,") "\"checkpoint\":{\"every_steps\":2},", 6, 1, 3);
     test_tmp_teardown();
 }
@@ -512,13 +410,13 @@ Test(ppo, full_run_resumes_bit_identically) {
  * two minibatches: 4 steps per iteration; a stop asked after step 5 ends iteration 2. */
 Test(ppo, lora_run_resumes_bit_identically) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
+    rl_test_setup(&p, 6);
     expect_resume_exact(&p,
                         RESUME_PPO("\"ppo_epochs\":2,\"minibatches\":2,\"beta\":0.05,")
                         "\"lora\":{\"rank\":4,\"alpha\":8,\"dropout\":0.1},\"checkpoint\":{\"every_steps\":4},",
                         6, 4, 5);
     double kl[8];
-    cr_assert_eq(train_values(p.out, "kl", kl, NULL, 8), 6);
+    cr_assert_eq(rl_test_train_values(p.out, "kl", kl, NULL, 8), 6);
     cr_expect_eq(kl[0], 0.0, "the fresh adapter is the base: kl %.17g", kl[0]);
     cr_expect(kl[5] > 0, "kl %g at the last iteration", kl[5]);
     test_tmp_teardown();
@@ -526,26 +424,10 @@ Test(ppo, lora_run_resumes_bit_identically) {
 
 /* ---- (5) the split placement ---- */
 
-/* The smelt-rollout built beside these tests (BUILD/tests/unit_tests -> BUILD/smelt-rollout). */
-static void use_built_rollout(void) {
-    char exe[600], prog[700];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    cr_assert(n > 0);
-    exe[n] = 0;
-    for (int up = 0; up < 2; up++) {
-        char *slash = strrchr(exe, '/');
-        cr_assert(slash);
-        *slash = 0;
-    }
-    snprintf(prog, sizeof prog, "%s/smelt-rollout", exe);
-    cr_assert(access(prog, X_OK) == 0, "%s is missing (make BUILD=... all)", prog);
-    rl_workers_set_program(prog);
-}
-
 Test(ppo, a_split_run_is_the_colocated_run) {
     struct test_run_paths p;
-    setup_ppo(&p, 6);
-    use_built_rollout();
+    rl_test_setup(&p, 6);
+    rl_test_use_built_rollout();
     struct trainer_result res;
     run_ppo(&p, p.out, SHORT_PPO(""), &quiet, &res);
     char split[600];
@@ -553,15 +435,10 @@ Test(ppo, a_split_run_is_the_colocated_run) {
     run_ppo(&p, split, SHORT_PPO("\"placement\":\"split\","), &quiet, &res);
     static const char *const keys[] = {"reward", "loss", "grad_norm", "kl", "critic/vf_loss", "critic/value_mean",
                                        "critic/grad_norm", "rollout/logprob_diff_mean"};
-    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-        double a[4], b[4];
-        cr_assert_eq(train_values(p.out, keys[k], a, NULL, 4), 3);
-        cr_assert_eq(train_values(split, keys[k], b, NULL, 4), 3);
-        for (int i = 0; i < 3; i++)
-            cr_expect_eq(a[i], b[i], "iteration %d: %s %.17g colocated vs %.17g split", i + 1, keys[k], a[i], b[i]);
-    }
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+        rl_test_expect_same_train(p.out, split, keys[k], 3, "colocated", "split");
     double bytes[4];
-    cr_assert_eq(train_values(split, "sync_bytes", bytes, NULL, 4), 3);
+    cr_assert_eq(rl_test_train_values(split, "sync_bytes", bytes, NULL, 4), 3);
     cr_expect(bytes[0] > 0, "no weights pushed");
     test_tmp_teardown();
 }
@@ -574,7 +451,7 @@ Test(ppo, a_split_run_is_the_colocated_run) {
 
 Test(ppo, learns_an_easy_reward) {
     struct test_run_paths p;
-    setup_ppo(&p, 32);
+    rl_test_setup(&p, 32);
     struct trainer_result res;
     run_ppo(&p, p.out,
             "\"hyperparameters\":{\"batch_size\":16,\"learning_rate\":0.01,\"lr_schedule\":\"constant\"},"
@@ -582,7 +459,7 @@ Test(ppo, learns_an_easy_reward) {
             "\"critic_learning_rate\":0.003," REWARD_LETTER "},",
             &quiet, &res);
     double reward[20];
-    cr_assert_eq(train_values(p.out, "reward", reward, NULL, 20), 16);
+    cr_assert_eq(rl_test_train_values(p.out, "reward", reward, NULL, 20), 16);
     double first = (reward[0] + reward[1] + reward[2] + reward[3]) / 4,
            last = (reward[12] + reward[13] + reward[14] + reward[15]) / 4;
     cr_expect(last > first + 0.3, "mean reward of the first 4 iterations %.3f, of the last 4 %.3f", first, last);

@@ -3,7 +3,7 @@
  * fields kept as the metadata a grader reads, the answer; the kind a messages row gives
  * a file (the last turn decides; the file's kind wins); every refusal with its line and
  * field. Byte tokenizer and the plain template. */
-#include "tests/unit/testutil.h"
+#include "tests/unit/datasets_testutil.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -12,47 +12,9 @@
 #include "datasets/datasets.h"
 #include "tokenizer/tokenizer.h"
 
-static struct tokenizer *tok;
-static struct chat_template chat;
-
-static void setup(void) {
-    test_tmp_setup();
-    struct smelt_error err = {0};
-    TEST_OK(tokenizer_create_bytes(NULL, 0, &tok, &err), &err);
-    chat_template_init(&chat, CHAT_TEMPLATE_PLAIN);
-}
-
-static void teardown(void) {
-    tokenizer_free(tok);
-    tok = NULL;
-    test_tmp_teardown();
-}
-
-static struct dataset_format format(int64_t max_seq_len) {
-    return (struct dataset_format){.tok = tok, .chat = &chat, .max_seq_len = max_seq_len,
-                                   .truncation = DATASET_TRUNCATE_ERROR,
-                                   .loss_on = DATASET_LOSS_COMPLETION, .add_bos = true};
-}
-
-static const char *write_file(const char *name, const char *text) {
-    static char paths[4][256];
-    static int next;
-    char *path = paths[next++ % 4];
-    test_tmp_path(path, 256, name);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
-    fclose(f);
-    return path;
-}
-
 static struct dataset *load_ok(const char *path, enum dataset_kind kind) {
-    struct dataset_format f = format(256);
-    struct smelt_error err = {0};
-    struct dataset *ds = NULL;
-    TEST_OK(dataset_load(path, kind, &f, &ds, NULL, &err), &err);
-    cr_assert(ds);
-    return ds;
+    struct dataset_format f = ds_format(256);
+    return ds_load(path, kind, &f, NULL);
 }
 
 /* The prompt's ids are exactly the template's rendering of messages with the generation
@@ -62,7 +24,7 @@ static void expect_rendered(const struct dataset_prompt *p, const struct chat_me
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     size_t n_ids = 0;
-    TEST_OK(chat_tokenize(&chat, tok, m, n, true, &ids, &mask, &n_ids, &err), &err);
+    TEST_OK(chat_tokenize(&ds_chat, ds_tok, m, n, true, &ids, &mask, &n_ids, &err), &err);
     cr_assert_eq((size_t)p->n, n_ids, "line %lld: %d ids, the template gives %zu", (long long)p->line, p->n, n_ids);
     cr_expect(!memcmp(p->ids, ids, n_ids * sizeof *ids), "line %lld: ids differ from the template's",
               (long long)p->line);
@@ -70,18 +32,8 @@ static void expect_rendered(const struct dataset_prompt *p, const struct chat_me
     free(mask);
 }
 
-static void expect_issue(const struct dataset_report *r, int64_t i, int64_t line, const char *field,
-                         const char *message) {
-    cr_assert(i < r->n_issues, "no issue %lld (%lld issues)", (long long)i, (long long)r->n_issues);
-    const struct dataset_issue *is = &r->issues[i];
-    cr_expect_eq(is->line, line, "issue %lld is on line %lld, expected %lld (%s: %s)", (long long)i,
-                 (long long)is->line, (long long)line, is->field, is->message);
-    cr_expect_str_eq(is->field, field, "issue %lld (line %lld)", (long long)i, (long long)line);
-    cr_expect_str_eq(is->message, message, "issue %lld (line %lld)", (long long)i, (long long)line);
-}
-
-Test(prompts_messages, openai_rows_are_prompts_with_their_fields_as_metadata, .init = setup, .fini = teardown) {
-    const char *path = write_file("rft.jsonl",
+Test(prompts_messages, openai_rows_are_prompts_with_their_fields_as_metadata, .init = ds_setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("rft.jsonl",
         "{\"messages\": [{\"role\": \"developer\", \"content\": \"Add.\"}, {\"role\": \"user\", \"content\": \"2+2=\"}], "
         "\"reference_answer\": \"4\", \"level\": 2, \"refs\": [{\"text\": \"four\"}]}\n"
         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": \"hello\", \"metadata\": {\"x\": 1}}\n"
@@ -129,9 +81,9 @@ Test(prompts_messages, openai_rows_are_prompts_with_their_fields_as_metadata, .i
 }
 
 /* Without a template a message list cannot be rendered: refused naming the line. */
-Test(prompts_messages, need_a_chat_template, .init = setup, .fini = teardown) {
-    const char *path = write_file("rft.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"a\": 1}\n");
-    struct dataset_format f = format(64);
+Test(prompts_messages, need_a_chat_template, .init = ds_setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("rft.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"a\": 1}\n");
+    struct dataset_format f = ds_format(64);
     f.chat = NULL;
     struct dataset *ds = NULL;
     struct dataset_report r;
@@ -139,20 +91,20 @@ Test(prompts_messages, need_a_chat_template, .init = setup, .fini = teardown) {
     TEST_EXPECT_ERROR(dataset_load(path, DATASET_AUTO, &f, &ds, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_null(ds);
     cr_expect_eq(r.kind, DATASET_PROMPTS);
-    expect_issue(&r, 0, 1, "messages", "a list of messages needs a chat template, and none was given or found with "
+    ds_expect_issue(&r, 0, 1, "messages", "a list of messages needs a chat template, and none was given or found with "
                                      "the tokenizer");
 }
 
-Test(prompts_messages, the_last_turn_decides_the_kind_of_a_file, .init = setup, .fini = teardown) {
+Test(prompts_messages, the_last_turn_decides_the_kind_of_a_file, .init = ds_setup, .fini = ds_teardown) {
     struct dataset_report r;
     struct smelt_error err = {0};
-    const char *rft = write_file("rft.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n"
+    const char *rft = ds_write_file("rft.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n"
                                               "{\"messages\": [{\"role\": \"user\", \"content\": \"r\"}], \"x\": 1}\n");
     TEST_OK(dataset_validate_file(rft, DATASET_AUTO, &r, &err), &err);
     cr_expect_eq(r.kind, DATASET_PROMPTS);
     cr_expect_eq(r.n_examples, 2);
 
-    const char *sft = write_file("sft.jsonl",
+    const char *sft = ds_write_file("sft.jsonl",
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n"
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}, "
         "{\"role\": \"user\", \"content\": \"thanks\"}]}\n");
@@ -170,7 +122,7 @@ Test(prompts_messages, the_last_turn_decides_the_kind_of_a_file, .init = setup, 
     TEST_EXPECT_ERROR(dataset_validate_file(sft, DATASET_PROMPTS, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_eq(r.n_issues, 1);
     cr_expect_eq(r.n_examples, 1);
-    expect_issue(&r, 0, 1, "messages[1].role",
+    ds_expect_issue(&r, 0, 1, "messages[1].role",
                  "a prompt ends with a user or system turn (the model writes the answer), got a final assistant turn");
     char want[600];
     snprintf(want, sizeof want, "%s:1: messages[1].role: a prompt ends with a user or system turn (the model "
@@ -180,12 +132,12 @@ Test(prompts_messages, the_last_turn_decides_the_kind_of_a_file, .init = setup, 
     /* requested as sft, a prompts row without an assistant turn has nothing to train */
     TEST_EXPECT_ERROR(dataset_validate_file(rft, DATASET_SFT, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_eq(r.n_issues, 2);
-    expect_issue(&r, 0, 1, "messages", "no assistant turn (nothing to train)");
-    expect_issue(&r, 1, 2, "", "unknown field \"x\"");
+    ds_expect_issue(&r, 0, 1, "messages", "no assistant turn (nothing to train)");
+    ds_expect_issue(&r, 1, 2, "", "unknown field \"x\"");
 }
 
-Test(prompts_messages, refusals_name_line_and_field, .init = setup, .fini = teardown) {
-    const char *path = write_file("bad.jsonl",
+Test(prompts_messages, refusals_name_line_and_field, .init = ds_setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("bad.jsonl",
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"reference_answer\": \"4\"}\n"        /* 1 ok */
         "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"4\"}], "
         "\"reference_answer\": \"4\"}\n"                                                                       /* 2 */
@@ -204,22 +156,22 @@ Test(prompts_messages, refusals_name_line_and_field, .init = setup, .fini = tear
     cr_expect_eq(r.n_examples, 1);
     cr_expect_eq(r.n_issues, 9);
     int i = 0;
-    expect_issue(&r, i++, 2, "messages[1].role",
+    ds_expect_issue(&r, i++, 2, "messages[1].role",
                  "a prompt ends with a user or system turn (the model writes the answer), got a final assistant turn");
-    expect_issue(&r, i++, 3, "tools", "not supported: smelt's samples are text completions (no tool calls)");
-    expect_issue(&r, i++, 4, "messages[0].role",
+    ds_expect_issue(&r, i++, 3, "tools", "not supported: smelt's samples are text completions (no tool calls)");
+    ds_expect_issue(&r, i++, 4, "messages[0].role",
                  "expected \"system\", \"developer\", \"user\" or \"assistant\", got \"tool\"");
-    expect_issue(&r, i++, 5, "messages[0].content", "expected a string, got array");
-    expect_issue(&r, i++, 6, "messages[0]", "unknown field \"name\"");
-    expect_issue(&r, i++, 7, "messages", "empty list of messages");
-    expect_issue(&r, i++, 8, "prompt[1].role",
+    ds_expect_issue(&r, i++, 5, "messages[0].content", "expected a string, got array");
+    ds_expect_issue(&r, i++, 6, "messages[0]", "unknown field \"name\"");
+    ds_expect_issue(&r, i++, 7, "messages", "empty list of messages");
+    ds_expect_issue(&r, i++, 8, "prompt[1].role",
                  "a prompt ends with a user or system turn (the model writes the answer), got a final assistant turn");
     /* smelt's own form keeps its keys */
-    expect_issue(&r, i++, 9, "", "unknown field \"reference_answer\"");
-    expect_issue(&r, i++, 10, "messages[1].content", "empty assistant turn");
+    ds_expect_issue(&r, i++, 9, "", "unknown field \"reference_answer\"");
+    ds_expect_issue(&r, i++, 10, "messages[1].content", "empty assistant turn");
 
     /* the same through dataset_load: the first issue is the error */
-    struct dataset_format f = format(256);
+    struct dataset_format f = ds_format(256);
     struct dataset *ds = NULL;
     TEST_EXPECT_ERROR(dataset_load(path, DATASET_AUTO, &f, &ds, &r, &err), SMELT_EFORMAT, &err);
     cr_expect_null(ds);
@@ -231,11 +183,11 @@ Test(prompts_messages, refusals_name_line_and_field, .init = setup, .fini = tear
 }
 
 /* "developer" in an SFT conversation is its system turn, token for token. */
-Test(prompts_messages, developer_is_the_system_turn_in_sft_rows, .init = setup, .fini = teardown) {
-    const char *dev = write_file("dev.jsonl", "{\"messages\": [{\"role\": \"developer\", \"content\": \"be brief\"}, "
+Test(prompts_messages, developer_is_the_system_turn_in_sft_rows, .init = ds_setup, .fini = ds_teardown) {
+    const char *dev = ds_write_file("dev.jsonl", "{\"messages\": [{\"role\": \"developer\", \"content\": \"be brief\"}, "
                                               "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
                                               "\"content\": \"a\"}]}\n");
-    const char *sys = write_file("sys.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, "
+    const char *sys = ds_write_file("sys.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, "
                                               "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
                                               "\"content\": \"a\"}]}\n");
     struct dataset *a = load_ok(dev, DATASET_AUTO), *b = load_ok(sys, DATASET_AUTO);
@@ -248,8 +200,8 @@ Test(prompts_messages, developer_is_the_system_turn_in_sft_rows, .init = setup, 
 }
 
 /* The held-out split keeps each prompt's metadata with it. */
-Test(prompts_messages, split_keeps_metadata, .init = setup, .fini = teardown) {
-    const char *path = write_file("rft.jsonl",
+Test(prompts_messages, split_keeps_metadata, .init = ds_setup, .fini = ds_teardown) {
+    const char *path = ds_write_file("rft.jsonl",
         "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"k\": \"a\"}\n"
         "{\"messages\": [{\"role\": \"user\", \"content\": \"b\"}], \"k\": \"b\"}\n"
         "{\"messages\": [{\"role\": \"user\", \"content\": \"c\"}], \"k\": \"c\"}\n"

@@ -4,6 +4,7 @@
  * differences, finite differences through the whole model, save/load round trips,
  * turning a causal LM into a reward model, and refusals. */
 #include "tests/unit/parity_testutil.h"
+#include "tests/unit/score_head_testutil.h"
 
 #include <string.h>
 
@@ -130,7 +131,8 @@ struct head_case {
     int64_t T, C, S;
 };
 
-static double head_loss(struct head_case *h) {
+static double head_loss(void *ctx) {
+    struct head_case *h = ctx;
     float scores[3];
     int64_t hs[2] = {h->T, h->C};
     struct tensor th = tensor_f32(h->hidden, 2, hs), ts = tensor_f32(scores, 1, &h->S);
@@ -182,23 +184,7 @@ Test(reward_head, head_reference_and_fd) {
     test_expect_close("dweight", dw, want_dw, C, 1e-5, 1e-6);
     test_expect_close("dhidden", dh, want_dh, T * C, 1e-5, 1e-6); /* overwritten */
     /* Finite differences at random coordinates (the loss is linear in each). */
-    float *wm = h.m->w.score.data;
-    for (int k = 0; k < 8; k++) {
-        int64_t j = (int64_t)(test_rng_next(&rng) % (uint64_t)C), i = (int64_t)(test_rng_next(&rng) % (uint64_t)(T * C));
-        float *xs[2] = {&wm[j], &h.hidden[i]};
-        double grads[2] = {dw[j] - dw0[j], dh[i]};
-        for (int v = 0; v < 2; v++) {
-            float saved = *xs[v];
-            *xs[v] = saved + 1e-2f;
-            double lp = head_loss(&h);
-            *xs[v] = saved - 1e-2f;
-            double lm = head_loss(&h);
-            *xs[v] = saved;
-            double fd = (lp - lm) / 2e-2;
-            cr_expect(fabs(fd - grads[v]) <= 1e-3 * fabs(fd) + 1e-4, "%s[%lld]: backward %.6g, fd %.6g",
-                      v ? "hidden" : "weight", (long long)(v ? i : j), grads[v], fd);
-        }
-    }
+    score_head_expect_fd(&rng, h.m, h.hidden, T, C, dw, dw0, dh, head_loss, &h);
     free(want_dw), free(want_dh), free(dw), free(dw0), free(dh), free(h.hidden), free(h.ds);
     model_free(h.m);
 }

@@ -12,40 +12,20 @@
 
 #include "rewards/rewards.h"
 #include "rewards/rewards_internal.h"
+#include "rewards_testutil.h"
 
 /* ---- helpers ---- */
-
-static json_t *parse(const char *text) {
-    json_error_t jerr;
-    json_t *j = json_loads(text, 0, &jerr);
-    cr_assert(j, "test JSON does not parse: %s (%s)", jerr.text, text);
-    return j;
-}
-
-static struct reward_stage *stage_of(const char *spec_text) {
-    json_t *spec = parse(spec_text);
-    struct reward_stage *st = NULL;
-    struct smelt_error err = {0};
-    int rc = reward_stage_create(spec, "reward", &st, &err);
-    json_decref(spec);
-    cr_assert_eq(rc, SMELT_OK, "spec %s refused: %s", spec_text, err.message);
-    return st;
-}
 
 static struct reward_result score_one(struct reward_stage *st, const char *completion, const char *answer,
                                       int64_t n_tokens, const char *finish) {
     struct reward_sample s = {.prompt = "Q", .completion = completion, .answer = answer,
                               .n_completion_tokens = n_tokens, .finish_reason = finish};
-    struct reward_result r;
-    memset(&r, 0xff, sizeof r); /* garbage everywhere: every field must be written */
-    struct smelt_error err = {0};
-    cr_assert_eq(reward_stage_score(st, &s, 1, &r, &err), SMELT_OK, "%s", err.message);
-    return r;
+    return rewards_test_score(st, &s);
 }
 
 /* The one verifier's score of completion against answer; the sample must not fail. */
 static double score_with(const char *spec_text, const char *completion, const char *answer) {
-    struct reward_stage *st = stage_of(spec_text);
+    struct reward_stage *st = rewards_test_stage(spec_text);
     struct reward_result r = score_one(st, completion, answer, 0, "stop");
     reward_stage_free(st);
     cr_assert(!r.failed, "%s on \"%s\" failed: %s", spec_text, completion, r.error);
@@ -63,7 +43,7 @@ static double score_with(const char *spec_text, const char *completion, const ch
 /* The one verifier's failure message on completion/answer (the sample must fail). */
 static void expect_sample_fails(const char *spec_text, const char *completion, const char *answer,
                                 const char *message_part) {
-    struct reward_stage *st = stage_of(spec_text);
+    struct reward_stage *st = rewards_test_stage(spec_text);
     struct reward_result r = score_one(st, completion, answer, 0, "stop");
     reward_stage_free(st);
     cr_expect(r.failed, "%s on \"%s\": expected a failure", spec_text, completion);
@@ -324,8 +304,8 @@ static double length_score(struct reward_stage *st, int64_t len, const char *fin
 
 Test(rewards, length_penalty_boundaries) {
     /* L = 100, C = 20: 0 up to 80, (80 - len) / 20 on (80, 100], -1 beyond. */
-    struct reward_stage *st = stage_of("{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 100, "
-                                       "\"cache_tokens\": 20}]}");
+    struct reward_stage *st = rewards_test_stage("{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 100, "
+                                                 "\"cache_tokens\": 20}]}");
     cr_expect(length_score(st, 0, "stop") == 0.0);
     cr_expect(length_score(st, 79, "stop") == 0.0);
     cr_expect(length_score(st, 80, "stop") == 0.0);
@@ -342,8 +322,8 @@ Test(rewards, length_penalty_boundaries) {
               "%s", r.error);
     reward_stage_free(st);
 
-    st = stage_of("{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 100, \"cache_tokens\": 20, "
-                  "\"truncated_penalty\": 0.5}]}");
+    st = rewards_test_stage("{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 100, "
+                            "\"cache_tokens\": 20, \"truncated_penalty\": 0.5}]}");
     cr_expect(length_score(st, 50, "length") == -0.5);    /* truncated: at most -p */
     cr_expect(length_score(st, 90, "length") == -0.5);    /* min(-0.5, -0.5) */
     cr_expect(length_score(st, 95, "length") == -0.75);   /* the length term is lower */
@@ -352,14 +332,16 @@ Test(rewards, length_penalty_boundaries) {
     reward_stage_free(st);
 
     /* C = L: every token counts. */
-    st = stage_of("{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 8, \"cache_tokens\": 8}]}");
+    st = rewards_test_stage(
+        "{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 8, \"cache_tokens\": 8}]}");
     cr_expect(length_score(st, 0, "stop") == 0.0);
     cr_expect(length_score(st, 1, "stop") == -1.0 / 8.0);
     cr_expect(length_score(st, 8, "stop") == -1.0);
     reward_stage_free(st);
 
     /* C = 0: no soft band (TRL's soft_punish_cache = 0): 0 up to L, -1 beyond. */
-    st = stage_of("{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 8, \"cache_tokens\": 0}]}");
+    st = rewards_test_stage(
+        "{\"verifiers\": [{\"type\": \"length_penalty\", \"max_tokens\": 8, \"cache_tokens\": 0}]}");
     cr_expect(length_score(st, 8, "stop") == 0.0);
     cr_expect(length_score(st, 9, "stop") == -1.0);
     reward_stage_free(st);
@@ -374,7 +356,7 @@ Test(rewards, length_penalty_boundaries) {
     "{\"type\": \"length_penalty\", \"weight\": 0.25, \"max_tokens\": 10, \"cache_tokens\": 4}]}"
 
 Test(rewards, weights_combine) {
-    struct reward_stage *st = stage_of(MIXED);
+    struct reward_stage *st = rewards_test_stage(MIXED);
     cr_assert_eq(reward_stage_count(st), 3);
     struct reward_result r = score_one(st, "<answer>7</answer>", "7", 8, "stop");
     cr_assert(!r.failed, "%s", r.error);
@@ -388,15 +370,15 @@ Test(rewards, weights_combine) {
     cr_expect(r.reward == 0.5, "reward %.17g", r.reward);
     reward_stage_free(st);
 
-    st = stage_of("{\"verifiers\": [{\"type\": \"regex_match\", \"pattern\": \"x\", \"weight\": -1.5},"
-                  "{\"type\": \"regex_match\", \"pattern\": \"y\", \"weight\": 0}]}");
+    st = rewards_test_stage("{\"verifiers\": [{\"type\": \"regex_match\", \"pattern\": \"x\", \"weight\": -1.5},"
+                            "{\"type\": \"regex_match\", \"pattern\": \"y\", \"weight\": 0}]}");
     r = score_one(st, "xy", NULL, 0, "stop");
     cr_expect(r.reward == -1.5 && r.scores[0] == 1.0 && r.scores[1] == 1.0, "reward %.17g", r.reward);
     reward_stage_free(st);
 }
 
 Test(rewards, per_sample_failures_do_not_fail_the_batch) {
-    struct reward_stage *st = stage_of(MIXED);
+    struct reward_stage *st = rewards_test_stage(MIXED);
     struct reward_sample samples[4] = {
         {.completion = "<answer>7</answer>", .answer = "7", .n_completion_tokens = 3, .finish_reason = "stop"},
         {.completion = "<answer>7</answer>", .answer = NULL, .n_completion_tokens = 3, .finish_reason = "stop"},
@@ -430,7 +412,7 @@ Test(rewards, per_sample_failures_do_not_fail_the_batch) {
 }
 
 Test(rewards, scoring_is_deterministic) {
-    struct reward_stage *st = stage_of(MIXED);
+    struct reward_stage *st = rewards_test_stage(MIXED);
     struct reward_sample s[3] = {
         {.completion = "<answer>7</answer>", .answer = "7", .n_completion_tokens = 9, .finish_reason = "stop"},
         {.completion = "so 7.", .answer = "7", .n_completion_tokens = 7, .finish_reason = "stop"},
@@ -452,7 +434,7 @@ Test(rewards, scoring_is_deterministic) {
 
 Test(rewards, check_prompt) {
     struct smelt_error err = {0};
-    struct reward_stage *st = stage_of(MIXED);
+    struct reward_stage *st = rewards_test_stage(MIXED);
     cr_expect_eq(reward_stage_check_prompt(st, "42", NULL, &err), SMELT_OK);
     cr_expect_eq(reward_stage_check_prompt(st, "1,234", "{\"source\": \"gsm8k\"}", &err), SMELT_OK);
     cr_expect_eq(reward_stage_check_prompt(st, NULL, NULL, &err), SMELT_EINVAL);
@@ -462,18 +444,18 @@ Test(rewards, check_prompt) {
     cr_expect(strstr(err.message, "\"forty-two\" is not a number"), "%s", err.message);
     reward_stage_free(st);
 
-    st = stage_of(FULL);
+    st = rewards_test_stage(FULL);
     cr_expect_eq(reward_stage_check_prompt(st, "forty-two", NULL, &err), SMELT_OK); /* text is fine here */
     cr_expect_eq(reward_stage_check_prompt(st, " ", NULL, &err), SMELT_EINVAL);
     cr_expect(strstr(err.message, "is empty"), "%s", err.message);
     reward_stage_free(st);
 
-    st = stage_of("{\"verifiers\": [{\"type\": \"numeric_match\", \"name\": \"close\"}]}");
+    st = rewards_test_stage("{\"verifiers\": [{\"type\": \"numeric_match\", \"name\": \"close\"}]}");
     cr_expect_eq(reward_stage_check_prompt(st, "abc", NULL, &err), SMELT_EINVAL);
     cr_expect(strncmp(err.message, "close (verifiers[0], numeric_match): ", 37) == 0, "%s", err.message);
     reward_stage_free(st);
 
-    st = stage_of("{\"verifiers\": [{\"type\": \"format\", \"pattern\": \"x\"}]}"); /* reads no answer */
+    st = rewards_test_stage("{\"verifiers\": [{\"type\": \"format\", \"pattern\": \"x\"}]}"); /* reads no answer */
     cr_expect_eq(reward_stage_check_prompt(st, NULL, NULL, &err), SMELT_OK);
     reward_stage_free(st);
 }
@@ -481,7 +463,7 @@ Test(rewards, check_prompt) {
 /* ---- names and the spec written back ---- */
 
 Test(rewards, names) {
-    struct reward_stage *st = stage_of(
+    struct reward_stage *st = rewards_test_stage(
         "{\"verifiers\": [{\"type\": \"exact_match\"}, {\"type\": \"regex_match\", \"pattern\": \"a\"},"
         "{\"type\": \"regex_match\", \"pattern\": \"b\", \"name\": \"has_b\"},"
         "{\"type\": \"regex_match\", \"pattern\": \"c\"}, {\"type\": \"format\", \"pattern\": \"d\", \"name\": "
@@ -494,7 +476,7 @@ Test(rewards, names) {
 }
 
 Test(rewards, to_json_fills_defaults_and_round_trips) {
-    struct reward_stage *st = stage_of(
+    struct reward_stage *st = rewards_test_stage(
         "{\"verifiers\": [{\"type\": \"exact_match\"}, {\"type\": \"numeric_match\"},"
         "{\"type\": \"exact_match\", \"normalize\": [\"strip_period\", \"lowercase\"], \"extract\": {\"type\": "
         "\"regex\", \"pattern\": \"= (\\\\d+)\"}},"
@@ -504,7 +486,7 @@ Test(rewards, to_json_fills_defaults_and_round_trips) {
         "{\"type\": \"exact_match\", \"extract\": {\"type\": \"boxed\"}}]}");
     json_t *out = NULL;
     cr_assert_eq(reward_stage_to_json(st, &out, NULL), SMELT_OK);
-    json_t *want = parse(
+    json_t *want = rewards_test_parse(
         "{\"verifiers\": ["
         "{\"type\": \"exact_match\", \"name\": \"exact_match_0\", \"weight\": 1.0, \"normalize\": [], \"extract\": "
         "{\"type\": \"full\"}},"
@@ -630,7 +612,7 @@ static const struct bad_spec BAD[] = {
 
 Test(rewards, bad_specs_name_the_field) {
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
-        json_t *spec = parse(BAD[i].spec);
+        json_t *spec = rewards_test_parse(BAD[i].spec);
         static char sentinel;
         struct reward_stage *st = (struct reward_stage *)&sentinel; /* must become NULL */
         struct smelt_error err = {0};
@@ -688,7 +670,7 @@ Test(rewards, bad_specs_sizes) {
     json_decref(spec);
 
     /* The error's path follows the caller's where and nests under the caller's field. */
-    spec = parse("{\"verifiers\": [{\"type\": \"format\", \"pattern\": \"(\"}]}");
+    spec = rewards_test_parse("{\"verifiers\": [{\"type\": \"format\", \"pattern\": \"(\"}]}");
     int rc = reward_stage_create(spec, "spec.json: method.grpo.reward", &st, &err);
     const char *prefix = "spec.json: method.grpo.reward.verifiers[0].pattern: ";
     cr_expect(strncmp(err.message, prefix, strlen(prefix)) == 0, "%s", err.message);
@@ -700,7 +682,7 @@ Test(rewards, bad_specs_sizes) {
 /* ---- the examples of docs/rewards.md, with the scores it states ---- */
 
 Test(rewards, docs_examples) {
-    struct reward_stage *st = stage_of(
+    struct reward_stage *st = rewards_test_stage(
         "{\"verifiers\": [{\"type\": \"exact_match\", \"extract\": {\"type\": \"after_marker\", \"marker\": \"####\"},"
         " \"normalize\": [\"strip_period\"]}, {\"type\": \"length_penalty\", \"max_tokens\": 1024, "
         "\"cache_tokens\": 256}]}");
@@ -710,9 +692,10 @@ Test(rewards, docs_examples) {
     cr_expect(!r.failed && r.reward == 0.5, "reward %g %s", r.reward, r.error);
     reward_stage_free(st);
 
-    st = stage_of("{\"verifiers\": [{\"type\": \"exact_match\", \"name\": \"correct\", \"extract\": {\"type\": "
-                  "\"regex\", \"pattern\": \"<answer>\\\\s*(.*?)\\\\s*</answer>\"}}, {\"type\": \"format\", "
-                  "\"weight\": 0.1, \"pattern\": \"<think>.*</think>\\\\s*<answer>.*</answer>\"}]}");
+    st = rewards_test_stage("{\"verifiers\": [{\"type\": \"exact_match\", \"name\": \"correct\", \"extract\": "
+                            "{\"type\": \"regex\", \"pattern\": \"<answer>\\\\s*(.*?)\\\\s*</answer>\"}}, "
+                            "{\"type\": \"format\", "
+                            "\"weight\": 0.1, \"pattern\": \"<think>.*</think>\\\\s*<answer>.*</answer>\"}]}");
     r = score_one(st, "<think>3 + 4 = 7</think>\n<answer>7</answer>", "7", 0, "stop");
     cr_expect(!r.failed && r.reward == 1.0 + 0.1, "reward %g %s", r.reward, r.error);
     cr_expect_str_eq(reward_stage_name(st, 0), "correct");

@@ -4,6 +4,7 @@
  * whole classifier (two packed sequences, every parameter) against finite differences;
  * refusals. */
 #include "tests/unit/parity_testutil.h"
+#include "tests/unit/score_head_testutil.h"
 
 #include <string.h>
 
@@ -18,7 +19,8 @@ struct vh_case {
 };
 
 /* L = sum_t dv[t] * values[t]: its gradient is the backward's output for dvalues = dv. */
-static double vh_loss(struct vh_case *h) {
+static double vh_loss(void *ctx) {
+    struct vh_case *h = ctx;
     float *values = test_zeros_f32(h->T);
     int64_t hs[2] = {h->T, h->C};
     struct tensor th = tensor_f32(h->hidden, 2, hs), tv = tensor_f32(values, 1, &h->T);
@@ -73,23 +75,7 @@ Test(value_head, head_reference_and_fd) {
     cr_expect_eq(memcmp(dh, dh2, (size_t)(T * C) * sizeof *dh), 0, "dhidden differs without dweight");
 
     /* Central finite differences at random coordinates of the head and of hidden. */
-    float *wm = h.m->w.score.data;
-    for (int k = 0; k < 8; k++) {
-        int64_t j = (int64_t)(test_rng_next(&rng) % (uint64_t)C), i = (int64_t)(test_rng_next(&rng) % (uint64_t)(T * C));
-        float *xs[2] = {&wm[j], &h.hidden[i]};
-        double grads[2] = {dw[j] - dw0[j], dh[i]};
-        for (int v = 0; v < 2; v++) {
-            float saved = *xs[v];
-            *xs[v] = saved + 1e-2f;
-            double lp = vh_loss(&h);
-            *xs[v] = saved - 1e-2f;
-            double lm = vh_loss(&h);
-            *xs[v] = saved;
-            double fd = (lp - lm) / 2e-2;
-            cr_expect(fabs(fd - grads[v]) <= 1e-3 * fabs(fd) + 1e-4, "%s[%lld]: backward %.6g, fd %.6g",
-                      v ? "hidden" : "weight", (long long)(v ? i : j), grads[v], fd);
-        }
-    }
+    score_head_expect_fd(&rng, h.m, h.hidden, T, C, dw, dw0, dh, vh_loss, &h);
     free(values), free(want_v), free(want_dw), free(want_dh), free(dw), free(dw0), free(dh), free(dh2);
     free(h.hidden), free(h.dv);
     model_free(h.m);

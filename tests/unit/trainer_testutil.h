@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -77,30 +78,54 @@ static inline void test_run_paths_init(struct test_run_paths *p, bool pretrained
     test_make_model_dir(p->model, pretrained);
 }
 
+/* Every line of type `type` of out_dir/metrics.jsonl, parsed, in order (more than cap
+ * fails the test); the caller frees them (test_free_lines). Lines of any length. */
+static inline int test_read_lines(const char *out_dir, const char *type, json_t **lines, int cap) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    char *text = NULL;
+    size_t size = 0;
+    int n = 0;
+    while (getline(&text, &size, f) > 0) {
+        json_t *j = json_loads(text, 0, NULL);
+        cr_assert(j, "bad metrics line %s", text);
+        const char *t = json_string_value(json_object_get(j, "type"));
+        if (t && strcmp(t, type) == 0) {
+            cr_assert(n < cap, "more than %d %s lines", cap, type);
+            lines[n++] = j;
+        } else {
+            json_decref(j);
+        }
+    }
+    free(text);
+    fclose(f);
+    return n;
+}
+
+static inline void test_free_lines(json_t **lines, int n) {
+    for (int i = 0; i < n; i++) json_decref(lines[i]);
+}
+
 /* key of every line of type `type` in out_dir/metrics.jsonl, in order (at most cap),
  * into values, and their steps into steps (may be NULL); returns how many. */
 static inline int test_read_metric(const char *out_dir, const char *type, const char *key, double *values,
                                    int *steps, int cap) {
-    char path[700], line[8192];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no %s", path);
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        cr_assert(j, "bad metrics line %s", line);
-        const char *t = json_string_value(json_object_get(j, "type"));
-        if (t && strcmp(t, type) == 0) {
-            json_t *v = json_object_get(j, key);
-            cr_assert(n < cap, "more than %d %s lines", cap, type);
-            cr_assert(json_is_number(v), "a %s line without a number %s: %s", type, key, line);
-            values[n] = json_number_value(v);
-            if (steps) steps[n] = (int)json_integer_value(json_object_get(j, "step"));
-            n++;
+    json_t **lines = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *lines);
+    cr_assert(lines);
+    int n = test_read_lines(out_dir, type, lines, cap);
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_object_get(lines[i], key);
+        if (!json_is_number(v)) {
+            char *text = json_dumps(lines[i], JSON_COMPACT);
+            cr_assert_fail("a %s line without a number %s: %s", type, key, text ? text : "?");
         }
-        json_decref(j);
+        values[i] = json_number_value(v);
+        if (steps) steps[i] = (int)json_integer_value(json_object_get(lines[i], "step"));
     }
-    fclose(f);
+    test_free_lines(lines, n);
+    free(lines);
     return n;
 }
 
