@@ -5,7 +5,8 @@
  *   file.h   whole-file read, atomic write, mkdir -p, paths, read-only mmap
  *   rng.h    seeded xoshiro256** generator: uniform, normal
  *   args.h   command-line values parsed whole, errors naming the flag
- *   msg.h    the ZeroMQ message frames and every message type (framing only; no zmq.h) */
+ *   msg.h    the ZeroMQ message frames and every message type (framing only; no zmq.h)
+ *   spawn.h  environment entries, descriptors above stdio, fork-safe writes for process starters */
 #ifndef SMELT_COMMON_H
 #define SMELT_COMMON_H
 
@@ -16,5 +17,6 @@
 #include "common/log.h"
 #include "common/msg.h"
 #include "common/rng.h"
+#include "common/spawn.h"
 
 #endif

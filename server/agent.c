@@ -452,18 +452,6 @@ static void free_envp(char **envp) {
     free(envp);
 }
 
-static bool env_entry_is(const char *entry, const char *name) {
-    size_t len = strlen(name);
-    return strncmp(entry, name, len) == 0 && entry[len] == '=';
-}
-
-static char *env_entry(const char *name, const char *value) {
-    size_t len = strlen(name) + strlen(value) + 2;
-    char *s = malloc(len);
-    if (s) snprintf(s, len, "%s=%s", name, value);
-    return s;
-}
-
 /* Appends item to the comma list in buf; the callers' buffers are sized for every device. */
 static void list_append(char *buf, size_t cap, const char *item) {
     size_t used = strlen(buf);
@@ -522,43 +510,19 @@ static char **build_envp(const struct agent *a, const struct launch *l) {
     return envp;
 }
 
-/* open() with the descriptor moved above stderr, so the child's dup2 onto 0..2 can
- * never clobber one of them with another. */
-static int open_high(const char *path, int flags, mode_t mode) {
-    int fd = open(path, flags | O_CLOEXEC, mode);
-    if (fd >= 0 && fd <= 2) {
-        int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-        int saved = errno;
-        close(fd);
-        errno = saved;
-        fd = high;
-    }
-    return fd;
-}
-
-static void write_str(int fd, const char *s) {
-    size_t len = strlen(s);
-    while (len > 0) {
-        ssize_t n = write(fd, s, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return;
-        s += n;
-        len -= (size_t)n;
-    }
-}
 
 /* In the child: says what failed in the log (already on fd 2), then exits 127. */
 static _Noreturn void child_fail(const char *what, const char *path, int e) {
     const char *name = strerrorname_np(e), *desc = strerrordesc_np(e);
-    write_str(2, "smelt-agent: ");
-    write_str(2, what);
-    write_str(2, " ");
-    write_str(2, path);
-    write_str(2, ": ");
-    write_str(2, name ? name : "error");
-    write_str(2, " (");
-    write_str(2, desc ? desc : "unknown");
-    write_str(2, ")\n");
+    fd_write_str(2, "smelt-agent: ");
+    fd_write_str(2, what);
+    fd_write_str(2, " ");
+    fd_write_str(2, path);
+    fd_write_str(2, ": ");
+    fd_write_str(2, name ? name : "error");
+    fd_write_str(2, " (");
+    fd_write_str(2, desc ? desc : "unknown");
+    fd_write_str(2, ")\n");
     _exit(127);
 }
 
@@ -617,11 +581,11 @@ static int spawn_worker(struct agent *a, const struct launch *l, struct worker *
     if (!metrics_path) rc = refuse(r, "metrics_path", "out of memory");
     if (!rc && !plan.envp) rc = refuse(r, "env", "out of memory building the environment");
     if (!rc) {
-        plan.log_fd = open_high(l->log_path, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
+        plan.log_fd = open_above_stdio(l->log_path, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
         if (plan.log_fd < 0) rc = refuse(r, "log_path", "%s: %s", l->log_path, strerror(errno));
     }
     if (!rc) {
-        plan.null_fd = open_high("/dev/null", O_RDONLY, 0);
+        plan.null_fd = open_above_stdio("/dev/null", O_RDONLY, 0);
         if (plan.null_fd < 0) rc = refuse(r, "argv", "/dev/null: %s", strerror(errno));
     }
     pid_t pid = -1;

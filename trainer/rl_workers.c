@@ -208,16 +208,7 @@ static char *device_entry(const char *name, int i) {
     const char *list = getenv(name);
     if (!list) return NULL;
     char one[64];
-    const char *value = list_entry(list, 1 + i, one, sizeof one) ? one : list;
-    size_t len = strlen(name) + strlen(value) + 2;
-    char *e = malloc(len);
-    if (e) snprintf(e, len, "%s=%s", name, value);
-    return e;
-}
-
-static bool starts_with_var(const char *entry, const char *name) {
-    size_t len = strlen(name);
-    return strncmp(entry, name, len) == 0 && entry[len] == '=';
+    return env_entry(name, list_entry(list, 1 + i, one, sizeof one) ? one : list);
 }
 
 /* Worker i's environment: this process's, with OPENBLAS_CORETYPE set to the kernels it
@@ -232,8 +223,8 @@ static char **worker_envp(int i) {
     size_t k = 0;
     bool ok = true;
     for (size_t e = 0; ok && e < n; e++) {
-        bool replaced = starts_with_var(environ[e], "OPENBLAS_CORETYPE");
-        for (size_t d = 0; d < sizeof devices / sizeof *devices; d++) replaced |= starts_with_var(environ[e], devices[d]);
+        bool replaced = env_entry_is(environ[e], "OPENBLAS_CORETYPE");
+        for (size_t d = 0; d < sizeof devices / sizeof *devices; d++) replaced |= env_entry_is(environ[e], devices[d]);
         if (!replaced) ok = (envp[k++] = strdup(environ[e])) != NULL;
     }
     for (size_t d = 0; ok && d < sizeof devices / sizeof *devices; d++)
@@ -249,16 +240,6 @@ static char **worker_envp(int i) {
     return NULL;
 }
 
-static void write_str(int fd, const char *s) {
-    size_t len = strlen(s);
-    while (len > 0) {
-        ssize_t n = write(fd, s, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return;
-        s += n;
-        len -= (size_t)n;
-    }
-}
 
 /* In the child, between fork and exec: async-signal-safe calls only. */
 static _Noreturn void child_exec(const struct spawn_plan *p, int log_fd, int null_fd) {
@@ -277,27 +258,17 @@ static _Noreturn void child_exec(const struct spawn_plan *p, int log_fd, int nul
     if (close_range(3, ~0U, 0) != 0)
         for (int fd = 3; fd < p->max_fd; fd++) close(fd);
     execve(p->argv[0], (char *const *)p->argv, p->envp);
-    write_str(2, "smelt-trainer: execve ");
-    write_str(2, p->argv[0]);
-    write_str(2, " failed\n");
+    fd_write_str(2, "smelt-trainer: execve ");
+    fd_write_str(2, p->argv[0]);
+    fd_write_str(2, " failed\n");
     _exit(127);
 }
 
-/* open() with the descriptor above stderr, so the child's dup2 onto 0..2 never clobbers it. */
-static int open_high(const char *path, int flags, mode_t mode) {
-    int fd = open(path, flags | O_CLOEXEC, mode);
-    if (fd >= 0 && fd <= 2) {
-        int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-        close(fd);
-        fd = high;
-    }
-    return fd;
-}
 
 static int spawn(const struct spawn_plan *p, int i, struct rl_worker *w, struct smelt_error *err) {
-    int log_fd = open_high(w->log, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
+    int log_fd = open_above_stdio(w->log, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
     if (log_fd < 0) return error_set(err, SMELT_EIO, "rl: rollout worker %d: %s: %s", i, w->log, strerror(errno));
-    int null_fd = open_high("/dev/null", O_RDONLY, 0);
+    int null_fd = open_above_stdio("/dev/null", O_RDONLY, 0);
     struct stat st;
     w->log_from = fstat(log_fd, &st) == 0 ? st.st_size : 0;
     pid_t pid = null_fd < 0 ? -1 : fork();
