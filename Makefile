@@ -192,12 +192,13 @@ endif
 test: deps-test
 	$(MAKE) $(TEST_SUITES)
 
-# Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
+# Criterion prints "Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0"; run_criterion.sh
+# repeats the failures after it (CI keeps the tail of the output).
 # OpenMP threads (OpenBLAS runs in the same pool) are capped so parallel test workers do
 # not oversubscribe.
 test-unit: $(UNIT_BIN) $(BUILD)/smelt-rollout
 	$(tsan_begin)
-	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) ASAN_OPTIONS=detect_leaks=1 $(UNIT_BIN) --jobs 2
+	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) ASAN_OPTIONS=detect_leaks=1 tests/tools/run_criterion.sh $(UNIT_BIN) --jobs 2
 	$(tsan_end)
 
 # The CUDA kernels' logic on the CPU (tests/emu/README.md): no GPU needed.
@@ -207,7 +208,7 @@ $(EMU_TEST_BIN): $(EMU_SRCS:%.cpp=$(BUILD)/%.o) $(UNIT_RUNNER) $(LIB)
 
 test-emu: $(EMU_TEST_BIN)
 	$(tsan_begin)
-	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) $(EMU_TEST_BIN) --jobs 2
+	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) tests/tools/run_criterion.sh $(EMU_TEST_BIN) --jobs 2
 	$(tsan_end)
 
 $(GPU_TEST_BIN): $(GPU_TEST_SRCS:%.c=$(BUILD)/%.o) $(LIB)
