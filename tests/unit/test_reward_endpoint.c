@@ -203,20 +203,6 @@ static void expect_all_failed(const struct reward_result *r, int n, const char *
     }
 }
 
-static void expect_refused(const char *spec_text, const char *field, const char *message_part) {
-    json_t *spec = rewards_test_parse(spec_text);
-    struct reward_stage *st = NULL;
-    struct smelt_error err = {0};
-    int rc = reward_stage_create(spec, "reward", &st, &err);
-    json_decref(spec);
-    cr_assert_eq(rc, SMELT_EINVAL, "spec %s was accepted (%d)", spec_text, rc);
-    cr_assert_null(st);
-    cr_expect_str_eq(err.field, field, "spec %s: field \"%s\", expected \"%s\" (%s)", spec_text, err.field, field,
-                     err.message);
-    cr_expect(strstr(err.message, message_part), "spec %s: message \"%s\" lacks \"%s\"", spec_text, err.message,
-              message_part);
-}
-
 /* ---- good replies ---- */
 
 Test(reward_endpoint, good_rewards_and_what_the_service_gets) {
@@ -258,24 +244,24 @@ Test(reward_endpoint, proxies_in_the_environment_are_not_used_for_loopback) {
 
 /* ---- bad replies fail the request's samples ---- */
 
-Test(reward_endpoint, garbage_fails_every_sample) {
-    struct reward_result r[2];
-    score_with(spec_of(""), GARBAGE, 2, r);
-    expect_all_failed(r, 2, "grader (endpoint): the reply is not JSON (at byte 4): this is not JSON ?? <html>");
-}
-
-Test(reward_endpoint, a_reply_without_rewards_fails) {
-    struct reward_result r[2];
-    score_with(spec_of(""), NO_REWARDS, 2, r);
-    for (int i = 0; i < 2; i++)
-        cr_expect(r[i].failed && strstr(r[i].error, "grader (endpoint): the reply has no \"rewards\" array: {\"scores\":"),
-                  "%s", r[i].error);
-}
-
-Test(reward_endpoint, the_wrong_length_fails_every_sample) {
-    struct reward_result r[3];
-    score_with(spec_of(""), SHORT, 3, r);
-    expect_all_failed(r, 3, "grader (endpoint): the reply has 2 rewards for the request's 3 samples");
+Test(reward_endpoint, bad_replies_fail_every_sample_of_the_request) {
+    static const struct {
+        int mode;
+        const char *message; /* its start */
+    } CASES[] = {
+        {GARBAGE, "grader (endpoint): the reply is not JSON (at byte 4): this is not JSON ?? <html>"},
+        {NO_REWARDS, "grader (endpoint): the reply has no \"rewards\" array: {\"scores\":"},
+        {SHORT, "grader (endpoint): the reply has 2 rewards for the request's 3 samples"},
+    };
+    for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+        struct reward_result r[3];
+        score_with(spec_of(""), CASES[c].mode, 3, r);
+        cr_expect_eq(atomic_load(&g_requests), 1, "an answer is not retried");
+        for (int i = 0; i < 3; i++)
+            cr_expect(r[i].failed && isnan(r[i].reward) &&
+                          strncmp(r[i].error, CASES[c].message, strlen(CASES[c].message)) == 0,
+                      "mode %d, sample %d: %s", CASES[c].mode, i, r[i].error);
+    }
 }
 
 Test(reward_endpoint, a_null_or_a_string_fails_that_sample_only) {
@@ -436,36 +422,36 @@ Test(reward_endpoint, spec_written_back_with_defaults) {
 #define URL ", \"url\": \"http://127.0.0.1:1/r\""
 
 Test(reward_endpoint, refused_specs_name_the_field) {
-    expect_refused(EP(""), "grader.url", "reward.grader: missing required field 'url'");
-    expect_refused(EP(", \"url\": 3"), "grader.url", "url");
-    expect_refused(EP(", \"url\": \"ftp://h/x\""), "grader.url",
+    rewards_test_refused(EP(""), "grader.url", "reward.grader: missing required field 'url'");
+    rewards_test_refused(EP(", \"url\": 3"), "grader.url", "url");
+    rewards_test_refused(EP(", \"url\": \"ftp://h/x\""), "grader.url",
                    "reward.grader.url: \"ftp://h/x\" is not an http:// or https:// URL");
-    expect_refused(EP(", \"url\": \"file:///etc/passwd\""), "grader.url", "is not an http:// or https:// URL");
-    expect_refused(EP(", \"url\": \"127.0.0.1:8000/r\""), "grader.url", "is not an http:// or https:// URL");
-    expect_refused(EP(", \"url\": \"http://\""), "grader.url", "reward.grader.url: ");
-    expect_refused(EP(", \"url\": \"http://h/a b\""), "grader.url", "holds a space");
-    expect_refused(EP(", \"url\": \"http://h:99999/\""), "grader.url", "not a URL libcurl can use");
-    expect_refused(EP(", \"url\": \"https://me:pw@h/\""), "grader.url", "user name or password");
-    expect_refused(EP(URL ", \"timeout_s\": 0"), "grader.timeout_s", "timeout_s");
-    expect_refused(EP(URL ", \"timeout_s\": 601"), "grader.timeout_s", "timeout_s");
-    expect_refused(EP(URL ", \"max_retries\": 11"), "grader.max_retries", "max_retries");
-    expect_refused(EP(URL ", \"max_retries\": 1.5"), "grader.max_retries", "max_retries");
-    expect_refused(EP(URL ", \"method\": \"GET\""), "grader.method", "method");
-    expect_refused(EP(URL ", \"headers\": [\"a\"]"), "grader.headers", "expected an object of at most 16 headers");
-    expect_refused(EP(URL ", \"headers\": {\"X-A\": 1}"), "grader.headers.X-A",
+    rewards_test_refused(EP(", \"url\": \"file:///etc/passwd\""), "grader.url", "is not an http:// or https:// URL");
+    rewards_test_refused(EP(", \"url\": \"127.0.0.1:8000/r\""), "grader.url", "is not an http:// or https:// URL");
+    rewards_test_refused(EP(", \"url\": \"http://\""), "grader.url", "reward.grader.url: ");
+    rewards_test_refused(EP(", \"url\": \"http://h/a b\""), "grader.url", "holds a space");
+    rewards_test_refused(EP(", \"url\": \"http://h:99999/\""), "grader.url", "not a URL libcurl can use");
+    rewards_test_refused(EP(", \"url\": \"https://me:pw@h/\""), "grader.url", "user name or password");
+    rewards_test_refused(EP(URL ", \"timeout_s\": 0"), "grader.timeout_s", "timeout_s");
+    rewards_test_refused(EP(URL ", \"timeout_s\": 601"), "grader.timeout_s", "timeout_s");
+    rewards_test_refused(EP(URL ", \"max_retries\": 11"), "grader.max_retries", "max_retries");
+    rewards_test_refused(EP(URL ", \"max_retries\": 1.5"), "grader.max_retries", "max_retries");
+    rewards_test_refused(EP(URL ", \"method\": \"GET\""), "grader.method", "method");
+    rewards_test_refused(EP(URL ", \"headers\": [\"a\"]"), "grader.headers", "expected an object of at most 16 headers");
+    rewards_test_refused(EP(URL ", \"headers\": {\"X-A\": 1}"), "grader.headers.X-A",
                    "reward.grader.headers.X-A: expected a string");
-    expect_refused(EP(URL ", \"headers\": {\"Bad Name\": \"x\"}"), "grader.headers", "is not a header name");
-    expect_refused(EP(URL ", \"headers\": {\"content-type\": \"text/plain\"}"), "grader.headers.content-type",
+    rewards_test_refused(EP(URL ", \"headers\": {\"Bad Name\": \"x\"}"), "grader.headers", "is not a header name");
+    rewards_test_refused(EP(URL ", \"headers\": {\"content-type\": \"text/plain\"}"), "grader.headers.content-type",
                    "smelt sets this header itself");
-    expect_refused(EP(URL ", \"headers\": {\"X-A\": \"a\\r\\nHost: evil\"}"), "grader.headers.X-A",
+    rewards_test_refused(EP(URL ", \"headers\": {\"X-A\": \"a\\r\\nHost: evil\"}"), "grader.headers.X-A",
                    "control character at byte 1");
     char many[1024] = EP(URL ", \"headers\": {");
     many[strlen(many) - 2] = '\0';
     for (int k = 0; k < 17; k++)
         snprintf(many + strlen(many), sizeof many - strlen(many), "%s\"X-%d\": \"v\"", k ? ", " : "", k);
     strcat(many, "}}}");
-    expect_refused(many, "grader.headers", "at most 16 headers");
-    expect_refused("{\"grader\": {\"type\": \"multi\", \"graders\": {\"ep\": {\"type\": \"endpoint\", \"url\": "
+    rewards_test_refused(many, "grader.headers", "at most 16 headers");
+    rewards_test_refused("{\"grader\": {\"type\": \"multi\", \"graders\": {\"ep\": {\"type\": \"endpoint\", \"url\": "
                    "\"gopher://h/\"}}, \"calculate_output\": \"ep\"}}",
                    "grader.graders.ep.url", "reward.grader.graders.ep.url: \"gopher://h/\" is not an http:// or https://");
 }
