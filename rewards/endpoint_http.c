@@ -3,16 +3,19 @@
  * attempts (connection errors, 429 and 5xx retried with a backoff, Retry-After honoured
  * up to timeout_s) and in the reply's size. Locked down: http and https only, redirects
  * not followed, no signals (CURLOPT_NOSIGNAL: the trainer has threads, and libcurl's
- * alarm-based DNS timeout would interrupt them). Proxies: the environment's (http_proxy,
- * https_proxy, all_proxy, no_proxy) as curl reads them, except that the loopback names
- * never go through one (so a service on the trainer's own machine, and the tests'
- * servers, are reached directly whatever the environment says). */
+ * alarm-based DNS timeout would interrupt them; Debian's libcurl resolves names in a
+ * thread, so timeouts hold during DNS too), SIGPIPE kept from the process (below).
+ * Proxies: the environment's (http_proxy, https_proxy, all_proxy, no_proxy) as curl
+ * reads them, except that the loopback names never go through one (so a service on the
+ * trainer's own machine, and the tests' servers, are reached directly whatever the
+ * environment says). */
 #include "rewards/endpoint_internal.h"
 
 #include <curl/curl.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +229,35 @@ static double retry_wait(CURL *h, const struct endpoint_target *t, double backof
     return backoff;
 }
 
+/* SIGPIPE: a write to a connection the service closed raises it (OpenSSL writes with
+ * write(2), not send(MSG_NOSIGNAL)), its default action ends the process, and with
+ * CURLOPT_NOSIGNAL libcurl leaves it to the caller. So it is blocked in this thread for
+ * the request, and one raised meanwhile is taken before it is unblocked. The process's
+ * disposition is left alone: children the trainer starts inherit an ignored signal. */
+struct sigpipe_guard {
+    sigset_t old;
+    bool was_pending;
+};
+
+static void sigpipe_block(struct sigpipe_guard *g) {
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    g->was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &g->old);
+}
+
+static void sigpipe_restore(const struct sigpipe_guard *g) {
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    struct timespec zero = {0};
+    if (!g->was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE))
+        while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR) {
+        }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 static int post_with_retries(CURL *h, const struct endpoint_target *t, struct sink *sink, struct endpoint_reply *r,
                              char *errbuf, char *why, size_t why_n) {
     for (r->attempts = 1;; r->attempts++) {
@@ -257,7 +289,10 @@ int endpoint_http_post(const struct endpoint_target *t, const char *body, size_t
     struct sink sink = {.buf = &r->body};
     int rc;
     if (set_options(h, t, body, n, &sink, errbuf)) {
+        struct sigpipe_guard guard;
+        sigpipe_block(&guard);
         rc = post_with_retries(h, t, &sink, r, errbuf, why, why_n);
+        sigpipe_restore(&guard);
     } else {
         snprintf(why, why_n, "libcurl %s refused an option smelt needs (7.85 or later is needed)", curl_version());
         rc = ENDPOINT_NO_ANSWER;
