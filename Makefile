@@ -42,9 +42,12 @@ CUDA_ARCH ?= 90
 TEST_PKGS := chromium chromium-driver python3-pip
 DEPS_PKGS := build-essential pkg-config libopenblas-dev libopenblas0-openmp libjansson-dev libcriterion-dev \
              libpcre2-dev libutf8proc-dev libzmq3-dev libmicrohttpd-dev libsqlite3-dev \
-             libjs-chart.js python3 bubblewrap
+             libjs-chart.js python3 bubblewrap libcurl4-openssl-dev
 
-CPPFLAGS += -I. -D_GNU_SOURCE $(shell pkg-config --cflags jansson 2>/dev/null)
+# libcurl (rewards/endpoint_http.c) through pkg-config: Debian's libcurl4-openssl-dev.
+CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
+CURL_LIBS   := $(or $(shell pkg-config --libs libcurl 2>/dev/null),-lcurl)
+CPPFLAGS += -I. -D_GNU_SOURCE $(shell pkg-config --cflags jansson 2>/dev/null) $(CURL_CFLAGS)
 CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(SAN_FLAGS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS)
 # C++ only for tests/emu/: CUDA kernel source compiled for the CPU emulator.
@@ -57,7 +60,8 @@ CXXFLAGS += -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -pth
 # give the pthread build).
 OPENBLAS_DIR ?= /usr/lib/$(shell $(CC) -print-multiarch)/openblas-openmp
 LDLIBS   += -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -l:libopenblas.so.0 \
-            -ljansson -lpcre2-8 -lutf8proc -lzmq -lmicrohttpd -lsqlite3 -lm -lpthread
+            -ljansson -lpcre2-8 -lutf8proc -lzmq -lmicrohttpd -lsqlite3 -lm -lpthread \
+            $(CURL_LIBS)
 
 ifeq ($(CUDA),1)
 CPPFLAGS  += -DSMELT_CUDA -I$(CUDA_HOME)/include

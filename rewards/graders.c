@@ -1,7 +1,8 @@
 /* OpenAI-style graders: the spec's "grader" object read into a tree (a string_check,
- * text_similarity or python grader, or a multi grader over named ones and a formula),
- * written back, and run on one sample at a time (python graders on the whole batch
- * first, in their sandboxes: python_grader.c). Errors name the field's path as OpenAI
+ * text_similarity, python or endpoint grader, or a multi grader over named ones and a
+ * formula), written back, and run on one sample at a time (python and endpoint graders
+ * on the whole batch first: python_grader.c in their sandboxes, endpoint_grader.c
+ * through the user's service). Errors name the field's path as OpenAI
  * does ("grader.graders.acc.operation"). */
 #include "rewards/graders_internal.h"
 
@@ -11,11 +12,12 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "rewards/endpoint_internal.h"
 #include "rewards/rewards_internal.h"
 #include "rewards/sandbox_internal.h"
 
-static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python"};
-#define N_TYPES 4
+static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python", "endpoint"};
+#define N_TYPES 5
 static const char *const OPERATIONS[] = {"eq", "ne", "like", "ilike"};
 static const char *const METRICS[] = {"fuzzy_match", "bleu",    "gleu",    "rouge_1", "rouge_2",
                                       "rouge_3",     "rouge_4", "rouge_5", "rouge_l"};
@@ -28,6 +30,7 @@ static const char *const TEXT_SIMILARITY_KEYS[] = {"type",      "name",         
 static const char *const MULTI_KEYS[] = {"type", "name", "graders", "calculate_output", NULL};
 static const char *const PYTHON_KEYS[] = {"type",      "name",      "source",    "image_tag", "pass_threshold",
                                           "timeout_s", "memory_mb", "sandboxes", NULL};
+static const char *const ENDPOINT_KEYS[] = {"type", "name", "url", "timeout_s", "max_retries", "headers", NULL};
 
 /* ---- reading the spec ---- */
 
@@ -42,20 +45,21 @@ static int parse_type(const json_t *obj, const char *w, bool nested, struct rewa
         if (strcmp(type, TYPE_NAMES[t]) == 0) {
             if (t == GRADER_MULTI && nested)
                 return error_set_field(err, SMELT_EINVAL, "type",
-                                       "%s.type: a multi grader's graders are string_check, text_similarity or "
-                                       "python graders, not another multi (OpenAI's shape)",
+                                       "%s.type: a multi grader's graders are string_check, text_similarity, "
+                                       "python or endpoint graders, not another multi (OpenAI's shape)",
                                        w);
             g->type = (enum grader_type)t;
             return SMELT_OK;
         }
-    if (strcmp(type, "score_model") == 0 || strcmp(type, "label_model") == 0 || strcmp(type, "endpoint") == 0)
+    if (strcmp(type, "score_model") == 0 || strcmp(type, "label_model") == 0)
         return error_set_field(err, SMELT_EINVAL, "type",
                                "%s.type: \"%s\" graders are not available in smelt yet (string_check, "
-                               "text_similarity, python, multi)",
+                               "text_similarity, python, multi, endpoint)",
                                w, type);
     return error_set_field(err, SMELT_EINVAL, "type",
-                           "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, python, multi)", w,
-                           type);
+                           "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, python, multi, "
+                           "endpoint)",
+                           w, type);
 }
 
 static int parse_name(const json_t *obj, const char *w, struct reward_grader *g, struct smelt_error *err) {
@@ -171,12 +175,14 @@ static int parse_grader(const json_t *obj, const char *w, bool nested, struct re
     if (!json_is_object(obj))
         return error_set(err, SMELT_EINVAL, "%s: expected a grader object like {\"type\": \"string_check\", ...}", w);
     TRY(parse_type(obj, w, nested, g, err));
-    static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS, PYTHON_KEYS};
+    static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS, PYTHON_KEYS,
+                                              ENDPOINT_KEYS};
     TRY(json_check_keys(obj, KEYS[g->type], w, err));
     TRY(parse_name(obj, w, g, err));
     if (g->type == GRADER_STRING_CHECK) return parse_string_check(obj, w, g, err);
     if (g->type == GRADER_TEXT_SIMILARITY) return parse_text_similarity(obj, w, g, err);
     if (g->type == GRADER_PYTHON) return grader_python_parse(obj, w, g, err);
+    if (g->type == GRADER_ENDPOINT) return grader_endpoint_parse(obj, w, g, err);
     return parse_multi(obj, w, g, err);
 }
 
@@ -205,6 +211,7 @@ static void grader_clear(struct reward_grader *g) {
     grader_template_free(&g->reference);
     grader_formula_free(&g->formula);
     grader_python_free(g->py);
+    grader_endpoint_free(g->ep);
 }
 
 void reward_grader_free(struct reward_grader *g) {
@@ -226,6 +233,8 @@ json_t *reward_grader_to_json(const struct reward_grader *g) {
         for (int k = 0; k < g->n_sub && !bad; k++) bad |= reward_json_set(subs, g->sub[k].metric, reward_grader_to_json(&g->sub[k]));
         bad |= reward_json_set(obj, "graders", subs);
         bad |= reward_json_set(obj, "calculate_output", json_string(g->formula.src));
+    } else if (g->type == GRADER_ENDPOINT) {
+        bad |= grader_endpoint_to_json(g->ep, obj);
     } else if (g->type == GRADER_PYTHON) {
         bad |= grader_python_to_json(g->py, obj);
         if (g->has_pass_threshold) bad |= reward_json_set(obj, "pass_threshold", json_real(g->pass_threshold));
@@ -299,8 +308,10 @@ static void score_python(const struct reward_grader *g, int i, double *score, ch
     describe_failure(g, what, warning, warning_n);
 }
 
-/* A string_check, text_similarity or python grader on the sample of x->ctx (sample i). */
+/* A string_check, text_similarity, python or endpoint grader on the sample of x->ctx
+ * (sample i). */
 static int score_leaf(const struct reward_grader *g, struct scratch *x, double *score, char *why, size_t why_n) {
+    if (g->type == GRADER_ENDPOINT) return grader_endpoint_result(g->ep, x->i, score, why, why_n);
     if (g->type == GRADER_PYTHON) {
         score_python(g, x->i, score, x->warning, x->warning_n);
         return SMELT_OK;
@@ -356,7 +367,7 @@ int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, 
 }
 
 static int check_leaf(const struct reward_grader *g, struct grader_context *c, struct smelt_error *err) {
-    if (g->type == GRADER_PYTHON) return SMELT_OK; /* grade() reads whatever it likes of the row */
+    if (g->type == GRADER_PYTHON || g->type == GRADER_ENDPOINT) return SMELT_OK; /* their code reads what it likes */
     const struct grader_template *t[2] = {&g->input, &g->reference};
     for (int k = 0; k < 2; k++) {
         const char *field = NULL;
@@ -378,9 +389,10 @@ int reward_grader_check_row(const struct reward_grader *g, const char *answer, c
     return rc;
 }
 
-/* The python graders of the tree, each on the whole batch. */
+/* The endpoint and python graders of the tree, each on the whole batch. */
 int reward_grader_prepare(struct reward_grader *g, const struct reward_sample *samples, int n,
                           struct smelt_error *err) {
+    TRY(grader_endpoint_prepare(g, samples, n, err));
     struct reward_grader *py[1 + GRADER_MAX_SUB];
     int n_py = 0;
     if (g->type == GRADER_PYTHON) py[n_py++] = g;

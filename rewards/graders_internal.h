@@ -1,6 +1,7 @@
-/* Private to rewards/: OpenAI-style graders (string_check, text_similarity, python, multi), the
- * templates they read ({{item.x}}, {{sample.output_text}}, {{sample.output_json.x}}),
- * multi's calculate_output formula and the text-similarity metrics. docs/rewards.md
+/* Private to rewards/: OpenAI-style graders (string_check, text_similarity, python, multi;
+ * smelt's endpoint, whose own declarations are in endpoint_internal.h), the templates
+ * they read ({{item.x}}, {{sample.output_text}}, {{sample.output_json.x}}), multi's
+ * calculate_output formula and the text-similarity metrics. docs/rewards.md
  * ("Graders") is the user's reference.
  *
  * Unlike the verifiers, graders allocate while scoring (rendered templates, the
@@ -138,9 +139,10 @@ int grader_similarity(enum grader_metric m, const char *input, size_t n_input, c
 
 /* ---- graders.c ---- */
 
-enum grader_type { GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI, GRADER_PYTHON };
+enum grader_type { GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI, GRADER_PYTHON, GRADER_ENDPOINT };
 
 struct grader_python;
+struct grader_endpoint;
 enum grader_operation { GRADER_EQ, GRADER_NE, GRADER_LIKE, GRADER_ILIKE };
 
 struct reward_grader {
@@ -160,6 +162,8 @@ struct reward_grader {
     struct grader_formula formula;
     /* python (python_grader.c) */
     struct grader_python *py;
+    /* endpoint (endpoint_grader.c) */
+    struct grader_endpoint *ep;
 };
 
 /* spec["grader"] → *out (a new grader the caller frees with reward_grader_free). A
@@ -167,10 +171,11 @@ struct reward_grader {
 int reward_grader_create(const json_t *obj, const char *where, struct reward_grader **out, struct smelt_error *err);
 void reward_grader_free(struct reward_grader *g);
 json_t *reward_grader_to_json(const struct reward_grader *g); /* NULL: out of memory */
-/* Runs the python graders of the tree (the grader, or a multi's python sub-graders) on
- * the whole batch samples[0..n), in their sandboxes, keeping each sample's result for
- * reward_grader_score; nothing for other graders. A negative code only when sandboxes
- * cannot be started or memory runs out. */
+/* Runs the python and endpoint graders of the tree (the grader, or a multi's
+ * sub-graders) on the whole batch samples[0..n) (python in their sandboxes, endpoint
+ * through the service), keeping each sample's result for reward_grader_score; nothing
+ * for other graders. A negative code only when sandboxes cannot be started or memory
+ * runs out. */
 int reward_grader_prepare(struct reward_grader *g, const struct reward_sample *samples, int n,
                           struct smelt_error *err);
 /* Scores sample i of the batch last prepared: scores[0] the grader's, scores[1 + k]
@@ -194,6 +199,11 @@ void grader_python_free(struct grader_python *py); /* NULL is fine */
 /* Adds the fields to obj, defaults filled (sandboxes only when given: its default is the
  * machine's); nonzero when out of memory. */
 int grader_python_to_json(const struct grader_python *py, json_t *obj);
+/* The row as graders' code sees it (python's item, endpoint's "item"): the row's metadata
+ * object (an OpenAI row's other fields) with the row's answer as "answer" (the row's wins
+ * over a metadata field of that name); metadata that is not an object (or not JSON)
+ * stays whole under "metadata". A new reference, or NULL when out of memory. */
+json_t *grader_item_of(const struct reward_sample *s);
 /* The batch's requests ({"sample": ..., "item": ...} per sample, compact JSON) into
  * *out (n malloc'd strings in a malloc'd array; free with grader_python_requests_free). */
 int grader_python_requests(const struct reward_sample *samples, int n, char ***out, struct smelt_error *err);

@@ -124,10 +124,7 @@ int grader_python_to_json(const struct grader_python *py, json_t *obj) {
 
 /* ---- a batch ---- */
 
-/* item: the row's metadata object (an OpenAI row's other fields) with the row's answer
- * as "answer" (the row's wins over a metadata field of that name). Metadata that is not
- * an object (or not JSON) stays whole under "metadata". */
-static json_t *item_of(const struct reward_sample *s) {
+json_t *grader_item_of(const struct reward_sample *s) {
     json_t *meta = s->metadata_json ? json_loads(s->metadata_json, JSON_DECODE_ANY, NULL) : NULL;
     json_t *item = json_is_object(meta) ? json_incref(meta) : json_object();
     if (item && meta && !json_is_object(meta) && json_object_set(item, "metadata", meta)) {
@@ -146,7 +143,7 @@ static char *request_of(const struct reward_sample *s) {
     json_t *sample = json_pack("{s:o, s:o, s:I}", "output_text", json_string_lossy(s->completion, strlen(s->completion)),
                                "finish_reason", s->finish_reason ? json_string(s->finish_reason) : json_null(),
                                "n_completion_tokens", (json_int_t)s->n_completion_tokens);
-    json_t *item = item_of(s);
+    json_t *item = grader_item_of(s);
     json_t *req = sample && item ? json_pack("{s:O, s:O}", "sample", sample, "item", item) : NULL;
     char *text = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(sample);

@@ -19,10 +19,12 @@
  * sandbox: a machine without bwrap refuses it here, naming grader.type; the source is
  * run once in a sandbox here and must define grade, or it is refused naming
  * grader.source and the line), or multi ({"graders": {name: G', ...},
- * "calculate_output": formula}). A spec holds "verifiers" or "grader", not both. Errors
- * name the path OpenAI style: err->field "grader.graders.acc.operation". Graders read
- * {{item.<field>}} (the row's answer and metadata), {{sample.output_text}} and
- * {{sample.output_json.<field>}}.
+ * "calculate_output": formula}), or smelt's endpoint ({"url": "https://...", "timeout_s",
+ * "max_retries", "headers"}: the batch POSTed to the user's service, which answers one
+ * reward per sample; no request is made here). A spec holds "verifiers" or "grader", not
+ * both. Errors name the path OpenAI style: err->field "grader.graders.acc.operation".
+ * Graders read {{item.<field>}} (the row's answer and metadata), {{sample.output_text}}
+ * and {{sample.output_json.<field>}}.
  *
  * Failures. reward_stage_score fails (returns an error) only when the stage itself
  * cannot work: bad arguments, or memory for a grader. A sample that cannot be scored —
@@ -31,17 +33,20 @@
  * field the row (or the completion's JSON) lacks, a non-JSON completion read as
  * sample.output_json, a formula dividing by zero — is a per-sample failure:
  * out[i].failed, a message naming the verifier or grader, reward NaN; the other samples
- * are scored as usual. A completion that simply lacks what a verifier looks for (no
- * number, no marker) scores 0. A python grader that cannot grade a sample (grade()
- * raised, returned something other than a finite number, timed out, ran out of memory,
- * its sandbox died or printed too much) scores it 0, not a failure, with the reason in
- * out[i].warning: the loop reports it as an event.
+ * are scored as usual. Every sample an endpoint grader's service does not score
+ * (unreachable, too slow, an HTTP error, a bad reply, a null reward) fails the same way.
+ * A completion that simply lacks what a verifier looks for (no number, no marker)
+ * scores 0. A python grader that cannot grade a sample (grade() raised, returned
+ * something other than a finite number, timed out, ran out of memory, its sandbox died
+ * or printed too much) scores it 0, not a failure, with the reason in out[i].warning:
+ * the loop reports it as an event.
  *
  * Threads: a stage keeps per-pattern match buffers, so one stage scores one batch at a
  * time; scoring is deterministic (python graders: as deterministic as their code).
  * Verifiers allocate nothing when scoring; graders allocate per sample (rendered
  * templates, parsed JSON, tokens) and free it before the next; python graders start
- * their sandboxes per batch and stop them before reward_stage_score returns.
+ * their sandboxes per batch and stop them before reward_stage_score returns; endpoint
+ * graders make their requests (in the calling thread) before it returns.
  *
  * Ownership: reward_stage_create returns a stage the caller frees with
  * reward_stage_free; it copies what it needs from the spec (the JSON may be freed).
@@ -64,7 +69,8 @@
 
 /* One generated completion and what the loop knows about it (all borrowed). */
 struct reward_sample {
-    const char *prompt;          /* the rendered prompt text; may be NULL (no built-in reads it) */
+    const char *prompt;          /* the rendered prompt text; may be NULL (only an endpoint
+                                    grader reads it: it sends it to the service) */
     const char *completion;      /* required, NUL-terminated; may hold invalid UTF-8 */
     const char *answer;          /* the prompts row's "answer"; NULL when the row has none */
     const char *metadata_json;   /* the row's "metadata" as JSON text; NULL when none (graders'
@@ -99,7 +105,9 @@ int reward_stage_create(const json_t *spec, const char *where, struct reward_sta
                         struct smelt_error *err);
 void reward_stage_free(struct reward_stage *stage); /* NULL is fine */
 
-/* Scores samples[0..n) into out[0..n) (every field of every out[i] is written). Returns
+/* Scores samples[0..n) into out[0..n) (every field of every out[i] is written). An
+ * endpoint grader's requests are made here: the call takes as long as the service, at
+ * most (max_retries + 1) · timeout_s plus backoffs per request of 256 samples. Returns
  * SMELT_EINVAL only for bad arguments (n < 0, NULL arrays, a NULL completion), before
  * anything is scored, SMELT_ENOMEM when a grader runs out of memory, and SMELT_EBACKEND
  * when a python grader's sandboxes cannot be started at all (fork, pipes, no free

@@ -186,21 +186,47 @@ static int decode_text(struct trainer_run *r, const int32_t *ids, int64_t n, cha
     return error_wrap(err, rc, "rl: decoding a sample");
 }
 
+/* The prompt of each sample of s[0..n) as text, special tokens kept (the prompt as the
+ * model saw it), for graders that send it on (endpoint): prompts[i], malloc'd. */
+static int decode_prompts(struct trainer_run *r, const struct dataset *ds, const struct rl_sample *s, int n,
+                          char **prompts, struct smelt_error *err) {
+    for (int i = 0; i < n; i++) {
+        const struct dataset_prompt *p = &ds->prompts[s[i].row];
+        size_t len;
+        TRY(error_wrap(err, tokenizer_decode(r->tok, p->ids, (size_t)p->n, false, &prompts[i], &len, err),
+                       "rl: decoding the prompt of %s line %lld", ds->path, (long long)p->line));
+    }
+    return SMELT_OK;
+}
+
+/* Decodes samples s[0..n) of ds and their prompts, and scores them into rl->rout. */
+static int score_batch(struct trainer_run *r, const struct dataset *ds, struct rl_sample *s, int n,
+                       struct smelt_error *err) {
+    struct rl_state *rl = r->rl;
+    char **prompts = calloc(n > 0 ? (size_t)n : 1, sizeof *prompts);
+    if (!prompts) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
+    int rc = decode_prompts(r, ds, s, n, prompts, err);
+    for (int i = 0; i < n && !rc; i++) {
+        free(s[i].text);
+        s[i].text = NULL;
+        rc = decode_text(r, s[i].ids, s[i].n, &s[i].text, err);
+        const struct dataset_prompt *p = &ds->prompts[s[i].row];
+        rl->rin[i] = (struct reward_sample){.prompt = prompts[i], .completion = s[i].text, .answer = p->answer,
+                                            .metadata_json = p->metadata_json, .n_completion_tokens = s[i].n,
+                                            .finish_reason = s[i].finish_reason};
+    }
+    if (!rc) rc = reward_stage_score(rl->reward, rl->rin, n, rl->rout, err);
+    for (int i = 0; i < n; i++) free(prompts[i]);
+    free(prompts);
+    return rc;
+}
+
 /* Decodes and scores samples s[0..n) of ds; a sample whose reward fails is reported and
  * left out (failed). */
 static int score(struct trainer_run *r, const struct dataset *ds, struct rl_sample *s, int n, int64_t *failed,
                  int64_t *zeroed, struct smelt_error *err) {
     struct rl_state *rl = r->rl;
-    for (int i = 0; i < n; i++) {
-        free(s[i].text);
-        s[i].text = NULL;
-        TRY(decode_text(r, s[i].ids, s[i].n, &s[i].text, err));
-        const struct dataset_prompt *p = &ds->prompts[s[i].row];
-        rl->rin[i] = (struct reward_sample){.completion = s[i].text, .answer = p->answer,
-                                            .metadata_json = p->metadata_json, .n_completion_tokens = s[i].n,
-                                            .finish_reason = s[i].finish_reason};
-    }
-    TRY(reward_stage_score(rl->reward, rl->rin, n, rl->rout, err));
+    TRY(score_batch(r, ds, s, n, err));
     for (int i = 0; i < n; i++) {
         s[i].reward = rl->rout[i].reward;
         s[i].failed = rl->rout[i].failed || !isfinite(s[i].reward);

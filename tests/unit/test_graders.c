@@ -48,17 +48,7 @@ static void expect_failure(const char *spec, const char *completion, const char 
 
 /* A spec that must be refused: the error's field and a piece of its message. */
 static void expect_refused(const char *spec_text, const char *field, const char *message_part) {
-    json_t *spec = rewards_test_parse(spec_text);
-    struct reward_stage *st = NULL;
-    struct smelt_error err = {0};
-    int rc = reward_stage_create(spec, "reward", &st, &err);
-    json_decref(spec);
-    cr_assert_eq(rc, SMELT_EINVAL, "spec %s was accepted", spec_text);
-    cr_assert_null(st);
-    cr_expect_str_eq(err.field, field, "spec %s: field \"%s\", expected \"%s\" (%s)", spec_text, err.field, field,
-                     err.message);
-    cr_expect(strstr(err.message, message_part), "spec %s: message \"%s\" lacks \"%s\"", spec_text, err.message,
-              message_part);
+    rewards_test_refused(spec_text, field, message_part);
 }
 
 /* A grader object (CHECK_G, SIMILAR_G) and a spec of that one grader (CHECK, SIMILAR). */
