@@ -51,13 +51,13 @@ static bool is_python(const json_t *grader) {
     return type && strcmp(type, "python") == 0;
 }
 
-/* Does the grader (or a multi's sub-grader) run Python in a sandbox? */
-static bool runs_python(const json_t *grader) {
-    if (is_python(grader)) return true;
+/* Is pred true of the grader or of one of a multi's sub-graders? */
+static bool any_grader(const json_t *grader, bool (*pred)(const json_t *g)) {
+    if (pred(grader)) return true;
     const char *key;
     const json_t *sub;
     json_object_foreach((json_t *)json_object_get(grader, "graders"), key, sub)
-        if (is_python(sub)) return true;
+        if (pred(sub)) return true;
     return false;
 }
 
@@ -119,7 +119,7 @@ static struct reward_stage *read_grader(struct server *s, const json_t *body, bo
                                         struct http_response *res) {
     *python = false;
     const json_t *grader = json_object_get(body, "grader");
-    if (json_is_object(grader) && runs_python(grader)) {
+    if (json_is_object(grader) && any_grader(grader, is_python)) {
         if (!claim_python_slot(s, res)) return NULL;
         *python = true;
     }
@@ -224,7 +224,7 @@ static const char *failure_flag(const json_t *grader, const struct reward_stage 
     return "other_error";
 }
 
-/* Does a template of the grader (or of a sub-grader) read {{sample.output_json...}}? */
+/* Does a template read {{sample.output_json...}}? */
 static bool template_reads_json(const char *t) {
     for (const char *at = t ? strstr(t, "{{") : NULL; at; at = strstr(at + 2, "{{")) {
         const char *p = at + 2;
@@ -237,15 +237,6 @@ static bool template_reads_json(const char *t) {
 static bool leaf_reads_json(const json_t *g) {
     return template_reads_json(json_string_value(json_object_get(g, "input"))) ||
            template_reads_json(json_string_value(json_object_get(g, "reference")));
-}
-
-static bool reads_output_json(const json_t *grader) {
-    if (leaf_reads_json(grader)) return true;
-    const char *key;
-    const json_t *sub;
-    json_object_foreach((json_t *)json_object_get(grader, "graders"), key, sub)
-        if (leaf_reads_json(sub)) return true;
-    return false;
 }
 
 /* What one run found, for the answer. */
@@ -352,7 +343,7 @@ static void run_and_reply(struct reward_stage *stage, const struct run_input *in
     json_t *grader = grader_read(stage, res);
     struct run_outcome o;
     if (grader && run_stage(stage, in, &o, res) == 0) {
-        o.sample_not_json = o.sample_not_json && reads_output_json(grader);
+        o.sample_not_json = o.sample_not_json && any_grader(grader, leaf_reads_json);
         json_t *answer = run_answer(grader, stage, &o);
         if (answer) http_reply_json(res, 200, answer);
         else http_reply_error(res, 500, NULL, "out_of_memory", "graders run: out of memory");
