@@ -159,8 +159,8 @@ static void run_input_free(struct run_input *in) {
     *in = (struct run_input){0};
 }
 
-/* model_sample (required, a string) and item (optional, an object, read as
- * a reinforcement job reads a training row). 0, or -1 with a reply naming the field. */
+/* model_sample (required, a string) and item (optional, an object, read as a
+ * reinforcement job reads a training row). 0, or -1 with a reply naming the field. */
 static int read_input(const json_t *body, struct run_input *in, struct http_response *res) {
     *in = (struct run_input){0};
     const json_t *sample = json_object_get(body, "model_sample");
@@ -169,7 +169,7 @@ static int read_input(const json_t *body, struct run_input *in, struct http_resp
                          "model_sample: required (the model's output text to grade)");
         return -1;
     }
-    if (!json_is_string(sample)) { /* one without NUL: the body was read without JSON_ALLOW_NUL */
+    if (!json_is_string(sample)) { /* a string holds no NUL: the body was read without JSON_ALLOW_NUL */
         http_reply_error(res, 400, "model_sample", "invalid_value", "model_sample: expected a string");
         return -1;
     }
