@@ -41,6 +41,7 @@
 #ifndef SMELT_DATASETS_H
 #define SMELT_DATASETS_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -146,6 +147,15 @@ struct dataset {
  * empty file is an error. */
 int dataset_validate_file(const char *path, enum dataset_kind kind, struct dataset_report *report,
                           struct smelt_error *err);
+
+/* What the graders of a job read of an OpenAI reinforcement row ({"messages": [...],
+ * <any other field>}): every field but "messages" and "tools" (OpenAI's reserved keys)
+ * as the row's metadata ({{item.<field>}}; *metadata NULL when none is left, else a new
+ * reference to a shallow copy), and its "answer" when that is a string (*answer borrowed
+ * from row, else NULL). The prompts loader reads rows through it, and smeltd's graders
+ * run route reads its "item" through it, so a grader sees the same item in both.
+ * SMELT_EINVAL when row is not an object, SMELT_ENOMEM. */
+int dataset_openai_item(const json_t *row, json_t **metadata, const char **answer, struct smelt_error *err);
 
 /* Validates, tokenizes and masks every row. Any invalid row (structure, an empty
  * assistant turn or completion, an SFT row with nothing to train, a sequence over

@@ -229,17 +229,24 @@ static int parse_openai_prompt(const json_t *obj, struct dataset_row *row, struc
         return issue_set(issue, "messages", "expected a list of messages, got %s", json_kind_name(list));
     int rc = parse_message_list(list, "messages", false, &row->prompt, issue, err);
     if (!rc) rc = check_prompt_end(&row->prompt, "messages", issue);
-    if (rc || json_object_size(obj) == 1 + (tools != NULL)) return rc;
-    json_t *fields = json_copy((json_t *)obj); /* shallow: the values stay the row's */
-    if (!fields || json_object_del(fields, "messages") != 0) {
-        json_decref(fields);
-        return error_set(err, SMELT_ENOMEM, "dataset row: out of memory");
-    }
+    if (!rc) rc = dataset_openai_item(obj, &row->owned_metadata, &row->answer, err);
+    row->metadata = row->owned_metadata;
+    return rc;
+}
+
+int dataset_openai_item(const json_t *row, json_t **metadata, const char **answer, struct smelt_error *err) {
+    *metadata = NULL;
+    *answer = NULL;
+    if (!json_is_object(row)) return error_set(err, SMELT_EINVAL, "item: expected a JSON object");
+    size_t reserved = (json_object_get(row, "messages") != NULL) + (json_object_get(row, "tools") != NULL);
+    if (json_object_size(row) == reserved) return SMELT_OK;
+    json_t *fields = json_copy((json_t *)row); /* shallow: the values stay the row's */
+    if (!fields) return error_set(err, SMELT_ENOMEM, "dataset row: out of memory");
+    json_object_del(fields, "messages");
     json_object_del(fields, "tools");
-    row->owned_metadata = fields;
-    row->metadata = fields;
-    const json_t *answer = json_object_get(obj, "answer");
-    if (json_is_string(answer)) row->answer = json_string_value(answer);
+    *metadata = fields;
+    const json_t *a = json_object_get(row, "answer");
+    if (json_is_string(a)) *answer = json_string_value(a);
     return SMELT_OK;
 }
 

@@ -23,6 +23,9 @@ const struct http_route SERVER_ROUTES[] = {
     {"GET", "/v1/fine_tuning/jobs/{job_id}/metrics", api_jobs_metrics, 0},
     {"GET", "/v1/fine_tuning/jobs/{job_id}/logs", api_jobs_logs, 0},
 
+    {"POST", "/v1/fine_tuning/alpha/graders/validate", api_graders_validate, 0},
+    {"POST", "/v1/fine_tuning/alpha/graders/run", api_graders_run, 0},
+
     {"POST", "/v1/fine_tuning/schedules", api_schedules_create, 0},
     {"GET", "/v1/fine_tuning/schedules", api_schedules_list, 0},
     {"GET", "/v1/fine_tuning/schedules/{schedule_id}", api_schedules_get, 0},

@@ -31,6 +31,7 @@ struct server {
     /* counters for /metrics that are not in the store */
     atomic_llong job_retries_total;
     atomic_llong schedule_fires_total;
+    atomic_int grader_python_runs;         /* graders routes in a python sandbox now (api_graders.c) */
     /* the control loop (control.c) */
     pthread_t control_thread;
     bool control_started;
@@ -127,6 +128,11 @@ void api_jobs_events(void *app, struct http_request *req, struct http_response *
 void api_jobs_checkpoints(void *app, struct http_request *req, struct http_response *res);
 void api_jobs_metrics(void *app, struct http_request *req, struct http_response *res);
 void api_jobs_logs(void *app, struct http_request *req, struct http_response *res);
+
+/* OpenAI's grader endpoints (api_graders.c): a grader read as a job reads it; one run on
+ * a sample and an item. */
+void api_graders_validate(void *app, struct http_request *req, struct http_response *res);
+void api_graders_run(void *app, struct http_request *req, struct http_response *res);
 
 void api_models_list(void *app, struct http_request *req, struct http_response *res);
 void api_models_get(void *app, struct http_request *req, struct http_response *res);

@@ -222,3 +222,32 @@ Test(prompts_messages, split_keeps_metadata, .init = ds_setup, .fini = ds_teardo
     dataset_free(val);
     dataset_free(ds);
 }
+
+/* What graders read of a row, alone (smeltd's graders run reads its item through it):
+ * the fields but messages and tools, a string answer; nothing left is no metadata. */
+Test(prompts_messages, openai_item_is_the_rows_fields_but_messages_and_tools) {
+    json_t *row = json_loads("{\"messages\": [], \"tools\": null, \"answer\": \"4\", \"n\": {\"x\": 1}}", 0, NULL);
+    json_t *meta = NULL;
+    const char *answer = NULL;
+    struct smelt_error err = {0};
+    TEST_OK(dataset_openai_item(row, &meta, &answer, &err), &err);
+    json_t *want = json_loads("{\"answer\": \"4\", \"n\": {\"x\": 1}}", 0, NULL);
+    cr_expect(json_equal(meta, want), "metadata %s", json_dumps(meta, 0));
+    cr_expect_str_eq(answer, "4");
+    json_decref(meta);
+    json_decref(want);
+    json_object_set_new(row, "answer", json_integer(4)); /* not a string: metadata only */
+    TEST_OK(dataset_openai_item(row, &meta, &answer, &err), &err);
+    cr_expect_null(answer);
+    cr_expect_eq(json_integer_value(json_object_get(meta, "answer")), 4);
+    json_decref(meta);
+    json_object_del(row, "answer");
+    json_object_del(row, "n");
+    TEST_OK(dataset_openai_item(row, &meta, &answer, &err), &err);
+    cr_expect_null(meta);
+    cr_expect_null(answer);
+    json_decref(row);
+    json_t *list = json_array();
+    TEST_EXPECT_ERROR(dataset_openai_item(list, &meta, &answer, &err), SMELT_EINVAL, &err);
+    json_decref(list);
+}
