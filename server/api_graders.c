@@ -351,6 +351,29 @@ static void run_and_reply(struct reward_stage *stage, const struct run_input *in
     json_decref(grader);
 }
 
+/* Graders that only a job's trainer runs: an endpoint grader would have smeltd itself
+ * call any URL a caller names (from inside the operator's network), and a reward_model
+ * grader needs a model loaded in a trainer. 0, or -1 with a 400 naming the type. */
+static int refuse_job_only(const json_t *grader, const char *path, struct http_response *res) {
+    const char *type = json_string_value(json_object_get(grader, "type"));
+    if (type && (strcmp(type, "endpoint") == 0 || strcmp(type, "reward_model") == 0)) {
+        char field[160];
+        snprintf(field, sizeof field, "%s.type", path);
+        http_reply_error(res, 400, field, "unsupported",
+                         "%s: %s graders run only inside a job (its trainer %s); /run does not run them", field, type,
+                         strcmp(type, "endpoint") == 0 ? "calls the service, smeltd never does" : "loads the model");
+        return -1;
+    }
+    const char *key;
+    const json_t *sub;
+    json_object_foreach((json_t *)json_object_get(grader, "graders"), key, sub) {
+        char sub_path[128];
+        snprintf(sub_path, sizeof sub_path, "%s.graders.%.64s", path, key);
+        if (refuse_job_only(sub, sub_path, res)) return -1;
+    }
+    return 0;
+}
+
 void api_graders_run(void *app, struct http_request *req, struct http_response *res) {
     static const char *const keys[] = {"grader", "model_sample", "item", NULL};
     struct server *s = app;
@@ -360,7 +383,9 @@ void api_graders_run(void *app, struct http_request *req, struct http_response *
     bool python = false;
     struct reward_stage *stage = NULL;
     /* the cheap checks first: a python grader's is a sandbox started */
-    if (check_keys(body, keys, res) == 0 && read_input(body, &in, res) == 0) stage = read_grader(s, body, &python, res);
+    if (check_keys(body, keys, res) == 0 && read_input(body, &in, res) == 0 &&
+        refuse_job_only(json_object_get(body, "grader"), "grader", res) == 0)
+        stage = read_grader(s, body, &python, res);
     if (stage) run_and_reply(stage, &in, res);
     run_input_free(&in);
     reward_stage_free(stage);

@@ -296,6 +296,13 @@ Test(graders_api, run_refusals_name_the_field) {
                         "\"reference\":\"x\",\"operation\":\"eq\",\"shape\":1},\"model_sample\":\"a\"}",
                    "grader.shape");
     expect_refused(RUN, "{\"grader\":{\"type\":\"score_model\"},\"model_sample\":\"a\"}", "grader.type");
+    /* smeltd never calls a caller's URL: endpoint graders run only in a job's trainer */
+    expect_refused(RUN, "{\"grader\":{\"type\":\"endpoint\",\"url\":\"http://127.0.0.1:9/\"},\"model_sample\":\"a\"}",
+                   "grader.type");
+    expect_refused(RUN, "{\"grader\":{\"type\":\"multi\",\"graders\":{\"ok\":" EXACT ",\"ep\":{\"type\":"
+                        "\"endpoint\",\"url\":\"http://127.0.0.1:9/\"}},\"calculate_output\":\"ok\"},"
+                        "\"model_sample\":\"a\"}",
+                   "grader.graders.ep.type");
 }
 
 /* ---- python graders ---- */
