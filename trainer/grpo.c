@@ -299,6 +299,18 @@ struct iteration {
     int64_t sync_bytes;            /* per worker: the model's or the adapter's size */
 };
 
+/* An iteration whose every reward failed trains nothing. RL_MAX_ALL_FAILED of them in a
+ * row mean the reward cannot score this job's samples (a service that is down or answers
+ * garbage, a grader failing on every output): the job fails saying so, rather than
+ * running on to "succeeded" with nothing learned. */
+static int check_rewards_work(struct rl_state *rl, const struct iteration *it, struct smelt_error *err) {
+    rl->all_failed_streak = it->n_samples > 0 && it->failed == it->n_samples ? rl->all_failed_streak + 1 : 0;
+    if (rl->all_failed_streak < RL_MAX_ALL_FAILED) return SMELT_OK;
+    const char *why = json_string_value(json_object_get(json_array_get(rl->errors, 0), "error"));
+    return error_set(err, SMELT_EINVAL, "rl: the reward of every sample failed in %d iterations in a row; the "
+                     "last reason: %s", rl->all_failed_streak, why ? why : "(not kept)");
+}
+
 /* Samples from the next prompt batch(es) into rl->samples, scored; with dynamic sampling,
  * groups whose rewards are all equal are dropped and more prompts drawn (at most
  * RL_ROUNDS rounds). */
@@ -825,7 +837,12 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
                                       (json_int_t)r->step, "file", r->train->path, "count",
                                       (json_int_t)(it.failed + it.zeroed), "failed", (json_int_t)it.failed, "zeroed",
                                       (json_int_t)it.zeroed, "errors", rl->errors));
-    return SMELT_OK;
+    int rc = check_rewards_work(rl, &it, err);
+    if (rc) { /* the job ends here: no train line for this iteration */
+        json_decref(st->metrics);
+        st->metrics = NULL;
+    }
+    return rc;
 }
 
 /* Greedy generation on the held-out prompts (at most eval.accuracy_examples when set):

@@ -177,6 +177,7 @@ struct reward_result;
 /* Generation rounds of one iteration at most: DAPO's dynamic sampling draws more
  * prompts while groups with equal rewards leave the batch short. */
 #define RL_ROUNDS 4
+#define RL_MAX_ALL_FAILED 3 /* iterations in a row without one reward: the job fails */
 
 /* One RL run's state (grpo.c owns it; ppo.c and critic.c read the iteration's arrays). */
 struct rl_state {
@@ -202,6 +203,7 @@ struct rl_state {
     bool policy_frozen;             /* this iteration trains the critic alone (critic_warmup_iterations) */
     struct rl_workers *workers;     /* split placement: the smelt-rollout processes */
     json_t *errors;                 /* the iteration's failed rewards: [{line, error}], the first few */
+    int all_failed_streak;          /* iterations in a row whose every reward failed */
     int64_t version;                /* the policy version this iteration starts from */
     bool old_in_update;             /* old logprobs = the update's own first forward (one step, no dropout
                                        to keep apart from the rollout's) */

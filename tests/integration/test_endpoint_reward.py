@@ -8,7 +8,9 @@ docs/rewards.md says (the prompt as the model saw it, the completion, the row's 
 mean of the rewards the service gave for that iteration's request. A service that
 replies garbage, and one slower than `timeout_s`: every sample's reward fails, each
 iteration reports it in a warning event naming the grader and the cause (the body's
-first bytes, the timeout), and the job itself does not crash. The jobs are
+first bytes, the timeout), nothing crashes, and after 3 such iterations in a row the job
+fails saying why. One bad reply among good ones fails that iteration's samples, and the
+job goes on. The jobs are
 test_grpo_api.py's small ones (a random tiny model, 4 prompts x 4 samples, 3
 iterations): a few seconds each."""
 import json
@@ -34,7 +36,8 @@ def reward_of(sample):
 
 class Service:
     """A reward service on 127.0.0.1 (ephemeral port) whose behaviour the test sets:
-    "good", "garbage" (200 with HTML) or "slow" (good after 3 s). It keeps every request
+    "good", "garbage" (200 with HTML), "garbage_once" (the first training request garbage,
+    the rest good) or "slow" (good after 3 s). It keeps every request
     it got and the rewards it gave."""
 
     def __init__(self):
@@ -49,9 +52,12 @@ class Service:
                 rewards = [reward_of(s) for s in body["samples"]]
                 with service.lock:
                     service.requests.append((dict(self.headers), body, rewards))
+                    n_train = sum(len(b["samples"]) == GROUP for _, b, _ in service.requests)
+                    garbage = service.mode == "garbage" or (service.mode == "garbage_once" and n_train == 1 and
+                                                           len(body["samples"]) == GROUP)
                 if service.mode == "slow":
                     time.sleep(3)
-                out = (b"<html><body>Bad Gateway</body></html>" if service.mode == "garbage"
+                out = (b"<html><body>Bad Gateway</body></html>" if garbage
                        else json.dumps({"rewards": rewards}).encode())
                 try:
                     self.send_response(200)
@@ -165,20 +171,23 @@ def test_an_endpoint_rewards_a_grpo_job(smeltd, service, files):
 
 
 def expect_failed_samples(smeltd, job, events, steps, cause):
-    """Every sample of every iteration failed with cause, reported once an iteration; the
-    job went on to its end (with nothing to train on, its steps are empty)."""
-    assert job["status"] == "succeeded", (job, smeltd.read_log())
+    """Every sample of every iteration failed with cause, reported once an iteration;
+    after RL_MAX_ALL_FAILED (3) such iterations in a row the job failed, naming it."""
+    assert job["status"] == "failed", (job, smeltd.read_log())
+    message = job["error"]["message"]
+    assert "the reward of every sample failed in 3 iterations in a row" in message, message
+    assert "grader (endpoint): " + cause in message, message
     warned = [e["message"] for e in events if "failed; they are left out" in e["message"]]
     assert len(warned) == ITERATIONS, [e["message"] for e in events]
     for m in warned:
         assert "the reward of %d sample(s) failed" % GROUP in m, m
         assert "grader (endpoint): " + cause in m, m
-    assert len(steps) == ITERATIONS
+    assert len(steps) == ITERATIONS - 1  # the last one ended the job: its errors, no train line
     for d in steps:
         assert d["samples_failed"] == GROUP and d["samples_trained"] == 0, d
 
 
-def test_an_endpoint_replying_garbage_fails_the_samples_not_the_job(smeltd, service, files):
+def test_an_endpoint_replying_garbage_fails_the_samples_then_the_job(smeltd, service, files):
     service.reset("garbage")
     job, events, steps = run_job(smeltd, files, {"type": "endpoint", "url": service.url})
     expect_failed_samples(smeltd, job, events, steps, "the reply is not JSON (at byte 1): <html><body>Bad Gateway")
@@ -186,9 +195,17 @@ def test_an_endpoint_replying_garbage_fails_the_samples_not_the_job(smeltd, serv
         assert len(service.requests) >= 1  # garbage is an answer: never retried
 
 
-def test_an_endpoint_slower_than_its_timeout_fails_the_samples_not_the_job(smeltd, service, files):
+def test_an_endpoint_slower_than_its_timeout_fails_the_samples_then_the_job(smeltd, service, files):
     service.reset("slow")
     t0 = time.monotonic()
     job, events, steps = run_job(smeltd, files, {"type": "endpoint", "url": service.url, "timeout_s": 0.5})
     expect_failed_samples(smeltd, job, events, steps, "no reply within timeout_s 0.5 s (1 attempt)")
     assert time.monotonic() - t0 < 60, "each request gave up after timeout_s"
+
+
+def test_one_garbage_reply_fails_that_iteration_and_the_job_goes_on(smeltd, service, files):
+    service.reset("garbage_once")
+    job, events, steps = run_job(smeltd, files, {"type": "endpoint", "url": service.url})
+    assert job["status"] == "succeeded", (job, smeltd.read_log())
+    assert [d["samples_failed"] for d in steps] == [GROUP, 0, 0], steps
+    assert [d["samples_trained"] for d in steps] == [0, GROUP, GROUP], steps
