@@ -230,6 +230,7 @@ static int score(struct trainer_run *r, const struct dataset *ds, struct rl_samp
     for (int i = 0; i < n; i++) {
         s[i].reward = rl->rout[i].reward;
         s[i].failed = rl->rout[i].failed || !isfinite(s[i].reward);
+        memcpy(s[i].scores, rl->rout[i].scores, sizeof s[i].scores);
         if (!s[i].failed && rl->rout[i].warning[0]) { /* a grader that could not grade it: scored 0 */
             (*zeroed)++;
             log_warn("rl: a sample of %s line %lld scored 0: %s", ds->path, (long long)ds->prompts[s[i].row].line,
@@ -582,20 +583,22 @@ static int sync_workers(struct trainer_run *r, int64_t version, struct iteration
 
 static void put(json_t *o, const char *key, double v) { json_object_set_new(o, key, isfinite(v) ? json_real(v) : json_null()); }
 
-/* Mean, standard deviation and max of the scored samples' rewards, and each verifier's mean. */
+/* Mean, standard deviation, min and max of the scored samples' rewards. */
 static void reward_metrics(struct trainer_run *r, const struct rl_sample *s, int n, json_t *m) {
-    double sum = 0, sq = 0, max = -INFINITY;
+    double sum = 0, sq = 0, max = -INFINITY, min = INFINITY;
     int64_t k = 0;
     for (int i = 0; i < n; i++)
         if (!s[i].failed) {
             sum += s[i].reward;
             sq += s[i].reward * s[i].reward;
             if (s[i].reward > max) max = s[i].reward;
+            if (s[i].reward < min) min = s[i].reward;
             k++;
         }
     double mean = k ? sum / (double)k : NAN;
     put(m, "reward", mean);
     put(m, "reward_std", k > 1 ? sqrt(fmax(0, (sq - (double)k * mean * mean) / (double)(k - 1))) : NAN);
+    put(m, "reward_min", k ? min : NAN);
     put(m, "reward_max", k ? max : NAN);
     (void)r;
 }
@@ -638,27 +641,57 @@ static void loss_metrics(const struct update_totals *t, int64_t steps, json_t *m
     (void)steps;
 }
 
-/* A few samples of the iteration, for the page: the first of the first groups. */
+json_t *rl_rewards_json(const struct rl_sample *s, int n, int cap) {
+    json_t *arr = json_array();
+    int k = n < cap ? n : cap;
+    for (int j = 0; arr && j < k; j++) {
+        const struct rl_sample *x = &s[(int)((int64_t)j * n / k)]; /* evenly spaced when n > cap */
+        if (json_array_append_new(arr, !x->failed && isfinite(x->reward) ? json_real(x->reward) : json_null())) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+/* A sample's score from each verifier, by its metrics name (null where it failed). */
+static json_t *sample_scores(const struct reward_stage *rs, const struct rl_sample *x) {
+    json_t *o = json_object();
+    for (int v = 0; o && v < reward_stage_count(rs); v++)
+        json_object_set_new(o, reward_stage_name(rs, v), isfinite(x->scores[v]) ? json_real(x->scores[v])
+                                                                                  : json_null());
+    return o;
+}
+
+static json_t *sample_json(struct trainer_run *r, const struct rl_sample *x) {
+    char *prompt = NULL;
+    size_t len;
+    struct smelt_error ignore = {0};
+    const struct dataset_prompt *p = &r->train->prompts[x->row];
+    if (tokenizer_decode(r->tok, p->ids, (size_t)p->n, false, &prompt, &len, &ignore)) prompt = NULL;
+    json_t *o = json_pack("{s:o, s:o, s:o, s:s, s:I, s:o*}", "prompt",
+                          prompt ? json_string_lossy(prompt, len) : json_null(), "completion",
+                          json_string_lossy(x->text ? x->text : "", x->text ? strlen(x->text) : 0), "reward",
+                          !x->failed && isfinite(x->reward) ? json_real(x->reward) : json_null(), "finish_reason",
+                          x->finish_reason, "line", (json_int_t)p->line, "scores",
+                          sample_scores(r->rl->reward, x));
+    free(prompt);
+    return o;
+}
+
+/* A few samples of the iteration, for the page (the first of the first groups), and the
+ * rewards of all of them (bounded: the line stays small). */
 static void samples_line(struct trainer_run *r, int n) {
     struct rl_state *rl = r->rl;
     json_t *arr = json_array();
     int G = (int)r->spec->rl.num_generations;
     for (int i = 0; arr && i < n && json_array_size(arr) < 3; i += G) {
-        const struct rl_sample *x = &rl->samples[i];
-        char *prompt = NULL;
-        size_t len;
-        struct smelt_error ignore = {0};
-        const struct dataset_prompt *p = &r->train->prompts[x->row];
-        if (tokenizer_decode(r->tok, p->ids, (size_t)p->n, false, &prompt, &len, &ignore)) prompt = NULL;
-        json_t *o = json_pack("{s:o, s:o, s:o, s:s}", "prompt", prompt ? json_string_lossy(prompt, len) : json_null(),
-                              "completion", json_string_lossy(x->text ? x->text : "", x->text ? strlen(x->text) : 0),
-                              "reward",
-                              isfinite(x->reward) ? json_real(x->reward) : json_null(), "finish_reason",
-                              x->finish_reason);
-        free(prompt);
+        json_t *o = sample_json(r, &rl->samples[i]);
         if (o) json_array_append_new(arr, o);
     }
-    run_metrics_emit(r, json_pack("{s:s, s:I, s:o}", "type", "samples", "step", (json_int_t)r->step, "samples", arr));
+    run_metrics_emit(r, json_pack("{s:s, s:I, s:o, s:o*, s:I}", "type", "samples", "step", (json_int_t)r->step,
+                                  "samples", arr, "rewards", rl_rewards_json(rl->samples, n, RL_SAMPLES_REWARDS_KEPT),
+                                  "rewards_total", (json_int_t)n));
 }
 
 /* ---- the step (one iteration) and its validation ---- */

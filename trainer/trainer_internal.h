@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "model/model.h"
+#include "rewards/rewards.h"
 #include "trainer/trainer.h"
 
 struct run_algo;
@@ -155,6 +156,7 @@ struct rl_sample {
     int64_t version;            /* the policy version that generated it */
     char *text;                 /* the decoded completion (owned) */
     double reward;              /* NaN when its reward failed */
+    double scores[REWARD_MAX_VERIFIERS]; /* each verifier's score (reward_result.scores), for the samples line */
     bool failed;                /* its reward failed: not trained on */
     bool trained;               /* in the loss */
     double adv;                 /* its advantage (before REINFORCE++'s whitening) */
@@ -250,6 +252,12 @@ int rl_pending_save(const char *path, const struct rl_sample *s, int n, struct s
 int rl_pending_load(const char *path, const struct dataset *ds, int cap, struct rl_sample *out, int *n_out,
                     struct smelt_error *err);
 void rl_samples_clear(struct rl_sample *s, int n); /* frees what each owns, zeroes them */
+
+/* The samples line's reward distribution: the rewards of s[0..n) (null where failed), at
+ * most cap of them, evenly spaced over the iteration when n > cap. A new reference (NULL
+ * when out of memory). */
+#define RL_SAMPLES_REWARDS_KEPT 1024
+json_t *rl_rewards_json(const struct rl_sample *s, int n, int cap);
 
 /* rl_workers.c: the split placement's smelt-rollout processes (the file's comment says
  * how they are started, fed, watched and stopped). Owned by the RL state; every

@@ -272,6 +272,57 @@ static void read_reward_loss(const char *out, double *reward, double *loss) {
     for (int i = 0; i < 3; i++) cr_expect_eq(steps[i], i + 1, "train line %d at step %d", i, steps[i]);
 }
 
+/* The samples line's rewards: one per sample of the iteration, their min, mean and max
+ * those of its train line. */
+static void expect_reward_distribution(const json_t *sm, const json_t *train) {
+    const json_t *rw = json_object_get(sm, "rewards");
+    cr_assert(json_is_array(rw), "the samples line has no rewards");
+    cr_expect_eq(json_array_size(rw), 8);
+    cr_expect_eq(int_at(sm, "rewards_total"), 8);
+    double sum = 0, min = INFINITY, max = -INFINITY;
+    for (size_t k = 0; k < json_array_size(rw); k++) {
+        double v = json_number_value(json_array_get(rw, k));
+        cr_expect(v == 0 || v == 0.5 || v == 1, "reward %g", v);
+        sum += v;
+        min = fmin(min, v);
+        max = fmax(max, v);
+    }
+    cr_expect(fabs(sum / 8 - num_at(train, "reward")) < 1e-12, "rewards' mean %.17g, train line's %.17g", sum / 8,
+              num_at(train, "reward"));
+    cr_expect_eq(min, num_at(train, "reward_min"));
+    cr_expect_eq(max, num_at(train, "reward_max"));
+}
+
+/* A kept sample's score from each verifier, by name: the reward is their weighted sum. */
+static void expect_sample_scores(const json_t *x, double reward) {
+    const json_t *sc = json_object_get(x, "scores");
+    cr_assert(json_is_object(sc) && json_object_size(sc) == 2, "a sample's scores: %zu", json_object_size(sc));
+    double exact = num_at(sc, "exact_match"), regex = num_at(sc, "regex_match");
+    cr_expect((exact == 0 || exact == 1) && (regex == 0 || regex == 1), "scores %g, %g", exact, regex);
+    cr_expect_eq(0.5 * exact + 0.5 * regex, reward);
+}
+
+/* Bounded: at most cap rewards, evenly spaced over the iteration; a failed one is null. */
+Test(grpo, the_samples_lines_rewards_are_bounded) {
+    struct rl_sample s[10] = {0};
+    for (int i = 0; i < 10; i++) s[i].reward = i;
+    s[4].failed = true;
+    s[4].reward = NAN;
+    json_t *all = rl_rewards_json(s, 10, 16), *some = rl_rewards_json(s, 10, 4);
+    cr_assert(all && some);
+    cr_expect_eq(json_array_size(all), 10);
+    cr_expect(json_is_null(json_array_get(all, 4)));
+    cr_expect_eq(json_number_value(json_array_get(all, 9)), 9);
+    cr_expect_eq(json_array_size(some), 4);
+    const double want[4] = {0, 2, 5, 7}; /* indexes j * 10 / 4 */
+    for (int j = 0; j < 4; j++) cr_expect_eq(json_number_value(json_array_get(some, (size_t)j)), want[j], "entry %d", j);
+    json_decref(all);
+    json_decref(some);
+    json_t *none = rl_rewards_json(s, 0, 4);
+    cr_expect(json_is_array(none) && json_array_size(none) == 0);
+    json_decref(none);
+}
+
 Test(grpo, a_short_colocated_run_logs_every_iteration) {
     struct test_run_paths p;
     rl_test_setup(&p, 6);
@@ -317,13 +368,13 @@ Test(grpo, a_short_colocated_run_logs_every_iteration) {
         cr_expect(fabs(num_at(t, "ratio_mean") - 1) < 1e-3, "one step per iteration: ratios are 1, got %g",
                   num_at(t, "ratio_mean"));
     }
-    test_free_lines(tr, n_train);
 
     /* A samples line after each train line: the first sample of each group (2 here). */
     int n_samples = test_read_lines(p.out, "samples", sm, 8);
     cr_expect_eq(n_samples, 3);
     for (int i = 0; i < n_samples; i++) {
         cr_expect_eq(int_at(sm[i], "step"), i + 1);
+        expect_reward_distribution(sm[i], tr[i]);
         const json_t *arr = json_object_get(sm[i], "samples");
         cr_assert(json_is_array(arr));
         cr_expect_eq(json_array_size(arr), 2, "samples line %d holds %zu samples, not one per prompt (2)", i,
@@ -337,9 +388,13 @@ Test(grpo, a_short_colocated_run_logs_every_iteration) {
                       "a bad sample in line %d", i);
             double r = num_at(x, "reward");
             cr_expect(r == 0 || r == 0.5 || r == 1, "sample reward %g", r);
+            expect_sample_scores(x, r);
+            cr_expect(int_at(x, "line") >= 1 && int_at(x, "line") <= 6, "sample's prompt line %lld",
+                      (long long)int_at(x, "line"));
         }
     }
     test_free_lines(sm, n_samples);
+    test_free_lines(tr, n_train);
 
     cr_assert_eq(test_read_lines(p.out, "final", fin, 2), 1);
     double vr = num_at(fin[0], "val_reward"), va = num_at(fin[0], "val_accuracy");
