@@ -302,7 +302,7 @@ static void append_preference_summary(const json_t *line, const char *prefix, ch
 
 /* The RL loop's numbers (GRPO and PPO train lines) that an event's data carries, under
  * the line's names (a name the line lacks is left out). */
-static const char *const RL_METRICS[] = {"reward", "reward_std", "reward_max", "kl", "completions/mean_length",
+static const char *const RL_METRICS[] = {"reward", "reward_std", "reward_min", "reward_max", "kl", "completions/mean_length",
                                          "completions/clipped_ratio", "clip_ratio/region_mean",
                                          "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/kl",
                                          "iteration", "policy_version", "version_lag", "samples", "samples_failed",

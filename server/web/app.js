@@ -1,5 +1,5 @@
 /* smelt's status page: jobs and the queue, one job's live curves, events, checkpoints and
- * log, the cluster, files, and a form to start a job. Plain browser JavaScript, no build
+ * log, the cluster, files, and a form to start a job (an RL job's own view: rl.js). Plain browser JavaScript, no build
  * step. Everything from the API is inserted as text (textContent / text nodes), never as
  * HTML. API paths are relative so the page also works behind a path-prefix proxy. */
 'use strict';
@@ -378,9 +378,24 @@ const SERIES = [
   {chart: 'kl', name: 'rollout/trainer |Δlogprob|', keys: ['rollout/logprob_diff_mean']},
   {chart: 'length', name: 'length', keys: ['completions/mean_length', 'response_length', 'mean_response_length',
                                           'length', 'gen_len']},
+  // an RL iteration's rewards: the band of the train lines (each grader's mean is added by grader)
+  {chart: 'dist', name: 'min', keys: ['reward_min'], types: ['train', undefined]},
+  {chart: 'dist', name: 'mean', keys: ['reward'], types: ['train', undefined]},
+  {chart: 'dist', name: 'max', keys: ['reward_max'], types: ['train', undefined]},
+  {chart: 'dist', name: 'std', keys: ['reward_std'], types: ['train', undefined], axis: 'y2'},
+  // PPO's value model
+  {chart: 'critic', name: 'value loss', keys: ['critic/vf_loss']},
+  {chart: 'critic', name: 'value mean', keys: ['critic/vpred_mean']},
+  {chart: 'critic', name: 'returns mean', keys: ['critic/returns_mean']},
+  {chart: 'critic', name: 'value clip fraction', keys: ['critic/vf_clipfrac'], axis: 'y2'},
+  {chart: 'critic', name: 'explained variance', keys: ['critic/explained_variance', 'explained_variance'], axis: 'y2'},
 ];
-const CHARTS = ['loss', 'lr', 'grad', 'tps', 'reward', 'kl', 'length'];
-const OPTIONAL_CHARTS = new Set(['reward', 'kl', 'length']);
+const CHARTS = ['loss', 'lr', 'grad', 'tps', 'reward', 'kl', 'length', 'dist', 'critic'];
+const OPTIONAL_CHARTS = new Set(['reward', 'kl', 'length', 'dist', 'critic']);
+const Y2_TITLES = {loss: 'margin / accuracy', dist: 'std', critic: 'fraction'};
+/* A train line's per-grader (per-verifier) mean reward: one curve per grader on the reward chart. */
+const GRADER_KEY = /^rewards\/(.+)\/mean$/;
+const RL_METHODS = new Set(['grpo', 'ppo', 'reinforcement']);
 const COLORS = ['#2563eb', '#dc2626', '#059669', '#d97706', '#7c3aed', '#0891b2', '#65a30d', '#db2777'];
 
 const charts = {};        // chart name -> {chart (Chart or null), series: [{name, points: Map step->value}]}
@@ -400,9 +415,7 @@ function resetCharts() {
     if (OPTIONAL_CHARTS.has(name)) $(name + '-chart-figure').hidden = true;
   }
   $('charts-unavailable').hidden = chartsAvailable();
-  state.samplesStep = 0;
-  $('samples').tBodies[0].replaceChildren();
-  $('samples-figure').hidden = true;
+  resetRlView();
 }
 
 function ensureChart(name) {
@@ -425,52 +438,55 @@ function ensureChart(name) {
         y: {type: 'linear', ticks: {callback: (v) => fmtNumber(v)}},
         // shown only while a series is drawn on it (DPO's margin and accuracy)
         y2: {type: 'linear', position: 'right', display: 'auto', grid: {drawOnChartArea: false},
-             title: {display: true, text: 'margin / accuracy'}, ticks: {callback: (v) => fmtNumber(v)}},
+             title: {display: true, text: Y2_TITLES[name] || ''}, ticks: {callback: (v) => fmtNumber(v)}},
       },
     },
   });
 }
 
-/* An RL iteration's samples line (prompt, completion, reward): the newest one is shown. */
-function showSamples(step, samples) {
-  if (!Array.isArray(samples) || (state.samplesStep || 0) > step) return;
-  state.samplesStep = step;
-  const rows = samples.map((x) => el('tr', {},
-    el('td', {}, String(step)),
-    el('td', {class: 'mono'}, String(x.prompt ?? '')),
-    el('td', {class: 'mono'}, String(x.completion ?? '')),
-    el('td', {}, fmtNumber(x.reward)),
-    el('td', {}, String(x.finish_reason ?? ''))));
-  $('samples').tBodies[0].replaceChildren(...rows);
-  $('samples-figure').hidden = rows.length === 0;
-}
-
 /* One metrics record (a metrics.jsonl line or an event's data) at `step`. */
 function absorbMetrics(step, record) {
   if (!Number.isInteger(step) || !record || typeof record !== 'object') return;
-  if (record.type === 'samples') {
-    showSamples(step, record.samples);
+  if (record.type === 'samples' || record.type === 'sample_errors') {
+    absorbRlIteration(step, record);
     return;
   }
   for (const s of SERIES) {
     if (s.types && !s.types.includes(record.type)) continue;
     const key = s.keys.find((k) => typeof record[k] === 'number' && isFinite(record[k]));
-    if (key === undefined) continue;
-    const c = charts[s.chart];
-    let series = c.series.find((x) => x.name === s.name);
-    if (!series) {
-      series = {name: s.name, axis: s.axis || 'y', points: new Map()};
-      c.series.push(series);
-    }
-    series.points.set(step, record[key]);  // keyed by step: history and stream may overlap
-    if (OPTIONAL_CHARTS.has(s.chart)) $(s.chart + '-chart-figure').hidden = false;
-    chartsDirty = true;
+    if (key !== undefined) addPoint(s.chart, s.name, s.axis, step, record[key]);
   }
+  if (record.type === 'train' || record.type === undefined) absorbGraderRewards(step, record);
+  if (typeof record.val_reward === 'number') absorbEvalRun(step, record);
   if (typeof record.total_steps === 'number' && record.total_steps > 0 && state.selected)
     state.selected.totalSteps = record.total_steps;
   if (state.selected && step > (state.selected.lastStep || 0) && record.type !== 'start')
     state.selected.lastStep = step;
   scheduleChartDraw();
+}
+
+function addPoint(chart, name, axis, step, value) {
+  const c = charts[chart];
+  let series = c.series.find((x) => x.name === name);
+  if (!series) {
+    series = {name, axis: axis || 'y', points: new Map()};
+    c.series.push(series);
+  }
+  series.points.set(step, value);  // keyed by step: history and stream may overlap
+  if (OPTIONAL_CHARTS.has(chart)) $(chart + '-chart-figure').hidden = false;
+  chartsDirty = true;
+}
+
+/* rewards/<grader>/mean -> a curve named after the grader beside the total reward (a
+ * grader named like a fixed curve gets " (grader)"). */
+function absorbGraderRewards(step, record) {
+  const fixed = new Set(SERIES.filter((s) => s.chart === 'reward').map((s) => s.name));
+  for (const [k, v] of Object.entries(record)) {
+    const m = GRADER_KEY.exec(k);
+    if (!m || typeof v !== 'number' || !isFinite(v)) continue;
+    addPoint('reward', fixed.has(m[1]) ? m[1] + ' (grader)' : m[1], 'y', step, v);
+    showRlView();
+  }
 }
 
 let drawPending = false;
@@ -485,6 +501,7 @@ function scheduleChartDraw() {
 
 function drawCharts() {
   chartsDirty = false;
+  drawHistogram();
   for (const name of CHARTS) {
     const c = charts[name];
     let total = 0;
@@ -614,6 +631,7 @@ function renderJobFields(sel) {
   const hp = j.hyperparameters || {};
   const dev = j.devices && j.devices.length ? (j.agent || '?') + ' [' + j.devices.join(', ') + ']' : null;
   const q = state.queue.get(j.id);
+  if (j.method && RL_METHODS.has(j.method.type)) showRlView();
   const parts = [
     ...field('Model', j.model),
     ...field('Method', j.method && j.method.type),
@@ -1013,6 +1031,7 @@ function init() {
   $('resume-job').addEventListener('click', () => jobAction('resume'));
   $('upload-form').addEventListener('submit', uploadFile);
   $('submit-form').addEventListener('submit', submitJob);
+  initRlView();
   initKey();
 }
 

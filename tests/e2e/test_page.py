@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from smeltd_harness import ADMIN_KEY, TRAIN_FILE, Smeltd, make_models_dir  # noqa: E402
+from smeltd_harness import ADMIN_KEY, TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = pathlib.Path(__file__).resolve().parent / "artifacts"
@@ -28,6 +28,11 @@ JOB_REQUEST = {
     "data": {"max_seq_len": 32},
     "suffix": "e2e",
 }
+# A tiny GRPO job (3 iterations of 4 prompts x 4 samples) with two verifiers and evaluations.
+GRPO_HP = {"batch_size": 4, "num_generations": 4, "max_new_tokens": 4, "max_iterations": 3,
+           "learning_rate_multiplier": 10, "kv_memory_mb": 4, "beta": 0}
+GRPO_REWARD = {"verifiers": [{"type": "exact_match", "extract": {"type": "full"}},
+                             {"type": "length_penalty", "max_tokens": 4, "cache_tokens": 1, "weight": 0.5}]}
 
 try:
     from selenium import webdriver
@@ -47,7 +52,8 @@ def smeltd(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smeltd")
     data_dir = tmp / "data"
     data_dir.mkdir()
-    server = Smeltd(str(data_dir), make_models_dir(str(tmp))).start()
+    # two CPU slots: the RL job runs beside the supervised one
+    server = Smeltd(str(data_dir), make_models_dir(str(tmp)), ["--cpu-slots", "2"]).start()
     try:
         yield server
         crashed = server.proc.poll()
@@ -65,6 +71,34 @@ def training_job(smeltd):
     assert status == 200 and f["status"] == "processed", f
     status, job = smeltd.request("POST", "/v1/fine_tuning/jobs", dict(JOB_REQUEST, training_file=f["id"]))
     assert status == 200, f"job create refused: {job}"
+    return job
+
+
+def prompts_file(path, n):
+    """The first n sums of an addition file as prompts rows with their answer."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            rows.append(json.dumps({"prompt": row["prompt"], "answer": row["completion"]}))
+            if len(rows) == n:
+                break
+    return ("\n".join(rows) + "\n").encode()
+
+
+@pytest.fixture(scope="module")
+def grpo_job(smeltd):
+    """A tiny GRPO job, for the RL view."""
+    ids = []
+    for path, n, name in ((TRAIN_FILE, 32, "grpo_train.jsonl"), (VAL_FILE, 8, "grpo_val.jsonl")):
+        status, f = smeltd.upload_bytes(prompts_file(path, n), name)
+        assert status == 200 and f["status"] == "processed", f
+        ids.append(f["id"])
+    status, job = smeltd.request("POST", "/v1/fine_tuning/jobs", {
+        "model": "tiny", "training_file": ids[0], "validation_file": ids[1], "seed": 5, "model_init": "random",
+        "method": {"type": "grpo", "grpo": {"hyperparameters": GRPO_HP, "reward": GRPO_REWARD}},
+        "eval": {"every_steps": 2, "accuracy_examples": 8}})
+    assert status == 200, f"grpo job create refused: {job}"
     return job
 
 
@@ -161,7 +195,8 @@ def test_training_job_live(browser, smeltd, training_job):
     assert drawn >= 3, f"Chart.js holds {drawn} loss points"
     for chart in ("lr-chart", "grad-chart", "tps-chart"):
         assert int(browser.find_element(By.ID, chart).get_attribute("data-points")) > 0, chart
-    for hidden in ("reward-chart-figure", "kl-chart-figure", "length-chart-figure"):
+    for hidden in ("reward-chart-figure", "kl-chart-figure", "length-chart-figure", "dist-chart-figure",
+                   "hist-chart-figure", "critic-chart-figure", "rl-view"):
         assert not browser.find_element(By.ID, hidden).is_displayed(), f"{hidden} shows without RL metrics"
     events = browser.find_elements(By.CSS_SELECTOR, "#events li")
     assert any("Job queued" in e.text for e in events), [e.text for e in events][:5]
@@ -174,6 +209,7 @@ def test_training_job_live(browser, smeltd, training_job):
              "all 30 steps on the chart and the fine-tuned model", smeltd)
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr"), 15, "a checkpoint", smeltd)
     wait_for(browser, lambda d: "ended" in text_of(d, "stream-status"), 15, "the stream's end", smeltd)
+    assert not browser.find_element(By.ID, "rl-view").is_displayed(), "a supervised job shows the RL view"
     assert text_of(browser, "log").strip(), "the log tail is shown"
     assert browser.find_element(By.ID, "cancel-job").get_attribute("disabled"), "an ended job cannot be cancelled"
     assert not browser.find_element(By.ID, "errors").is_displayed(), text_of(browser, "errors")
@@ -359,6 +395,128 @@ def test_dpo_metrics_share_the_loss_chart(browser, smeltd):
                               "val. reward margin": "y2", "val. preference accuracy": "y2"}, axes
     assert all(browser.find_element(By.ID, f).get_property("hidden")
                for f in ("reward-chart-figure", "kl-chart-figure")), "the RL charts stay hidden"
+
+
+def set_control(browser, element_id, value, event):
+    """Sets an input's or select's value and fires its event (the RL view is inside the hidden job detail)."""
+    browser.execute_script("const e = document.getElementById(arguments[0]); e.value = arguments[1];"
+                           "e.dispatchEvent(new Event(arguments[2]));", element_id, value, event)
+
+
+def rows_text(browser, table_id):
+    return [[c.get_attribute("textContent") for c in r.find_elements(By.TAG_NAME, "td")]
+            for r in browser.find_elements(By.CSS_SELECTOR, f"#{table_id} tbody tr")]
+
+
+def series_names(browser, chart):
+    return browser.execute_script(f"return charts[{json.dumps(chart)}].series.map((s) => s.name)")
+
+
+EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+
+
+def test_rl_view_samples_search_and_escaping(browser, smeltd):
+    """Per-grader curves, the reward band, the samples of each iteration by iteration and
+    search, the reward errors and the evaluation runs, from records as the trainer writes
+    them; a completion with markup is shown as text."""
+    open_page(browser, smeltd)
+    assert browser.find_element(By.ID, "rl-view").get_property("hidden")
+    browser.execute_script(
+        "absorbMetrics(0, {type: 'eval', val_reward: 0.25, val_accuracy: 0, val_samples: 8, val_samples_failed: 1,"
+        " val_samples_graded_zero: 0});"
+        "absorbMetrics(1, {type: 'train', loss: 0, reward: 0.5, reward_min: 0, reward_max: 1, reward_std: 0.5,"
+        " 'rewards/exact/mean': 0.25, 'rewards/reward/mean': 0.75});"
+        "absorbMetrics(1, {type: 'samples', rewards: [0, 1, 1, null], rewards_total: 4, samples: ["
+        " {prompt: 'apple>', completion: 'elppa', reward: 1, finish_reason: 'stop', line: 1,"
+        "  scores: {exact: 1, reward: 1}},"
+        " {prompt: 'pear>', completion: arguments[0], reward: 0, finish_reason: 'length', line: 2,"
+        "  scores: {exact: 0, reward: null}}]});"
+        "absorbMetrics(2, {type: 'samples', rewards: [0.5, 0.5], samples: [{prompt: 'plum>', completion: 'mulp',"
+        " reward: null, finish_reason: 'stop', line: 3, scores: {exact: null, reward: null}}]});"
+        "absorbMetrics(2, {type: 'sample_errors', count: 1, failed: 1, zeroed: 0, errors: [{line: 3,"
+        " error: 'endpoint: HTTP 500 from the reward service'}]});", EVIL)
+    assert not browser.find_element(By.ID, "rl-view").get_property("hidden")
+    assert series_names(browser, "reward") == ["val. reward", "val. accuracy", "reward", "exact", "reward (grader)"]
+    assert series_names(browser, "dist") == ["min", "mean", "max", "std"]
+    # the newest iteration first: its sample failed, its error listed
+    rows = rows_text(browser, "samples")
+    assert rows == [["2", "plum>", "mulp", "failed", "exact failed, reward failed", "stop"]], rows
+    assert rows_text(browser, "sample-errors") == [["2", "3", "failed: left out",
+                                                    "endpoint: HTTP 500 from the reward service"]]
+    wait_for(browser, lambda d: d.find_element(By.ID, "hist-chart").get_attribute("data-points") == "2", 5,
+             "the histogram of iteration 2")
+    set_control(browser, "samples-step", "1", "change")
+    rows = rows_text(browser, "samples")
+    assert [r[2] for r in rows] == ["elppa", EVIL] and rows[1][4] == "exact 0, reward failed", rows
+    assert browser.find_element(By.ID, "sample-errors").get_property("hidden"), "iteration 1 had no reward errors"
+    wait_for(browser, lambda d: d.find_element(By.ID, "hist-chart").get_attribute("data-points") == "4", 5,
+             "the histogram of iteration 1")
+    assert "1 failed" in browser.find_element(By.ID, "hist-chart-last").get_attribute("textContent")
+    # markup in a completion is text: no element made from it, nothing ran
+    assert not browser.find_elements(By.CSS_SELECTOR, "#samples img, #samples script")
+    assert browser.execute_script("return window.__pwned === undefined")
+    # search over every iteration: prompt, completion, grader and error text
+    set_control(browser, "samples-step", "all", "change")
+    assert len(rows_text(browser, "samples")) == 3
+    set_control(browser, "samples-search", "PPA", "input")
+    assert [r[1] for r in rows_text(browser, "samples")] == ["apple>"]
+    assert "1 of 3 samples match" in browser.find_element(By.ID, "samples-count").get_attribute("textContent")
+    set_control(browser, "samples-search", "<script>", "input")
+    assert [r[1] for r in rows_text(browser, "samples")] == ["pear>"]
+    set_control(browser, "samples-search", "http 500", "input")
+    assert rows_text(browser, "samples") == [] and len(rows_text(browser, "sample-errors")) == 1
+    set_control(browser, "samples-search", "", "input")
+    assert rows_text(browser, "eval-runs") == [["0", "0.25", "0", "8", "1", "0"]]
+
+
+def test_ppo_critic_chart(browser, smeltd):
+    open_page(browser, smeltd)
+    assert browser.find_element(By.ID, "critic-chart-figure").get_property("hidden")
+    browser.execute_script("absorbMetrics(1, {type: 'train', reward: 0.5, 'critic/vf_loss': 0.3,"
+                           " 'critic/vpred_mean': 0.1, 'critic/returns_mean': 0.4, 'critic/vf_clipfrac': 0.05})")
+    assert not browser.find_element(By.ID, "critic-chart-figure").get_property("hidden")
+    assert series_names(browser, "critic") == ["value loss", "value mean", "returns mean", "value clip fraction"]
+
+
+def test_grpo_job_rl_view(browser, smeltd, grpo_job):
+    """A real GRPO job: the page's curves, evaluation runs and samples are the API's."""
+    job_id = grpo_job["id"]
+    job = smeltd.wait_job(job_id, ("succeeded", "failed", "cancelled"), timeout=TRAIN_WAIT_S)
+    assert job["status"] == "succeeded", (job, smeltd.read_log())
+    status, page = smeltd.request("GET", f"/v1/fine_tuning/jobs/{job_id}/metrics?limit=1000")
+    assert status == 200, page
+    lines = [dict(r["data"], type=r["type"], step=r["step"]) for r in page["data"]]
+    train = [x for x in lines if x["type"] == "train"]
+    samples = {x["step"]: x for x in lines if x["type"] == "samples"}
+    evals = sorted(x["step"] for x in lines if x["type"] == "eval")
+    graders = sorted({k.split("/")[1] for x in train for k in x if k.startswith("rewards/") and k.endswith("/mean")})
+    assert len(train) == 3 and sorted(samples) == [1, 2, 3] and evals and graders, (train, samples, evals)
+
+    open_page(browser, smeltd, ADMIN_KEY)
+    row = f'#jobs-table tr[data-job-id="{job_id}"]'
+    wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, row).click() or True, 15, "a click on the RL job")
+    wait_for(browser, lambda d: d.find_element(By.ID, "rl-view").is_displayed(), 15, "the RL view", smeltd)
+    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#samples-step option")) == 5, 15,
+             "newest, all and the 3 iterations in the selector", smeltd)
+    names = series_names(browser, "reward")
+    assert set(names) == {"reward", "val. reward", "val. accuracy", *graders}, names
+    assert set(series_names(browser, "dist")) == {"min", "mean", "max", "std"}
+    assert int(browser.find_element(By.ID, "reward-chart").get_attribute("data-points")) >= 3 * (1 + len(graders))
+    set_control(browser, "samples-step", "2", "change")
+    want = samples[2]["samples"]
+    rows = rows_text(browser, "samples")
+    assert [r[1:3] for r in rows] == [[x["prompt"], x["completion"]] for x in want], (rows, want)
+    for r, x in zip(rows, want):
+        assert r[4] == ", ".join(f"{g} " + browser.execute_script("return fmtNumber(arguments[0])", v)
+                                 for g, v in x["scores"].items()), (r, x)
+    assert browser.find_element(By.ID, "hist-chart").get_attribute("data-points") == str(len(samples[2]["rewards"]))
+    needle = want[0]["prompt"]
+    set_control(browser, "samples-search", needle, "input")
+    shown = rows_text(browser, "samples")
+    assert shown and all(needle.lower() in (r[1] + r[2]).lower() for r in shown), shown
+    shown_evals = [int(r[0].split()[0]) for r in rows_text(browser, "eval-runs")]
+    assert set(evals) <= set(shown_evals), (evals, shown_evals)
+    assert not severe_console_errors(browser)
 
 
 def test_page_works_without_chartjs(browser, smeltd, training_job):
