@@ -1,7 +1,7 @@
 /* OpenAI-style graders: the spec's "grader" object read into a tree (a string_check,
- * text_similarity or python grader, or a multi grader over named ones and a formula),
- * written back, and run on one sample at a time (python graders on the whole batch
- * first, in their sandboxes: python_grader.c). Errors name the field's path as OpenAI
+ * text_similarity, python or reward_model grader, or a multi grader over named ones and
+ * a formula), written back, and run on one sample at a time (python graders and reward
+ * models on the whole batch first: python_grader.c, reward_model_grader.c). Errors name the field's path as OpenAI
  * does ("grader.graders.acc.operation"). */
 #include "rewards/graders_internal.h"
 
@@ -14,8 +14,8 @@
 #include "rewards/rewards_internal.h"
 #include "rewards/sandbox_internal.h"
 
-static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python"};
-#define N_TYPES 4
+static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python", "reward_model"};
+#define N_TYPES 5
 static const char *const OPERATIONS[] = {"eq", "ne", "like", "ilike"};
 static const char *const METRICS[] = {"fuzzy_match", "bleu",    "gleu",    "rouge_1", "rouge_2",
                                       "rouge_3",     "rouge_4", "rouge_5", "rouge_l"};
@@ -42,8 +42,8 @@ static int parse_type(const json_t *obj, const char *w, bool nested, struct rewa
         if (strcmp(type, TYPE_NAMES[t]) == 0) {
             if (t == GRADER_MULTI && nested)
                 return error_set_field(err, SMELT_EINVAL, "type",
-                                       "%s.type: a multi grader's graders are string_check, text_similarity or "
-                                       "python graders, not another multi (OpenAI's shape)",
+                                       "%s.type: a multi grader's graders are string_check, text_similarity, "
+                                       "python or reward_model graders, not another multi (OpenAI's shape)",
                                        w);
             g->type = (enum grader_type)t;
             return SMELT_OK;
@@ -54,8 +54,8 @@ static int parse_type(const json_t *obj, const char *w, bool nested, struct rewa
                                "text_similarity, python, multi)",
                                w, type);
     return error_set_field(err, SMELT_EINVAL, "type",
-                           "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, python, multi)", w,
-                           type);
+                           "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, python, "
+                           "reward_model, multi)", w, type);
 }
 
 static int parse_name(const json_t *obj, const char *w, struct reward_grader *g, struct smelt_error *err) {
@@ -171,12 +171,14 @@ static int parse_grader(const json_t *obj, const char *w, bool nested, struct re
     if (!json_is_object(obj))
         return error_set(err, SMELT_EINVAL, "%s: expected a grader object like {\"type\": \"string_check\", ...}", w);
     TRY(parse_type(obj, w, nested, g, err));
-    static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS, PYTHON_KEYS};
+    static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS, PYTHON_KEYS,
+                                              GRADER_RM_KEYS};
     TRY(json_check_keys(obj, KEYS[g->type], w, err));
     TRY(parse_name(obj, w, g, err));
     if (g->type == GRADER_STRING_CHECK) return parse_string_check(obj, w, g, err);
     if (g->type == GRADER_TEXT_SIMILARITY) return parse_text_similarity(obj, w, g, err);
     if (g->type == GRADER_PYTHON) return grader_python_parse(obj, w, g, err);
+    if (g->type == GRADER_REWARD_MODEL) return grader_rm_parse(obj, w, g, err);
     return parse_multi(obj, w, g, err);
 }
 
@@ -205,6 +207,7 @@ static void grader_clear(struct reward_grader *g) {
     grader_template_free(&g->reference);
     grader_formula_free(&g->formula);
     grader_python_free(g->py);
+    grader_rm_free(g->rm);
 }
 
 void reward_grader_free(struct reward_grader *g) {
@@ -226,6 +229,8 @@ json_t *reward_grader_to_json(const struct reward_grader *g) {
         for (int k = 0; k < g->n_sub && !bad; k++) bad |= reward_json_set(subs, g->sub[k].metric, reward_grader_to_json(&g->sub[k]));
         bad |= reward_json_set(obj, "graders", subs);
         bad |= reward_json_set(obj, "calculate_output", json_string(g->formula.src));
+    } else if (g->type == GRADER_REWARD_MODEL) {
+        bad |= grader_rm_to_json(g->rm, obj);
     } else if (g->type == GRADER_PYTHON) {
         bad |= grader_python_to_json(g->py, obj);
         if (g->has_pass_threshold) bad |= reward_json_set(obj, "pass_threshold", json_real(g->pass_threshold));
@@ -299,8 +304,10 @@ static void score_python(const struct reward_grader *g, int i, double *score, ch
     describe_failure(g, what, warning, warning_n);
 }
 
-/* A string_check, text_similarity or python grader on the sample of x->ctx (sample i). */
+/* A string_check, text_similarity, python or reward_model grader on the sample of x->ctx
+ * (sample i). */
 static int score_leaf(const struct reward_grader *g, struct scratch *x, double *score, char *why, size_t why_n) {
+    if (g->type == GRADER_REWARD_MODEL) return grader_rm_result(g->rm, x->i, score, why, why_n);
     if (g->type == GRADER_PYTHON) {
         score_python(g, x->i, score, x->warning, x->warning_n);
         return SMELT_OK;
@@ -356,7 +363,8 @@ int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, 
 }
 
 static int check_leaf(const struct reward_grader *g, struct grader_context *c, struct smelt_error *err) {
-    if (g->type == GRADER_PYTHON) return SMELT_OK; /* grade() reads whatever it likes of the row */
+    /* grade() reads whatever it likes of the row; a reward model reads none of it */
+    if (g->type == GRADER_PYTHON || g->type == GRADER_REWARD_MODEL) return SMELT_OK;
     const struct grader_template *t[2] = {&g->input, &g->reference};
     for (int k = 0; k < 2; k++) {
         const char *field = NULL;
@@ -381,6 +389,7 @@ int reward_grader_check_row(const struct reward_grader *g, const char *answer, c
 /* The python graders of the tree, each on the whole batch. */
 int reward_grader_prepare(struct reward_grader *g, const struct reward_sample *samples, int n,
                           struct smelt_error *err) {
+    TRY(grader_rm_prepare(g, samples, n, err));
     struct reward_grader *py[1 + GRADER_MAX_SUB];
     int n_py = 0;
     if (g->type == GRADER_PYTHON) py[n_py++] = g;
