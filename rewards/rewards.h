@@ -110,7 +110,8 @@ void reward_stage_free(struct reward_stage *stage); /* NULL is fine */
  * SMELT_EINVAL only for bad arguments (n < 0, NULL arrays, a NULL completion), before
  * anything is scored, SMELT_ENOMEM when a grader runs out of memory, and SMELT_EBACKEND
  * when a python grader's sandboxes cannot be started at all (fork, pipes, no free
- * sandbox uid); per-sample problems go in out[i]. */
+ * sandbox uid); a reward-model scorer's own failure (its code: memory, the backend);
+ * per-sample problems go in out[i]. */
 int reward_stage_score(struct reward_stage *stage, const struct reward_sample *samples, int n,
                        struct reward_result *out, struct smelt_error *err);
 
