@@ -94,6 +94,20 @@ static struct reward_stage *scored_stage(const char *spec_text, const struct rew
     return st;
 }
 
+/* The stage of a reward_model grader on dir with more fields (", \"batch_size\": 4"). */
+static struct reward_stage *rm_stage(const char *dir, const char *more, const struct reward_scorer_config *config) {
+    char spec[1200];
+    snprintf(spec, sizeof spec, "{\"grader\": {\"type\": \"reward_model\", \"model\": \"%s\"%s}}", dir, more);
+    return scored_stage(spec, config);
+}
+
+/* got (sample i's reward, scored) within 1e-6 of want, a direct forward's. */
+static void expect_near(const struct reward_result *got, double want, const char *what, int i) {
+    cr_expect(!got->failed, "%s %d: %s", what, i, got->error);
+    cr_expect(fabs(got->reward - want) <= 1e-6 * (1 + fabs(want)), "%s %d: %.9g, direct forward %.9g", what, i,
+              got->reward, want);
+}
+
 static void score_all(struct reward_stage *st, const struct reward_sample *s, int n, struct reward_result *out) {
     struct smelt_error err = {0};
     TEST_OK(reward_stage_score(st, s, n, out, &err), &err);
@@ -108,13 +122,12 @@ static const char *const RESPONSES[] = {"ba", "z", "bab", "a much longer respons
 
 Test(reward_model_grader, scores_equal_a_direct_forward_of_the_trained_tokens) {
     test_tmp_setup();
-    char dir[600], spec[900];
+    char dir[600];
     make_classifier_dir(test_tmp_path(dir, sizeof dir, "rm"));
     struct tokenizer *tok;
     struct chat_template tmpl;
     struct dataset *ds = trained_inputs(dir, "\"ab>\"", RESPONSES, N_RESPONSES, false, &tok, &tmpl);
-    snprintf(spec, sizeof spec, "{\"grader\": {\"type\": \"reward_model\", \"model\": \"%s\"}}", dir);
-    struct reward_stage *st = scored_stage(spec, &RAW);
+    struct reward_stage *st = rm_stage(dir, "", &RAW);
     struct reward_sample s[N_RESPONSES];
     struct reward_result out[N_RESPONSES];
     for (int i = 0; i < N_RESPONSES; i++) s[i] = (struct reward_sample){.prompt = "ab>", .completion = RESPONSES[i]};
@@ -126,9 +139,7 @@ Test(reward_model_grader, scores_equal_a_direct_forward_of_the_trained_tokens) {
     for (int i = 0; i < N_RESPONSES; i++) {
         const struct dataset_example *ex = &ds->examples[2 * i];
         double want = direct_score(m, ex->ids, ex->n);
-        cr_expect(!out[i].failed, "%s", out[i].error);
-        cr_expect(fabs(out[i].reward - want) <= 1e-6 * (1 + fabs(want)), "\"%s\": %.9g, direct forward %.9g",
-                  RESPONSES[i], out[i].reward, want);
+        expect_near(&out[i], want, "response", i);
         cr_expect_eq(out[i].scores[0], out[i].reward);
         if (i == 0) first = want;
         else cr_expect(fabs(want - first) > 1e-4, "\"%s\" scores as \"%s\": the test tells nothing", RESPONSES[i],
@@ -139,9 +150,7 @@ Test(reward_model_grader, scores_equal_a_direct_forward_of_the_trained_tokens) {
     struct reward_sample empty = {.prompt = "ab>", .completion = ""};
     score_all(st, &empty, 1, out);
     int32_t ids[5] = {256, 'a', 'b', '>', 257};
-    double want = direct_score(m, ids, 5);
-    cr_expect(!out[0].failed && fabs(out[0].reward - want) <= 1e-6 * (1 + fabs(want)), "empty: %.9g, direct %.9g",
-              out[0].reward, want);
+    expect_near(&out[0], direct_score(m, ids, 5), "the empty completion", 0);
     model_free(m);
     reward_stage_free(st);
     dataset_free(ds);
@@ -151,7 +160,7 @@ Test(reward_model_grader, scores_equal_a_direct_forward_of_the_trained_tokens) {
 
 Test(reward_model_grader, chat_prompts_are_read_as_the_pairs_were_trained) {
     test_tmp_setup();
-    char dir[600], spec[900];
+    char dir[600];
     make_classifier_dir(test_tmp_path(dir, sizeof dir, "rm"));
     struct tokenizer *tok;
     struct chat_template plain;
@@ -162,8 +171,7 @@ Test(reward_model_grader, chat_prompts_are_read_as_the_pairs_were_trained) {
      * policy generated " ba" after plain's "Assistant:" */
     struct reward_scorer_config chat = RAW;
     chat.policy_chat = &plain;
-    snprintf(spec, sizeof spec, "{\"grader\": {\"type\": \"reward_model\", \"model\": \"%s\"}}", dir);
-    struct reward_stage *st = scored_stage(spec, &chat);
+    struct reward_stage *st = rm_stage(dir, "", &chat);
     const char *messages = "[{\"role\":\"user\",\"content\":\"ab>\"}]";
     struct reward_sample s[3] = {{.prompt_messages = messages, .completion = " ba"},
                                  {.prompt_messages = messages, .completion = "ba"},
@@ -175,18 +183,13 @@ Test(reward_model_grader, chat_prompts_are_read_as_the_pairs_were_trained) {
     TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
     double want[2] = {direct_score(m, ds->examples[0].ids, ds->examples[0].n),
                       direct_score(m, ds->examples[2].ids, ds->examples[2].n)};
-    for (int i = 0; i < 3; i++) {
-        double w = want[i == 2];
-        cr_expect(!out[i].failed, "%s", out[i].error);
-        cr_expect(fabs(out[i].reward - w) <= 1e-6 * (1 + fabs(w)), "sample %d: %.9g, direct forward %.9g", i,
-                  out[i].reward, w);
-    }
+    for (int i = 0; i < 3; i++) expect_near(&out[i], want[i == 2], "sample", i);
     cr_expect(fabs(want[0] - want[1]) > 1e-4);
     model_free(m);
     reward_stage_free(st);
 
     /* no template anywhere: a message-list prompt fails its sample, saying so */
-    st = scored_stage(spec, &RAW);
+    st = rm_stage(dir, "", &RAW);
     score_all(st, s, 1, out);
     cr_expect(out[0].failed && isnan(out[0].reward));
     cr_expect(strstr(out[0].error, "grader (reward_model): the reward model cannot read the sample") &&
@@ -203,7 +206,7 @@ Test(reward_model_grader, chat_prompts_are_read_as_the_pairs_were_trained) {
 
 Test(reward_model_grader, batching_does_not_change_scores) {
     test_tmp_setup();
-    char dir[600], spec[900];
+    char dir[600], more[64];
     make_classifier_dir(test_tmp_path(dir, sizeof dir, "rm"));
     enum { N = 11 };
     struct reward_sample s[N];
@@ -217,16 +220,15 @@ Test(reward_model_grader, batching_does_not_change_scores) {
     static const int sizes[] = {1, 3, 4, 16};
     double base[N];
     for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++) {
-        snprintf(spec, sizeof spec, "{\"grader\": {\"type\": \"reward_model\", \"model\": \"%s\", \"batch_size\": %d}}",
-                 dir, sizes[b]);
-        struct reward_stage *st = scored_stage(spec, &RAW);
+        snprintf(more, sizeof more, ", \"batch_size\": %d", sizes[b]);
+        struct reward_stage *st = rm_stage(dir, more, &RAW);
         struct reward_result out[N];
         score_all(st, s, N, out);
+        char what[48];
+        snprintf(what, sizeof what, "in batches of %d against alone, sample", sizes[b]);
         for (int i = 0; i < N; i++) {
-            cr_assert(!out[i].failed, "%s", out[i].error);
             if (b == 0) base[i] = out[i].reward;
-            cr_expect(fabs(out[i].reward - base[i]) <= 1e-6 * (1 + fabs(base[i])),
-                      "sample %d in batches of %d: %.9g, alone %.9g", i, sizes[b], out[i].reward, base[i]);
+            expect_near(&out[i], base[i], what, i);
         }
         reward_stage_free(st);
     }
@@ -235,24 +237,20 @@ Test(reward_model_grader, batching_does_not_change_scores) {
 
 Test(reward_model_grader, max_length_keeps_the_first_tokens) {
     test_tmp_setup();
-    char dir[600], spec[900];
+    char dir[600];
     make_classifier_dir(test_tmp_path(dir, sizeof dir, "rm"));
-    /* bos + "ab>" + "ba" is 6 tokens: cut to 5, the eos goes; to 4, "a" of the response too */
+    /* [bos] + "ab>" + "b..." + [eos]: 6 tokens or more, of which 5 are kept */
     struct reward_sample s[3] = {{.prompt = "ab>", .completion = "ba"}, {.prompt = "ab>", .completion = "b"},
                                  {.prompt = "ab>", .completion = "bX"}};
     struct reward_result out[3];
-    snprintf(spec, sizeof spec, "{\"grader\": {\"type\": \"reward_model\", \"model\": \"%s\", \"max_length\": 5}}",
-             dir);
-    struct reward_stage *st = scored_stage(spec, &RAW);
+    struct reward_stage *st = rm_stage(dir, ", \"max_length\": 5", &RAW);
     score_all(st, s, 3, out);
     struct smelt_error err = {0};
     struct model *m;
     TEST_OK(model_load(dir, BACKEND_CPU, &m, &err), &err);
     int32_t ids[5] = {256, 'a', 'b', '>', 'b'};
     double want = direct_score(m, ids, 5);
-    for (int i = 0; i < 3; i++)
-        cr_expect(fabs(out[i].reward - want) <= 1e-6 * (1 + fabs(want)), "sample %d: %.9g, first 5 tokens %.9g", i,
-                  out[i].reward, want);
+    for (int i = 0; i < 3; i++) expect_near(&out[i], want, "cut to 5 tokens, sample", i);
     model_free(m);
     reward_stage_free(st);
     test_tmp_teardown();
@@ -266,8 +264,7 @@ Test(reward_model_grader, a_multi_mixes_a_reward_model_with_a_format_check) {
     make_classifier_dir(test_tmp_path(dir, sizeof dir, "rm"));
     struct reward_sample s[2] = {{.prompt = "ab>", .completion = "ba"}, {.prompt = "ab>", .completion = "xy"}};
     struct reward_result raw[2], out[2];
-    snprintf(spec, sizeof spec, "{\"grader\": {\"type\": \"reward_model\", \"model\": \"%s\"}}", dir);
-    struct reward_stage *st = scored_stage(spec, &RAW);
+    struct reward_stage *st = rm_stage(dir, "", &RAW);
     score_all(st, s, 2, raw);
     reward_stage_free(st);
     snprintf(spec, sizeof spec,
