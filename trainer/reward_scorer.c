@@ -94,13 +94,13 @@ int run_load_classifier(const char *dir, enum backend be, int64_t pad, const cha
 static int load_tokenizer(struct rm_handle *h, const char *dir, const struct reward_scorer_config *c,
                           struct smelt_error *err) {
     struct lora_dir_info info;
+    struct smelt_error ignore = {0};
     char tokdir[sizeof info.base_path];
     snprintf(tokdir, sizeof tokdir, "%s", dir);
-    if (!dir_has(dir, "tokenizer.json") && dir_has(dir, "adapter_config.json") && !lora_dir_info(dir, &info, err))
+    if (!dir_has(dir, "tokenizer.json") && dir_has(dir, "adapter_config.json") && !lora_dir_info(dir, &info, &ignore))
         snprintf(tokdir, sizeof tokdir, "%s", info.base_path);
     TRY(error_wrap(err, tokenizer_load(tokdir, &h->tok, err), "%s: the reward model's tokenizer", h->field));
     const char *policy = c->policy_chat ? chat_template_name(c->policy_chat->kind) : NULL;
-    struct smelt_error ignore = {0};
     if (dir_has(tokdir, "tokenizer_config.json")) {
         h->has_chat = !chat_template_from_tokenizer_config(tokdir, NULL, &h->chat, h->tok, &ignore) ||
                       (policy && !chat_template_from_tokenizer_config(tokdir, policy, &h->chat, h->tok, &ignore));
@@ -113,17 +113,18 @@ static int load_tokenizer(struct rm_handle *h, const char *dir, const struct rew
 
 /* What the policy's template puts between its generation prompt and an assistant turn's
  * content: the generation prompt of [user "x"] against the conversation [user "x",
- * assistant "y"]. "" when the one does not continue into the other. */
+ * assistant "\x01"] (a byte no template writes). "" when the one does not continue
+ * into the other. */
 static void policy_infix(const struct chat_template *t, char *out, size_t cap) {
     out[0] = 0;
     if (!t) return;
-    struct chat_message m[2] = {{.role = "user", .content = "x"}, {.role = "assistant", .content = "y"}};
+    struct chat_message m[2] = {{.role = "user", .content = "x"}, {.role = "assistant", .content = "\x01"}};
     char *a = NULL, *b = NULL;
     size_t na, nb;
     struct smelt_error ignore = {0};
     if (!chat_render(t, m, 1, true, &a, &na, &ignore) && !chat_render(t, m, 2, false, &b, &nb, &ignore) && nb > na &&
         memcmp(a, b, na) == 0) {
-        const char *y = strchr(b + na, 'y');
+        const char *y = strchr(b + na, '\x01');
         if (y && (size_t)(y - (b + na)) < cap) {
             memcpy(out, b + na, (size_t)(y - (b + na)));
             out[y - (b + na)] = 0;

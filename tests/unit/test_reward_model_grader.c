@@ -413,3 +413,42 @@ Test(reward_model_grader, a_run_refuses_a_model_that_is_not_a_classifier) {
     cr_expect(strstr(err.message, "context (128 tokens)"), "%s", err.message);
     test_tmp_teardown();
 }
+
+/* A reward model's LoRA output (a PEFT SEQ_CLS adapter with its head, no tokenizer of its
+ * own) scores as the classifier with the adapter attached: its base's tokenizer, its
+ * base made a classifier, the adapter merged. */
+Test(reward_model_grader, a_lora_reward_models_output_scores_as_its_adapter_does) {
+    test_tmp_setup();
+    char lm[600], dir[600];
+    test_make_model_dir(test_tmp_path(lm, sizeof lm, "lm"), true);
+    test_tmp_path(dir, sizeof dir, "rm-lora");
+    struct smelt_error err = {0};
+    struct model *base, *cm;
+    TEST_OK(model_load(lm, BACKEND_CPU, &base, &err), &err);
+    TEST_OK(model_classifier_from_lm(base, PAD, 0.5, 11, &cm, &err), &err);
+    struct lora_config c = {.rank = 2, .alpha = 4, .n_targets = 2, .targets = {"q_proj", "v_proj"}};
+    struct lora *l;
+    TEST_OK(lora_create(cm, &c, 5, &l, &err), &err);
+    float *w = l->weights.data; /* B away from 0, the head moved: the adapter changes the scores */
+    for (int64_t k = 0; k < tensor_numel(&l->weights); k++) w[k] += 0.05f * (float)(k % 7 - 3);
+    TEST_OK(lora_save(l, dir, lm, &err), &err);
+    struct reward_stage *st = rm_stage(dir, "", &RAW);
+    struct reward_sample s[2] = {{.prompt = "ab>", .completion = "ba"}, {.prompt = "xyz>", .completion = "q"}};
+    struct reward_result out[2];
+    score_all(st, s, 2, out);
+    int32_t ids[2][7] = {{256, 'a', 'b', '>', 'b', 'a', 257}, {256, 'x', 'y', 'z', '>', 'q', 257}};
+    double plain = direct_score(cm, ids[0], 7);
+    TEST_OK(lora_attach(l, &err), &err);
+    for (int i = 0; i < 2; i++) {
+        double want = direct_score(cm, ids[i], 7);
+        cr_expect(!out[i].failed, "%s", out[i].error);
+        cr_expect(fabs(out[i].reward - want) <= 1e-5 * (1 + fabs(want)), "sample %d: %.9g, with the adapter %.9g", i,
+                  out[i].reward, want);
+        if (i == 0) cr_expect(fabs(want - plain) > 1e-3, "the adapter changes nothing: the test tells nothing");
+    }
+    reward_stage_free(st);
+    lora_free(l);
+    model_free(cm);
+    model_free(base);
+    test_tmp_teardown();
+}
