@@ -1,8 +1,8 @@
 /* OpenAI-style graders: the spec's "grader" object read into a tree (a string_check,
  * text_similarity, python or reward_model grader, or a multi grader over named ones and
  * a formula), written back, and run on one sample at a time (python graders and reward
- * models on the whole batch first: python_grader.c, reward_model_grader.c). Errors name the field's path as OpenAI
- * does ("grader.graders.acc.operation"). */
+ * models on the whole batch first: python_grader.c, reward_model_grader.c). Errors name
+ * the field's path as OpenAI does ("grader.graders.acc.operation"). */
 #include "rewards/graders_internal.h"
 
 #include <math.h>

@@ -20,10 +20,10 @@
  * run once in a sandbox here and must define grade, or it is refused naming
  * grader.source and the line), smelt's reward_model ({"model": M}: a sequence
  * classifier's score of prompt + completion, through the stage's reward-model scorer,
- * below), or multi ({"graders": {name: G', ...}, "calculate_output": formula}). A spec holds "verifiers" or "grader", not both. Errors
- * name the path OpenAI style: err->field "grader.graders.acc.operation". Graders read
- * {{item.<field>}} (the row's answer and metadata), {{sample.output_text}} and
- * {{sample.output_json.<field>}}.
+ * below), or multi ({"graders": {name: G', ...}, "calculate_output": formula}). A spec
+ * holds "verifiers" or "grader", not both. Errors name the path OpenAI style: err->field
+ * "grader.graders.acc.operation". Graders read {{item.<field>}} (the row's answer and
+ * metadata), {{sample.output_text}} and {{sample.output_json.<field>}}.
  *
  * Failures. reward_stage_score fails (returns an error) only when the stage itself
  * cannot work: bad arguments, or memory for a grader. A sample that cannot be scored —

@@ -722,7 +722,8 @@ static int resolve_reward_models(struct server *s, struct store_conn *conn, cons
     if (!reward) return SMELT_OK; /* none given (the trainer names it), or out of memory (it fails there too) */
     TRY(set_member(rl, "reward", reward, err));
     char path[64];
-    snprintf(path, sizeof path, "method.%.16s.%s", src->method->type, takes_grader(src->method) ? "grader" : "reward.grader");
+    snprintf(path, sizeof path, "method.%.16s.%s", src->method->type,
+             takes_grader(src->method) ? "grader" : "reward.grader");
     return jobs_resolve_reward_models(s, conn, project, json_object_get(reward, "grader"), path, err);
 }
 

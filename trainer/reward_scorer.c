@@ -60,8 +60,8 @@ static int load_adapter(const char *dir, enum backend be, int64_t pad, const cha
     struct lora_dir_info info;
     TRY(lora_dir_info(dir, &info, err));
     if (!info.seq_cls)
-        return error_set_field(err, SMELT_EINVAL, field, "%s: %s is a causal LM's adapter (task_type is not SEQ_CLS): %s",
-                               field, dir, hint);
+        return error_set_field(err, SMELT_EINVAL, field,
+                               "%s: %s is a causal LM's adapter (task_type is not SEQ_CLS): %s", field, dir, hint);
     struct lora *adapter;
     TRY(lora_load_with_base(dir, NULL, be, pad, out, &adapter, err));
     int rc = lora_merge(adapter, err);
