@@ -121,10 +121,15 @@ struct dataset_example {
 };
 
 /* A prompt for RL: ids of the rendered prompt (chat template with generation prompt for
- * message lists; raw text otherwise), the optional answer and metadata (JSON text). */
+ * message lists; raw text otherwise), the prompt as the row gives it (what a reward
+ * model renders with its own tokenizer and template: dataset_tokenize_response), the
+ * optional answer and metadata (JSON text). */
 struct dataset_prompt {
     int32_t *ids;
     int32_t n;
+    char *text;                   /* a raw text prompt; NULL for messages */
+    char *messages_json;          /* a message list, as a JSON array of {"role", "content"}
+                                     (roles as rendered: "developer" is "system"); NULL for text */
     char *answer;                 /* NULL when absent */
     char *metadata_json;          /* NULL when absent */
     int64_t line;
@@ -174,6 +179,20 @@ void dataset_free(struct dataset *ds);
  * and n_trained_tokens are recounted for the rows each now holds. */
 int dataset_split(struct dataset *ds, double fraction, uint64_t seed, struct dataset **val,
                   struct smelt_error *err);
+
+/* A prompt and a response tokenized exactly as a side of a preference row is (the
+ * reward model's training input, preference_row_examples): a raw prompt (prompt_text)
+ * is followed by the response as raw text ([bos] + encode(prompt) + encode(response) +
+ * [eos]); a message list (prompt_messages_json, as dataset_prompt.messages_json holds
+ * it) by one assistant turn holding the response, through format->chat. Exactly one of
+ * prompt_text and prompt_messages_json is non-NULL. No max_seq_len applies: the caller
+ * cuts. ex->ids / ex->mask (the response's tokens 1) are the caller's to free
+ * (dataset_example_free). SMELT_EFORMAT with why in err for text the tokenizer or the
+ * template cannot take (no chat template, a bad role); SMELT_ENOMEM. */
+int dataset_tokenize_response(const struct dataset_format *format, const char *prompt_text,
+                              const char *prompt_messages_json, const char *response,
+                              struct dataset_example *ex, struct smelt_error *err);
+void dataset_example_free(struct dataset_example *ex);
 
 /* ---- batches ---- */
 

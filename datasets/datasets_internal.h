@@ -123,7 +123,6 @@ int example_fit(const struct dataset_format *format, struct dataset_example *ex,
                 bool apply_loss_on, const char *field, enum example_fit *fit,
                 struct dataset_issue *issue);
 int64_t example_trained_tokens(const struct dataset_example *ex);
-void example_free(struct dataset_example *ex);
 void prompt_free(struct dataset_prompt *p);
 
 /* ---- order (shuffle.c) ---- */

@@ -62,8 +62,8 @@ static int load_row(void *ctx, const struct dataset_row *row, bool *kept,
     }
     if (*kept && report->n_issues == 0) rc = grow(c, row->kind, err);
     if (!*kept || report->n_issues || rc) {
-        example_free(&ex[0]);
-        example_free(&ex[1]);
+        dataset_example_free(&ex[0]);
+        dataset_example_free(&ex[1]);
         prompt_free(&prompt);
         return rc;
     }
@@ -122,7 +122,7 @@ int dataset_load(const char *path, enum dataset_kind kind, const struct dataset_
 void dataset_free(struct dataset *ds) {
     if (!ds) return;
     int64_t n_examples = ds->examples ? ds->n * seqs_per_row(ds->kind) : 0;
-    for (int64_t i = 0; i < n_examples; i++) example_free(&ds->examples[i]);
+    for (int64_t i = 0; i < n_examples; i++) dataset_example_free(&ds->examples[i]);
     for (int64_t i = 0; ds->prompts && i < ds->n; i++) prompt_free(&ds->prompts[i]);
     free(ds->examples);
     free(ds->prompts);

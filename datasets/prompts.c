@@ -65,6 +65,25 @@ static char *copy_text(const char *s) {
     return c;
 }
 
+/* The prompt as the row gives it: its text, or its messages as JSON. */
+static int keep_prompt(const struct row_turns *prompt, struct dataset_prompt *out, struct smelt_error *err) {
+    if (prompt->text) {
+        out->text = copy_text(prompt->text);
+        return out->text ? SMELT_OK : error_set(err, SMELT_ENOMEM, "dataset: prompt text");
+    }
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < prompt->n_messages; i++) {
+        const struct chat_message *m = &prompt->messages[i];
+        if (json_array_append_new(list, json_pack("{s:s, s:s}", "role", m->role, "content", m->content))) {
+            json_decref(list);
+            list = NULL;
+        }
+    }
+    out->messages_json = list ? json_dumps(list, JSON_COMPACT) : NULL;
+    json_decref(list);
+    return out->messages_json ? SMELT_OK : error_set(err, SMELT_ENOMEM, "dataset: prompt messages");
+}
+
 int prompts_row_prompt(const struct dataset_format *format, const struct dataset_row *row,
                        struct dataset_prompt *out, enum example_fit *fit,
                        struct dataset_issue *issue, struct smelt_error *err) {
@@ -76,7 +95,8 @@ int prompts_row_prompt(const struct dataset_format *format, const struct dataset
     if (!rc) rc = fit_prompt(format, n, field, fit, issue);
     if (!rc && *fit != EXAMPLE_DROPPED) {
         out->n = (int32_t)n;
-        if (row->answer && !(out->answer = copy_text(row->answer)))
+        rc = keep_prompt(&row->prompt, out, err);
+        if (!rc && row->answer && !(out->answer = copy_text(row->answer)))
             rc = error_set(err, SMELT_ENOMEM, "dataset: answer text");
         if (!rc && row->metadata &&
             !(out->metadata_json = json_dumps(row->metadata, JSON_COMPACT | JSON_PRESERVE_ORDER)))

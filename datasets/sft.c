@@ -12,6 +12,6 @@ int sft_row_example(const struct dataset_format *format, const struct dataset_ro
         rc = tokenize_turns(format, &row->prompt, &row->response, "completion", ex, issue, err);
     if (!rc) rc = example_fit(format, ex, true, "", fit, issue);
     ex->line = row->line;
-    if (rc) example_free(ex);
+    if (rc) dataset_example_free(ex);
     return rc;
 }

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void example_free(struct dataset_example *ex) {
+void dataset_example_free(struct dataset_example *ex) {
     free(ex->ids);
     free(ex->mask);
     ex->ids = NULL;
@@ -15,6 +15,8 @@ void example_free(struct dataset_example *ex) {
 
 void prompt_free(struct dataset_prompt *p) {
     free(p->ids);
+    free(p->text);
+    free(p->messages_json);
     free(p->answer);
     free(p->metadata_json);
     memset(p, 0, sizeof *p);

@@ -167,7 +167,8 @@ int grader_endpoint_to_json(const struct grader_endpoint *ep, json_t *obj) {
 
 /* One sample of a request, as compact JSON (malloc'd), or NULL when out of memory. */
 static char *sample_text(const struct reward_sample *s) {
-    json_t *prompt = s->prompt ? json_string_lossy(s->prompt, strlen(s->prompt)) : json_null();
+    const char *p = s->prompt_rendered;
+    json_t *prompt = p ? json_string_lossy(p, strlen(p)) : json_null();
     json_t *sample = json_pack("{s:o, s:o, s:o, s:o, s:I}", "prompt", prompt, "completion",
                                json_string_lossy(s->completion, strlen(s->completion)), "item", grader_item_of(s),
                                "finish_reason", s->finish_reason ? json_string(s->finish_reason) : json_null(),

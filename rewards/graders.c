@@ -1,9 +1,9 @@
 /* OpenAI-style graders: the spec's "grader" object read into a tree (a string_check,
- * text_similarity, python or endpoint grader, or a multi grader over named ones and a
- * formula), written back, and run on one sample at a time (python and endpoint graders
- * on the whole batch first: python_grader.c in their sandboxes, endpoint_grader.c
- * through the user's service). Errors name the field's path as OpenAI
- * does ("grader.graders.acc.operation"). */
+ * text_similarity, python, endpoint or reward_model grader, or a multi grader over
+ * named ones and a formula), written back, and run on one sample at a time (python
+ * graders, endpoints and reward models on the whole batch first: python_grader.c in
+ * their sandboxes, endpoint_grader.c through the user's service, reward_model_grader.c).
+ * Errors name the field's path as OpenAI does ("grader.graders.acc.operation"). */
 #include "rewards/graders_internal.h"
 
 #include <math.h>
@@ -16,8 +16,9 @@
 #include "rewards/rewards_internal.h"
 #include "rewards/sandbox_internal.h"
 
-static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python", "endpoint"};
-#define N_TYPES 5
+static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python", "endpoint",
+                                          "reward_model"};
+#define N_TYPES 6
 static const char *const OPERATIONS[] = {"eq", "ne", "like", "ilike"};
 static const char *const METRICS[] = {"fuzzy_match", "bleu",    "gleu",    "rouge_1", "rouge_2",
                                       "rouge_3",     "rouge_4", "rouge_5", "rouge_l"};
@@ -46,7 +47,7 @@ static int parse_type(const json_t *obj, const char *w, bool nested, struct rewa
             if (t == GRADER_MULTI && nested)
                 return error_set_field(err, SMELT_EINVAL, "type",
                                        "%s.type: a multi grader's graders are string_check, text_similarity, "
-                                       "python or endpoint graders, not another multi (OpenAI's shape)",
+                                       "python, endpoint or reward_model graders, not another multi (OpenAI's shape)",
                                        w);
             g->type = (enum grader_type)t;
             return SMELT_OK;
@@ -58,7 +59,7 @@ static int parse_type(const json_t *obj, const char *w, bool nested, struct rewa
                                w, type);
     return error_set_field(err, SMELT_EINVAL, "type",
                            "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, python, multi, "
-                           "endpoint)",
+                           "endpoint, reward_model)",
                            w, type);
 }
 
@@ -176,13 +177,14 @@ static int parse_grader(const json_t *obj, const char *w, bool nested, struct re
         return error_set(err, SMELT_EINVAL, "%s: expected a grader object like {\"type\": \"string_check\", ...}", w);
     TRY(parse_type(obj, w, nested, g, err));
     static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS, PYTHON_KEYS,
-                                              ENDPOINT_KEYS};
+                                              ENDPOINT_KEYS, GRADER_RM_KEYS};
     TRY(json_check_keys(obj, KEYS[g->type], w, err));
     TRY(parse_name(obj, w, g, err));
     if (g->type == GRADER_STRING_CHECK) return parse_string_check(obj, w, g, err);
     if (g->type == GRADER_TEXT_SIMILARITY) return parse_text_similarity(obj, w, g, err);
     if (g->type == GRADER_PYTHON) return grader_python_parse(obj, w, g, err);
     if (g->type == GRADER_ENDPOINT) return grader_endpoint_parse(obj, w, g, err);
+    if (g->type == GRADER_REWARD_MODEL) return grader_rm_parse(obj, w, g, err);
     return parse_multi(obj, w, g, err);
 }
 
@@ -212,6 +214,7 @@ static void grader_clear(struct reward_grader *g) {
     grader_formula_free(&g->formula);
     grader_python_free(g->py);
     grader_endpoint_free(g->ep);
+    grader_rm_free(g->rm);
 }
 
 void reward_grader_free(struct reward_grader *g) {
@@ -235,6 +238,8 @@ json_t *reward_grader_to_json(const struct reward_grader *g) {
         bad |= reward_json_set(obj, "calculate_output", json_string(g->formula.src));
     } else if (g->type == GRADER_ENDPOINT) {
         bad |= grader_endpoint_to_json(g->ep, obj);
+    } else if (g->type == GRADER_REWARD_MODEL) {
+        bad |= grader_rm_to_json(g->rm, obj);
     } else if (g->type == GRADER_PYTHON) {
         bad |= grader_python_to_json(g->py, obj);
         if (g->has_pass_threshold) bad |= reward_json_set(obj, "pass_threshold", json_real(g->pass_threshold));
@@ -308,10 +313,11 @@ static void score_python(const struct reward_grader *g, int i, double *score, ch
     describe_failure(g, what, warning, warning_n);
 }
 
-/* A string_check, text_similarity, python or endpoint grader on the sample of x->ctx
- * (sample i). */
+/* A string_check, text_similarity, python, endpoint or reward_model grader on the sample
+ * of x->ctx (sample i). */
 static int score_leaf(const struct reward_grader *g, struct scratch *x, double *score, char *why, size_t why_n) {
     if (g->type == GRADER_ENDPOINT) return grader_endpoint_result(g->ep, x->i, score, why, why_n);
+    if (g->type == GRADER_REWARD_MODEL) return grader_rm_result(g->rm, x->i, score, why, why_n);
     if (g->type == GRADER_PYTHON) {
         score_python(g, x->i, score, x->warning, x->warning_n);
         return SMELT_OK;
@@ -367,7 +373,8 @@ int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, 
 }
 
 static int check_leaf(const struct reward_grader *g, struct grader_context *c, struct smelt_error *err) {
-    if (g->type == GRADER_PYTHON || g->type == GRADER_ENDPOINT) return SMELT_OK; /* their code reads what it likes */
+    /* grade() and the user's service read whatever they like of the row; a reward model reads none of it */
+    if (g->type == GRADER_PYTHON || g->type == GRADER_ENDPOINT || g->type == GRADER_REWARD_MODEL) return SMELT_OK;
     const struct grader_template *t[2] = {&g->input, &g->reference};
     for (int k = 0; k < 2; k++) {
         const char *field = NULL;
@@ -393,6 +400,7 @@ int reward_grader_check_row(const struct reward_grader *g, const char *answer, c
 int reward_grader_prepare(struct reward_grader *g, const struct reward_sample *samples, int n,
                           struct smelt_error *err) {
     TRY(grader_endpoint_prepare(g, samples, n, err));
+    TRY(grader_rm_prepare(g, samples, n, err));
     struct reward_grader *py[1 + GRADER_MAX_SUB];
     int n_py = 0;
     if (g->type == GRADER_PYTHON) py[n_py++] = g;

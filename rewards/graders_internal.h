@@ -1,7 +1,8 @@
 /* Private to rewards/: OpenAI-style graders (string_check, text_similarity, python, multi;
- * smelt's endpoint, whose own declarations are in endpoint_internal.h), the templates
- * they read ({{item.x}}, {{sample.output_text}}, {{sample.output_json.x}}), multi's
- * calculate_output formula and the text-similarity metrics. docs/rewards.md
+ * smelt's endpoint, whose own declarations are in endpoint_internal.h, and smelt's
+ * reward_model), the templates they read ({{item.x}}, {{sample.output_text}},
+ * {{sample.output_json.x}}), multi's calculate_output formula and the text-similarity
+ * metrics. docs/rewards.md
  * ("Graders") is the user's reference.
  *
  * Unlike the verifiers, graders allocate while scoring (rendered templates, the
@@ -139,10 +140,13 @@ int grader_similarity(enum grader_metric m, const char *input, size_t n_input, c
 
 /* ---- graders.c ---- */
 
-enum grader_type { GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI, GRADER_PYTHON, GRADER_ENDPOINT };
+enum grader_type {
+    GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI, GRADER_PYTHON, GRADER_ENDPOINT, GRADER_REWARD_MODEL
+};
 
 struct grader_python;
 struct grader_endpoint;
+struct grader_rm;
 enum grader_operation { GRADER_EQ, GRADER_NE, GRADER_LIKE, GRADER_ILIKE };
 
 struct reward_grader {
@@ -164,6 +168,8 @@ struct reward_grader {
     struct grader_python *py;
     /* endpoint (endpoint_grader.c) */
     struct grader_endpoint *ep;
+    /* reward_model (reward_model_grader.c) */
+    struct grader_rm *rm;
 };
 
 /* spec["grader"] → *out (a new grader the caller frees with reward_grader_free). A
@@ -212,5 +218,22 @@ void grader_python_requests_free(char **requests, int n);
 int grader_python_run(struct grader_python *py, const char *const *requests, int n, struct smelt_error *err);
 /* Sample i of the last run: true with *score, or false with why (then it scores 0). */
 bool grader_python_result(const struct grader_python *py, int i, double *score, char *why, size_t why_n);
+
+/* ---- reward_model_grader.c: {"type": "reward_model", "model": M} ---- */
+
+extern const char *const GRADER_RM_KEYS[]; /* every key allowed, NULL-terminated */
+
+/* The grader's own fields of obj (type and name are read): model, model_dir, batch_size,
+ * max_length, normalize. w names it in messages. */
+int grader_rm_parse(const json_t *obj, const char *w, struct reward_grader *g, struct smelt_error *err);
+void grader_rm_free(struct grader_rm *rm); /* closes its model; NULL is fine */
+/* Adds the fields to obj, defaults filled; nonzero when out of memory. */
+int grader_rm_to_json(const struct grader_rm *rm, json_t *obj);
+/* Scores the batch with every reward_model grader of the tree (g, or a multi's
+ * sub-graders), results kept until the next batch; nothing for other graders. A
+ * negative code only when a scorer fails or memory runs out. */
+int grader_rm_prepare(struct reward_grader *g, const struct reward_sample *samples, int n, struct smelt_error *err);
+/* Sample i of the last batch: 0 with *score, or GRADER_FAILED with why. */
+int grader_rm_result(const struct grader_rm *rm, int i, double *score, char *why, size_t why_n);
 
 #endif

@@ -18,13 +18,15 @@
  * python ({"source": "def grade(sample, item) -> float: ..."}, run in a bubblewrap
  * sandbox: a machine without bwrap refuses it here, naming grader.type; the source is
  * run once in a sandbox here and must define grade, or it is refused naming
- * grader.source and the line), or multi ({"graders": {name: G', ...},
- * "calculate_output": formula}), or smelt's endpoint ({"url": "https://...", "timeout_s",
- * "max_retries", "headers"}: the batch POSTed to the user's service, which answers one
- * reward per sample; no request is made here). A spec holds "verifiers" or "grader", not
- * both. Errors name the path OpenAI style: err->field "grader.graders.acc.operation".
- * Graders read {{item.<field>}} (the row's answer and metadata), {{sample.output_text}}
- * and {{sample.output_json.<field>}}.
+ * grader.source and the line), smelt's reward_model ({"model": M}: a sequence
+ * classifier's score of prompt + completion, through the stage's reward-model scorer,
+ * below), smelt's endpoint ({"url": "https://...", "timeout_s", "max_retries",
+ * "headers"}: the batch POSTed to the user's service, which answers one reward per
+ * sample; no request is made here), or multi ({"graders": {name: G', ...},
+ * "calculate_output": formula}). A spec holds "verifiers" or "grader", not both. Errors
+ * name the path OpenAI style: err->field "grader.graders.acc.operation". Graders read
+ * {{item.<field>}} (the row's answer and metadata), {{sample.output_text}} and
+ * {{sample.output_json.<field>}}.
  *
  * Failures. reward_stage_score fails (returns an error) only when the stage itself
  * cannot work: bad arguments, or memory for a grader. A sample that cannot be scored —
@@ -69,8 +71,16 @@
 
 /* One generated completion and what the loop knows about it (all borrowed). */
 struct reward_sample {
-    const char *prompt;          /* the rendered prompt text; may be NULL (only an endpoint
-                                    grader reads it: it sends it to the service) */
+    const char *prompt;          /* a raw row's prompt text, as given; NULL for a message-list
+                                    row (or when not known: a reward_model grader fails a raw
+                                    row's sample without it) */
+    const char *prompt_messages; /* a message-list row's prompt, as a JSON array of {"role",
+                                    "content"} (datasets' dataset_prompt.messages_json); NULL
+                                    for a raw row. A reward_model grader renders it with the
+                                    reward model's template */
+    const char *prompt_rendered; /* the prompt as the policy saw it (its chat template applied,
+                                    decoded with special tokens); may be NULL. An endpoint
+                                    grader sends it to the service */
     const char *completion;      /* required, NUL-terminated; may hold invalid UTF-8 */
     const char *answer;          /* the prompts row's "answer"; NULL when the row has none */
     const char *metadata_json;   /* the row's "metadata" as JSON text; NULL when none (graders'
@@ -111,7 +121,8 @@ void reward_stage_free(struct reward_stage *stage); /* NULL is fine */
  * SMELT_EINVAL only for bad arguments (n < 0, NULL arrays, a NULL completion), before
  * anything is scored, SMELT_ENOMEM when a grader runs out of memory, and SMELT_EBACKEND
  * when a python grader's sandboxes cannot be started at all (fork, pipes, no free
- * sandbox uid); per-sample problems go in out[i]. */
+ * sandbox uid); a reward-model scorer's own failure (its code: memory, the backend);
+ * per-sample problems go in out[i]. */
 int reward_stage_score(struct reward_stage *stage, const struct reward_sample *samples, int n,
                        struct reward_result *out, struct smelt_error *err);
 
@@ -126,7 +137,7 @@ int reward_stage_check_prompt(const struct reward_stage *stage, const char *answ
 
 /* The scores, in spec order: how many, and each one's name (metrics label). Verifiers:
  * the "name" field, else the type, else "<type>_<index>" when several share a type. A
- * grader: its type ("string_check", "text_similarity", "python", "multi"), then a multi's
+ * grader: its type ("string_check", "text_similarity", "python", "reward_model", "multi"), then a multi's
  * sub-graders by their keys in "graders". */
 int reward_stage_count(const struct reward_stage *stage);
 const char *reward_stage_name(const struct reward_stage *stage, int i);
@@ -134,5 +145,49 @@ const char *reward_stage_name(const struct reward_stage *stage, int i);
 /* The spec with every default filled in (for the job's recorded spec); *out is a new
  * reference. reward_stage_create on it builds the same stage. */
 int reward_stage_to_json(const struct reward_stage *stage, json_t **out, struct smelt_error *err);
+
+/* ---- reward models: the reward_model grader ----
+ *
+ * rewards/ loads no model. A reward_model grader scores through a scorer its owner sets
+ * on the stage (trainer/ sets one that runs the classifier in the trainer's process:
+ * trainer/reward_scorer.c); a stage with no scorer fails every sample such a grader
+ * scores, saying so. */
+
+/* A reward_model grader's model, as the scorer's open gets it (all borrowed for the call). */
+struct reward_model_ref {
+    const char *model;      /* "model" as the spec gives it: a model name, or a directory */
+    const char *dir;        /* the directory to load: "model_dir" (smeltd's resolution of the
+                               name) when the spec has it, else model */
+    const char *field;      /* the grader's path for messages: "grader", "grader.graders.rm" */
+    int batch_size;         /* samples per forward pass */
+    int64_t max_length;     /* tokens of prompt + completion kept (the first ones); 0: the
+                               model's context */
+};
+
+/* One sample's score: score, or failed with why (the sample fails, naming the grader). */
+struct reward_model_result {
+    double score;
+    bool failed;
+    char error[REWARD_ERROR_BYTES];
+};
+
+struct reward_model_scorer {
+    void *ctx;
+    /* Loads and checks the model of ref; *handle is what score and close get. Errors name
+     * "<ref->field>.model" in err->field (relative to the spec): SMELT_EINVAL for a model
+     * that is not a sequence classifier, SMELT_ENOTFOUND for no such directory. */
+    int (*open)(void *ctx, const struct reward_model_ref *ref, void **handle, struct smelt_error *err);
+    /* samples[0..n) → out[0..n) (every field written). A negative code only when the
+     * scorer itself fails (memory, the backend); a sample it cannot score is out[i].failed. */
+    int (*score)(void *handle, const struct reward_sample *samples, int n, struct reward_model_result *out,
+                 struct smelt_error *err);
+    void (*close)(void *handle); /* NULL handle is fine */
+};
+
+/* Opens every reward_model grader of the stage with scorer (copied; its ctx must outlive
+ * the stage): the first open's error, its field under the stage's spec ("grader.model").
+ * A stage without reward_model graders takes it and never calls it. Set it once. */
+int reward_stage_set_model_scorer(struct reward_stage *stage, const struct reward_model_scorer *scorer,
+                                  struct smelt_error *err);
 
 #endif

@@ -713,6 +713,20 @@ static int place_rollout(const struct hp_source *src, const struct job_plan *p, 
     return set_member(rl, "rollout_workers", json_integer(p->rollout_devices), err);
 }
 
+/* The reward_model graders of an RL method's reward get their model's directory, in the
+ * spec's own copy of the reward (the request stays as it came). */
+static int resolve_reward_models(struct server *s, struct store_conn *conn, const char *project,
+                                 const struct hp_source *src, json_t *spec, struct smelt_error *err) {
+    json_t *rl = json_object_get(spec, "rl");
+    json_t *reward = json_deep_copy(json_object_get(rl, "reward"));
+    if (!reward) return SMELT_OK; /* none given (the trainer names it), or out of memory (it fails there too) */
+    TRY(set_member(rl, "reward", reward, err));
+    char path[64];
+    snprintf(path, sizeof path, "method.%.16s.%s", src->method->type,
+             takes_grader(src->method) ? "grader" : "reward.grader");
+    return jobs_resolve_reward_models(s, conn, project, json_object_get(reward, "grader"), path, err);
+}
+
 static int build_spec(const json_t *request, const struct job_inputs *in, const char *job_dir,
                       const struct hp_source *src, struct job_plan *p, struct smelt_error *err) {
     p->spec = json_pack("{s:s, s:s, s:{s:s}, s:{}, s:s, s:I, s:i}", "type", src->method->spec_type, "model",
@@ -845,6 +859,7 @@ static int plan_job(struct server *s, struct store_conn *conn, const char *proje
     TRY(resolve_inputs(s, conn, project, src.method, p, &in, err));
     TRY(resolve_critic(s, conn, project, &src, &in, err));
     TRY(build_spec(request, &in, job_dir, &src, p, err));
+    TRY(resolve_reward_models(s, conn, project, &src, p->spec, err));
     TRY(check_spec(&src, p, err));
     return check_fits(conn, p, err);
 }

@@ -81,6 +81,13 @@ int jobs_event(struct server *s, struct store_conn *conn, const char *job_id, co
                const char *type, json_t *data, struct smelt_error *err, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 bool jobs_status_final(const char *status);
+/* reward_models.c: every reward_model grader of grader (the grader object, or a multi's
+ * sub-graders) gets "model_dir", its "model" resolved as models_resolve resolves a
+ * job's model. path is the grader's path in the request ("method.reinforcement.grader")
+ * for errors (SMELT_EINVAL naming "<path>.model" for no such model, "<path>.model_dir"
+ * when the request gives one). grader is changed in place: pass the spec's copy. */
+int jobs_resolve_reward_models(struct server *s, struct store_conn *conn, const char *project, json_t *grader,
+                               const char *path, struct smelt_error *err);
 /* The head of the model a job of method.type `type` makes ("lm"; reward models will say
  * "reward"), or NULL for a type smelt does not run. */
 const char *jobs_method_head(const char *type);

@@ -39,33 +39,10 @@ void critic_free(struct critic *c) {
     free(c);
 }
 
-/* A reward model's LoRA output: its base made a classifier, the adapter (with its head)
- * merged in. */
-static int load_adapter_critic(struct trainer_run *r, const char *dir, int64_t pad, struct model **out,
-                               struct smelt_error *err) {
-    struct lora_dir_info info;
-    TRY(lora_dir_info(dir, &info, err));
-    if (!info.seq_cls)
-        return error_set_field(err, SMELT_EINVAL, "rl.critic_model",
-                               "rl.critic_model: %s is a causal LM's adapter (task_type is not SEQ_CLS): a critic "
-                               "starts from a reward model (a reward_model job's output) or from the policy (\"\")",
-                               dir);
-    struct lora *adapter;
-    TRY(lora_load_with_base(dir, NULL, r->spec->backend, pad, out, &adapter, err));
-    int rc = lora_merge(adapter, err);
-    lora_free(adapter);
-    return rc;
-}
-
-/* What a critic must share with the policy: a score head, the vocabulary (it reads the
- * policy's token ids) and room for the longest sample. */
+/* What a critic must share with the policy: the vocabulary (it reads the policy's token
+ * ids) and room for the longest sample. */
 static int check_critic_model(struct trainer_run *r, const struct model *m, const char *dir,
                               struct smelt_error *err) {
-    if (!m->config.score_head)
-        return error_set_field(err, SMELT_EINVAL, "rl.critic_model",
-                               "rl.critic_model: %s is a causal LM (%s), without a score head: give a reward model "
-                               "(a sequence classifier, e.g. a reward_model job's output), or \"\" for the policy's "
-                               "starting weights with a new head", dir, m->config.architecture);
     if (m->config.vocab_size != r->model->config.vocab_size)
         return error_set_field(err, SMELT_EINVAL, "rl.critic_model",
                                "rl.critic_model: %s has a vocabulary of %lld, the policy %lld: the critic reads the "
@@ -88,13 +65,9 @@ static int load_critic_model(struct trainer_run *r, struct model **out, struct s
                           model_classifier_from_lm(r->model, pad, CRITIC_HEAD_INIT_STD, r->spec->seed ^ 0xc71c5eedu,
                                                    out, err),
                           "the critic from the policy %s", r->spec->model);
-    if (!path_is_dir(dir))
-        return error_set_field(err, SMELT_ENOTFOUND, "rl.critic_model", "rl.critic_model: %s is not a directory", dir);
-    char cfg[JOB_PATH_BYTES + 64];
-    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", dir);
-    int rc = path_exists(cfg) ? load_adapter_critic(r, dir, pad, out, err)
-                              : model_load(dir, r->spec->backend, out, err);
-    if (rc) return error_wrap(err, rc, "rl.critic_model %s", dir);
+    TRY(run_load_classifier(dir, r->spec->backend, pad, "rl.critic_model",
+                            "give a reward model (a sequence classifier, e.g. a reward_model job's output), or "
+                            "\"\" for the policy's starting weights with a new head", out, err));
     return check_critic_model(r, *out, dir, err);
 }
 

@@ -118,6 +118,12 @@ int rl_prepare(struct trainer_run *r, struct smelt_error *err) {
     int rc = reward_stage_create(spec, "rl.reward", &rl->reward, err);
     json_decref(spec);
     TRY(rc);
+    /* reward_model graders: their classifiers load here, beside the policy */
+    rl->scorer = (struct reward_scorer_config){.backend = s->backend, .add_bos = s->data.add_bos,
+                                               .policy_chat = r->has_chat ? &r->chat : NULL, .where = "rl.reward"};
+    struct reward_model_scorer scorer;
+    reward_scorer_init(&rl->scorer, &scorer);
+    TRY(error_in_field(err, reward_stage_set_model_scorer(rl->reward, &scorer, err), "rl.reward"));
     TRY(check_prompts(rl, r->train, "data.train", err));
     TRY(check_prompts(rl, r->val, "data.validation", err));
     job_rl_loss_config(s, &rl->loss);
@@ -211,9 +217,10 @@ static int score_batch(struct trainer_run *r, const struct dataset *ds, struct r
         s[i].text = NULL;
         rc = decode_text(r, s[i].ids, s[i].n, &s[i].text, err);
         const struct dataset_prompt *p = &ds->prompts[s[i].row];
-        rl->rin[i] = (struct reward_sample){.prompt = prompts[i], .completion = s[i].text, .answer = p->answer,
-                                            .metadata_json = p->metadata_json, .n_completion_tokens = s[i].n,
-                                            .finish_reason = s[i].finish_reason};
+        rl->rin[i] = (struct reward_sample){.prompt = p->text, .prompt_messages = p->messages_json,
+                                            .prompt_rendered = prompts[i], .completion = s[i].text,
+                                            .answer = p->answer, .metadata_json = p->metadata_json,
+                                            .n_completion_tokens = s[i].n, .finish_reason = s[i].finish_reason};
     }
     if (!rc) rc = reward_stage_score(rl->reward, rl->rin, n, rl->rout, err);
     for (int i = 0; i < n; i++) free(prompts[i]);

@@ -181,9 +181,32 @@ struct reward_result;
 #define RL_ROUNDS 4
 #define RL_MAX_ALL_FAILED 3 /* iterations in a row without one reward: the job fails */
 
+/* reward_scorer.c: the reward_model grader's scorer (rewards.h), which runs each
+ * grader's sequence classifier in this process, on `backend`, frozen; its inputs are
+ * tokenized as the reward-model trainer tokenized its pairs (dataset_tokenize_response). */
+struct reward_scorer_config {
+    enum backend backend;                    /* where the reward models run: the policy's */
+    bool add_bos;                            /* data.add_bos: a raw prompt's bos, as the reward model's job had it */
+    const struct chat_template *policy_chat; /* the policy's template (NULL: none): its seam before a turn's
+                                                content is cut from completions, and it renders message-list
+                                                prompts for a reward model that has no template of its own */
+    const char *where;                       /* the stage's place in the spec ("rl.reward"), for messages */
+};
+struct reward_model_scorer;
+/* The scorer of config (borrowed: it must outlive the stage the scorer is set on). */
+void reward_scorer_init(const struct reward_scorer_config *config, struct reward_model_scorer *out);
+/* A sequence classifier from dir: a model directory, or a reward model's LoRA output
+ * (its base made a classifier with pad, the adapter and its head merged in), on backend.
+ * Errors name field (err->field and the message's start) and end with hint where the
+ * model is not a classifier: SMELT_ENOTFOUND no directory, SMELT_EINVAL a causal LM or
+ * its adapter. */
+int run_load_classifier(const char *dir, enum backend backend, int64_t pad, const char *field, const char *hint,
+                        struct model **out, struct smelt_error *err);
+
 /* One RL run's state (grpo.c owns it; ppo.c and critic.c read the iteration's arrays). */
 struct rl_state {
     struct reward_stage *reward;
+    struct reward_scorer_config scorer; /* the reward_model graders' (the stage borrows it) */
     struct model *ref_model;        /* a full fine-tune's reference (beta > 0), else NULL */
     struct critic *critic;          /* PPO's value model (critic.c); NULL in a grpo job */
     struct rl_policy_config loss;

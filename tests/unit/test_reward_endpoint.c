@@ -169,7 +169,7 @@ static struct reward_sample *samples_of(int n) {
         completion[i][i + 1] = '\0';
         snprintf(answer[i], sizeof answer[i], "a%d", i);
         snprintf(meta[i], sizeof meta[i], "{\"bonus\": %g}", i / 10.0);
-        s[i] = (struct reward_sample){.prompt = "Say x.", .completion = completion[i], .answer = answer[i],
+        s[i] = (struct reward_sample){.prompt_rendered = "Say x.", .completion = completion[i], .answer = answer[i],
                                       .metadata_json = meta[i], .n_completion_tokens = i + 1,
                                       .finish_reason = "stop"};
     }
