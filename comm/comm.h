@@ -83,7 +83,8 @@ struct comm_request;
  * options->timeout_ms when a rank does not show up, naming the missing ones. */
 int comm_create(struct comm_store *store, const struct comm_options *options,
                 struct comm **out, struct smelt_error *err);
-/* Waits for the operations in flight (each bounded by its timeout), then frees. NULL ok. */
+/* Runs out the operations still queued (each bounded by its timeout), then frees. Every
+ * request must have been waited for first (comm_wait frees it). NULL ok. */
 void comm_destroy(struct comm *comm);
 int comm_rank(const struct comm *comm);
 int comm_size(const struct comm *comm);
