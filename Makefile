@@ -42,7 +42,7 @@ CUDA_ARCH ?= 90
 TEST_PKGS := chromium chromium-driver python3-pip
 DEPS_PKGS := build-essential pkg-config libopenblas-dev libopenblas0-openmp libjansson-dev libcriterion-dev \
              libpcre2-dev libutf8proc-dev libzmq3-dev libmicrohttpd-dev libsqlite3-dev \
-             libjs-chart.js python3 bubblewrap libcurl4-openssl-dev
+             libjs-chart.js python3 bubblewrap libcurl4-openssl-dev libgloo-dev
 
 # libcurl (rewards/endpoint_http.c) through pkg-config: Debian's libcurl4-openssl-dev.
 CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
@@ -50,9 +50,11 @@ CURL_LIBS   := $(or $(shell pkg-config --libs libcurl 2>/dev/null),-lcurl)
 CPPFLAGS += -I. -D_GNU_SOURCE $(shell pkg-config --cflags jansson 2>/dev/null) $(CURL_CFLAGS)
 CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(SAN_FLAGS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS)
-# C++ only for tests/emu/: CUDA kernel source compiled for the CPU emulator.
+# C++ only for tests/emu/ (CUDA kernel source compiled for the CPU emulator) and for
+# comm/'s Gloo shim (Gloo is a C++ library; the shim gives comm/ a C interface).
 CXX      ?= c++
-CXXFLAGS += -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -pthread -MMD -MP $(SAN_FLAGS) -I. -Itests/emu/include
+LIB_CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -Werror -pthread -MMD -MP $(SAN_FLAGS) -I. -D_GNU_SOURCE
+CXXFLAGS += $(LIB_CXXFLAGS) -Wno-unknown-pragmas -Itests/emu/include
 # OpenBLAS's OpenMP build, so that its GEMMs and smelt's own parallel loops share one
 # OpenMP thread pool (two pools on the same cores fight: docs/dependencies.md). Debian
 # installs it beside the default pthread build without making it the default, so it is
@@ -61,7 +63,7 @@ CXXFLAGS += -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -pth
 OPENBLAS_DIR ?= /usr/lib/$(shell $(CC) -print-multiarch)/openblas-openmp
 LDLIBS   += -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -l:libopenblas.so.0 \
             -ljansson -lpcre2-8 -lutf8proc -lzmq -lmicrohttpd -lsqlite3 -lm -lpthread \
-            $(CURL_LIBS)
+            $(CURL_LIBS) -lgloo -lstdc++
 
 ifeq ($(CUDA),1)
 CPPFLAGS  += -DSMELT_CUDA -I$(CUDA_HOME)/include
@@ -74,6 +76,9 @@ endif
 LIB_DIRS := common kernels kernels/cpu tokenizer model lora comm trainer rollout weightsync rewards datasets server
 LIB_SRCS := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+# Gloo (libgloo-dev: no pkg-config file, the library in /usr/lib) through comm/'s shim.
+LIB_CXX_SRCS := $(wildcard comm/*.cpp)
+LIB_OBJS += $(LIB_CXX_SRCS:%.cpp=$(BUILD)/%.o)
 CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
 ifeq ($(CUDA),1)
 LIB_OBJS += $(CUDA_SRCS:%.cu=$(BUILD)/%.cu.o)
@@ -136,6 +141,10 @@ install-pkgs:
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/comm/%.o: comm/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(LIB_CXXFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)

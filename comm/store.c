@@ -1,0 +1,57 @@
+/* Opening a rendezvous store from its spec, and the checks and clock comm/ shares. */
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm_internal.h"
+
+int comm_name_check(const char *name, const char *field, struct smelt_error *err) {
+    if (!name || !*name)
+        return error_set_field(err, SMELT_EINVAL, field, "%s is empty", field);
+    size_t n = strlen(name);
+    if (n > 64)
+        return error_set_field(err, SMELT_EINVAL, field, "%s is %zu bytes (at most 64)", field, n);
+    if (name[0] == '.')
+        return error_set_field(err, SMELT_EINVAL, field, "%s starts with '.'", field);
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '-' || c == '_' || c == '.';
+        if (!ok)
+            return error_set_field(err, SMELT_EINVAL, field,
+                                   "%s has '%c' at byte %zu (letters, digits, '-', '_', '.')",
+                                   field, c, i);
+    }
+    return SMELT_OK;
+}
+
+int comm_store_open(const char *spec, const char *job, struct comm_store **out,
+                    struct smelt_error *err) {
+    *out = NULL;
+    TRY(comm_name_check(job, "job", err));
+    if (!spec)
+        return error_set_field(err, SMELT_EINVAL, "rendezvous", "rendezvous is missing");
+    if (strncmp(spec, "file:", 5) == 0) {
+        if (!spec[5])
+            return error_set_field(err, SMELT_EINVAL, "rendezvous",
+                                   "rendezvous 'file:' names no folder");
+        return comm_store_file_create(spec + 5, job, out, err);
+    }
+    return error_set_field(err, SMELT_EINVAL, "rendezvous",
+                           "rendezvous '%.64s' is not file:DIR", spec);
+}
+
+void comm_store_close(struct comm_store *store) {
+    if (!store) return;
+    store->ops->close(store->impl);
+}
+
+int64_t comm_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void comm_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {}
+}
