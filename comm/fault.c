@@ -1,28 +1,32 @@
 /* Naming the ranks at fault after a failed operation. Gloo says that an operation failed
  * (a closed connection, a timeout) but, in its messages, names a peer by address at best
  * and a stuck peer not at all. So every rank whose operation failed publishes that in
- * the store under <name>/fail/<seq>/<rank>, and waits a grace period for the others:
- * the ranks that never report are the dead or stuck ones. */
+ * the store under <name>/fail/<rank>, and waits a grace period for the others: the
+ * ranks that never report are the dead or stuck ones. The key holds no operation
+ * number: a communicator fails once (it is broken after), and the ranks need not fail
+ * in the same operation — one whose part of an all-reduce finished before the peer died
+ * fails in the next one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
 
-/* Half the timeout, within [100 ms, 2 s]: the healthy ranks fail within about the same
- * time (a killed peer closes every connection at once; a stopped one makes every
- * operation time out), so their reports arrive close together. */
+/* The timeout, within [100 ms, 5 s]: a healthy rank fails at the latest when its own
+ * operation times out (a killed peer closes every connection at once, and the first rank
+ * to fail closes its own), so its report comes within about one timeout of ours; a
+ * shorter grace named healthy ranks on busy machines. */
 static int grace_ms(const struct comm *comm) {
-    int g = comm->timeout_ms / 2;
-    return g < 100 ? 100 : g > 2000 ? 2000 : g;
+    int g = comm->timeout_ms;
+    return g < 100 ? 100 : g > 5000 ? 5000 : g;
 }
 
-static void fail_key(const struct comm *comm, uint64_t seq, int rank, char *key, size_t bytes) {
-    snprintf(key, bytes, "%s/fail/%llu/%d", comm->name, (unsigned long long)seq, rank);
+static void fail_key(const struct comm *comm, int rank, char *key, size_t bytes) {
+    snprintf(key, bytes, "%s/fail/%d", comm->name, rank);
 }
 
 /* Appends the ranks whose report did not come within the grace period to list. */
-static int silent_ranks(struct comm *comm, uint64_t seq, char *list, size_t bytes) {
+static int silent_ranks(struct comm *comm, char *list, size_t bytes) {
     int64_t deadline = comm_now_ms() + grace_ms(comm);
     int silent = 0;
     size_t n = 0;
@@ -30,7 +34,7 @@ static int silent_ranks(struct comm *comm, uint64_t seq, char *list, size_t byte
     for (int r = 0; r < comm->size; r++) {
         if (r == comm->rank) continue;
         char key[COMM_KEY_BYTES];
-        fail_key(comm, seq, r, key, sizeof key);
+        fail_key(comm, r, key, sizeof key);
         int64_t left = deadline - comm_now_ms();
         struct smelt_error ignored;
         if (!comm->store->ops->wait(comm->store->impl, (const char *const[]){key}, 1,
@@ -49,12 +53,12 @@ int comm_name_faults(struct comm *comm, uint64_t seq, const char *what,
     snprintf(cause, sizeof cause, "%s", err->message);
     int code = err->code;
     char key[COMM_KEY_BYTES];
-    fail_key(comm, seq, comm->rank, key, sizeof key);
+    fail_key(comm, comm->rank, key, sizeof key);
     struct smelt_error store_err;
     bool published = !comm->store->ops->set(comm->store->impl, key, cause, strlen(cause),
                                             &store_err);
     char silent[160];
-    int n = published ? silent_ranks(comm, seq, silent, sizeof silent) : 0;
+    int n = published ? silent_ranks(comm, silent, sizeof silent) : 0;
     if (!published)
         return error_set(err, code, "%s #%llu failed on rank %d of %d (%s; the store failed "
                          "too, so the rank at fault is unknown: %s)", what,

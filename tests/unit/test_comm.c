@@ -262,6 +262,22 @@ Test(comm, async_overlap_out_of_order, .init = test_tmp_setup, .fini = test_tmp_
 #define VICTIM 2
 #define FAULT_RANKS 4
 
+/* Does msg ("...: ranks 1, 2 dead or not answering ...") name rank among the silent
+ * ones? The dead rank is always among them; a healthy rank too slow to report on an
+ * overloaded machine may be named beside it (comm/README.md). */
+static bool names_rank(const char *msg, int rank) {
+    const char *end = strstr(msg, " dead or not answering");
+    const char *p = end ? strstr(msg, ": rank") : NULL;
+    if (!p || p > end) return false;
+    for (p += strlen(": rank"); p < end; p++)
+        if (*p >= '0' && *p <= '9') {
+            char *next;
+            if (strtol(p, &next, 10) == rank) return true;
+            p = next - 1;
+        }
+    return false;
+}
+
 /* All-reduces until one fails; rank VICTIM marks the folder once it is in the loop.
  * Exits 0 when the failure names VICTIM and the communicator is broken after it. */
 static int until_failure(struct comm *c, char *msg, size_t bytes) {
@@ -284,7 +300,7 @@ static int until_failure(struct comm *c, char *msg, size_t bytes) {
     CHECK(rc != 0 && comm_is_broken(c, NULL) && comm_now_ms() - t0 < 100,
           "not broken after: %s", err.message);
     snprintf(msg, bytes, "%s", err.message);
-    return strstr(err.message, "rank 2 dead or not answering") ? 0 : 1;
+    return names_rank(err.message, VICTIM) ? 0 : 1;
 }
 
 static void fault(int sig) {
@@ -297,8 +313,8 @@ static void fault(int sig) {
     cr_assert(path_exists(marker), "the victim never started its loop");
     kill(pids[VICTIM], sig);
     int64_t t0 = comm_now_ms();
-    /* The timeout, the naming grace (half of it) and slack for 2 busy cores. */
-    int64_t deadline = t0 + TIMEOUT_MS + TIMEOUT_MS / 2 + 1500;
+    /* The timeout, the naming grace (as long) and slack for 2 busy cores. */
+    int64_t deadline = t0 + 2 * TIMEOUT_MS + 3000;
     for (int r = 0; r < FAULT_RANKS; r++) {
         if (r == VICTIM) continue;
         int code = reap(pids[r], deadline);
