@@ -254,7 +254,7 @@ test-parity: $(BINS)
 	$(PYTHON) tests/parity/check_reward_model.py $(BUILD)
 
 # The programs end to end: generation is deterministic, bad flags are refused.
-test-tools: $(BINS)
+test-tools: $(BINS) $(BENCH_BINS)
 	$(tsan_begin)
 	$(TEST_ENV) BUILD=$(BUILD) sh tests/tools/run.sh
 	$(tsan_end)

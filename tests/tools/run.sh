@@ -98,5 +98,14 @@ sed 's/"max_steps": 1000/"max_steps": 1000, "warmup": 3/' "$T/job.json" >"$T/bad
 if "$B/smelt-trainer" --spec "$T/bad.json" 2>"$T/err"; then fail "unknown spec field accepted"; else
   grep -q "warmup" "$T/err" && ok || fail "spec error does not name the field: $(cat "$T/err")"; fi
 
+# bench/comm_cpu, smelt's half at two small sizes: every row has a time (a collective that
+# fails prints its error in its row), and bad flags are named
+"$B/bench/comm_cpu" --no-torch --ranks 2 --max-size 16384 --timeout-ms 20000 >"$T/comm.out" 2>&1 \
+  && ok || fail "comm_cpu: $(tail -3 "$T/comm.out")"
+n=$(grep -cE '^(all_reduce|reduce_scatter|all_gather|broadcast) +[0-9]+ KiB +[0-9]+ +[0-9.]+ +[0-9.]+ ' "$T/comm.out")
+[ "$n" -eq 8 ] && ! grep -q "smelt:" "$T/comm.out" && ok || fail "comm_cpu: $n of 8 rows timed: $(cat "$T/comm.out")"
+if "$B/bench/comm_cpu" --ranks 3 2>"$T/err"; then fail "comm_cpu --ranks 3 accepted"; else
+  grep -q -- "--ranks" "$T/err" && ok || fail "comm_cpu error does not name --ranks: $(cat "$T/err")"; fi
+
 echo "tools: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]
