@@ -256,29 +256,29 @@ Test(model_grader, a_grpo_run_is_rewarded_by_a_score_model_grader) {
     struct test_run_paths p;
     rl_test_setup(&p, 6);
     char extra[2048];
-    /* the policy judges itself: its replies are random bytes, so every sample fails with
-     * the reply quoted, and the run goes on (failed samples are events, not job failures) */
+    /* the policy judges itself, greedily (the plain template renders its messages): a tiny random model's reply is bytes, no number,
+     * so its samples fail with the reply quoted in the iteration's sample_errors line, and
+     * the run goes on (failed samples are events, not job failures) */
     snprintf(extra, sizeof extra,
-             "\"hyperparameters\":{\"batch_size\":3,\"learning_rate\":0.01},\"rl\":{\"num_generations\":2,"
-             "\"max_new_tokens\":4,\"max_iterations\":1,\"kv_memory_mb\":2,\"temperature\":0.8,\"reward\":{"
+             "\"chat_template\":\"plain\",\"hyperparameters\":{\"batch_size\":3,\"learning_rate\":0.01},"
+             "\"rl\":{\"num_generations\":2,\"max_new_tokens\":4,\"max_iterations\":1,\"kv_memory_mb\":2,\"temperature\":0.8,\"reward\":{"
              "\"grader\":{\"type\":\"multi\",\"calculate_output\":\"judge + len\",\"graders\":{"
              "\"judge\":{\"type\":\"score_model\",\"model\":\"%s\",\"sampling_params\":{\"temperature\":0,"
              "\"max_completions_tokens\":3},\"input\":[{\"role\":\"user\",\"content\":\"{{sample.output_text}}\"}]},"
              "\"len\":{\"type\":\"string_check\",\"input\":\"{{sample.output_text}}\",\"reference\":\"\","
              "\"operation\":\"like\"}}}}},", p.model);
-    struct smelt_error err = {0};
-    struct job_spec spec;
     struct trainer_result res;
-    TEST_OK(rl_test_load_spec(&p, "grpo", p.train, p.out, extra, &spec, &err), &err);
-    int rc = trainer_run(&spec, &quiet, &res, &err);
-    json_t *tr[2];
-    if (rc == SMELT_OK) {
-        cr_assert_eq(test_read_lines(p.out, "train", tr, 2), 1);
-        cr_expect_eq(json_integer_value(json_object_get(tr[0], "samples")), 6);
-        test_free_lines(tr, 1);
-    } else {
-        /* every sample of RL_MAX_ALL_FAILED iterations failing fails the job, naming why */
-        cr_expect(strstr(err.message, "grader model's reply") || strstr(err.message, "reward"), "%s", err.message);
-    }
+    rl_test_run(&p, "grpo", p.out, extra, &quiet, &res);
+    json_t *tr[2], *ev[2];
+    cr_assert_eq(test_read_lines(p.out, "train", tr, 2), 1);
+    cr_expect_eq(json_integer_value(json_object_get(tr[0], "samples")), 6);
+    int64_t failed = json_integer_value(json_object_get(tr[0], "samples_failed"));
+    cr_expect_gt(failed, 0, "the tiny judge's bytes are no number");
+    cr_assert_eq(test_read_lines(p.out, "sample_errors", ev, 2), 1);
+    char *text = json_dumps(json_object_get(ev[0], "errors"), 0);
+    cr_expect(strstr(text, "grader.graders.judge (score_model): the grader model's reply"), "%s", text);
+    free(text);
+    test_free_lines(tr, 1);
+    test_free_lines(ev, 1);
     test_tmp_teardown();
 }
