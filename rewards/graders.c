@@ -16,9 +16,9 @@
 #include "rewards/rewards_internal.h"
 #include "rewards/sandbox_internal.h"
 
-static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi", "python", "endpoint",
-                                          "reward_model"};
-#define N_TYPES 6
+static const char *const TYPE_NAMES[] = {"string_check", "text_similarity", "multi",      "python",
+                                          "endpoint",     "reward_model",    "score_model", "label_model"};
+#define N_TYPES 8
 static const char *const OPERATIONS[] = {"eq", "ne", "like", "ilike"};
 static const char *const METRICS[] = {"fuzzy_match", "bleu",    "gleu",    "rouge_1", "rouge_2",
                                       "rouge_3",     "rouge_4", "rouge_5", "rouge_l"};
@@ -47,19 +47,15 @@ static int parse_type(const json_t *obj, const char *w, bool nested, struct rewa
             if (t == GRADER_MULTI && nested)
                 return error_set_field(err, SMELT_EINVAL, "type",
                                        "%s.type: a multi grader's graders are string_check, text_similarity, "
-                                       "python, endpoint or reward_model graders, not another multi (OpenAI's shape)",
+                                       "python, endpoint, reward_model, score_model or label_model graders, not "
+                                       "another multi (OpenAI's shape)",
                                        w);
             g->type = (enum grader_type)t;
             return SMELT_OK;
         }
-    if (strcmp(type, "score_model") == 0 || strcmp(type, "label_model") == 0)
-        return error_set_field(err, SMELT_EINVAL, "type",
-                               "%s.type: \"%s\" graders are not available in smelt yet (string_check, "
-                               "text_similarity, python, multi, endpoint)",
-                               w, type);
     return error_set_field(err, SMELT_EINVAL, "type",
                            "%s.type: unknown grader type \"%.40s\" (string_check, text_similarity, python, multi, "
-                           "endpoint, reward_model)",
+                           "endpoint, reward_model, score_model, label_model)",
                            w, type);
 }
 
@@ -177,7 +173,8 @@ static int parse_grader(const json_t *obj, const char *w, bool nested, struct re
         return error_set(err, SMELT_EINVAL, "%s: expected a grader object like {\"type\": \"string_check\", ...}", w);
     TRY(parse_type(obj, w, nested, g, err));
     static const char *const *const KEYS[] = {STRING_CHECK_KEYS, TEXT_SIMILARITY_KEYS, MULTI_KEYS, PYTHON_KEYS,
-                                              ENDPOINT_KEYS, GRADER_RM_KEYS};
+                                              ENDPOINT_KEYS, GRADER_RM_KEYS, GRADER_SCORE_MODEL_KEYS,
+                                              GRADER_LABEL_MODEL_KEYS};
     TRY(json_check_keys(obj, KEYS[g->type], w, err));
     TRY(parse_name(obj, w, g, err));
     if (g->type == GRADER_STRING_CHECK) return parse_string_check(obj, w, g, err);
@@ -185,6 +182,7 @@ static int parse_grader(const json_t *obj, const char *w, bool nested, struct re
     if (g->type == GRADER_PYTHON) return grader_python_parse(obj, w, g, err);
     if (g->type == GRADER_ENDPOINT) return grader_endpoint_parse(obj, w, g, err);
     if (g->type == GRADER_REWARD_MODEL) return grader_rm_parse(obj, w, g, err);
+    if (g->type == GRADER_SCORE_MODEL || g->type == GRADER_LABEL_MODEL) return grader_lm_parse(obj, w, g, err);
     return parse_multi(obj, w, g, err);
 }
 
@@ -215,6 +213,7 @@ static void grader_clear(struct reward_grader *g) {
     grader_python_free(g->py);
     grader_endpoint_free(g->ep);
     grader_rm_free(g->rm);
+    grader_lm_free(g->lm);
 }
 
 void reward_grader_free(struct reward_grader *g) {
@@ -240,6 +239,8 @@ json_t *reward_grader_to_json(const struct reward_grader *g) {
         bad |= grader_endpoint_to_json(g->ep, obj);
     } else if (g->type == GRADER_REWARD_MODEL) {
         bad |= grader_rm_to_json(g->rm, obj);
+    } else if (g->lm) {
+        bad |= grader_lm_to_json(g, obj);
     } else if (g->type == GRADER_PYTHON) {
         bad |= grader_python_to_json(g->py, obj);
         if (g->has_pass_threshold) bad |= reward_json_set(obj, "pass_threshold", json_real(g->pass_threshold));
@@ -313,11 +314,13 @@ static void score_python(const struct reward_grader *g, int i, double *score, ch
     describe_failure(g, what, warning, warning_n);
 }
 
-/* A string_check, text_similarity, python, endpoint or reward_model grader on the sample
+/* A string_check, text_similarity, python, endpoint, reward_model, score_model or
+ * label_model grader on the sample
  * of x->ctx (sample i). */
 static int score_leaf(const struct reward_grader *g, struct scratch *x, double *score, char *why, size_t why_n) {
     if (g->type == GRADER_ENDPOINT) return grader_endpoint_result(g->ep, x->i, score, why, why_n);
     if (g->type == GRADER_REWARD_MODEL) return grader_rm_result(g->rm, x->i, score, why, why_n);
+    if (g->lm) return grader_lm_result(g->lm, x->i, score, why, why_n);
     if (g->type == GRADER_PYTHON) {
         score_python(g, x->i, score, x->warning, x->warning_n);
         return SMELT_OK;
@@ -375,6 +378,7 @@ int reward_grader_score(struct reward_grader *g, const struct reward_sample *s, 
 static int check_leaf(const struct reward_grader *g, struct grader_context *c, struct smelt_error *err) {
     /* grade() and the user's service read whatever they like of the row; a reward model reads none of it */
     if (g->type == GRADER_PYTHON || g->type == GRADER_ENDPOINT || g->type == GRADER_REWARD_MODEL) return SMELT_OK;
+    if (g->lm) return grader_lm_check_row(g, c, err);
     const struct grader_template *t[2] = {&g->input, &g->reference};
     for (int k = 0; k < 2; k++) {
         const char *field = NULL;
@@ -401,6 +405,7 @@ int reward_grader_prepare(struct reward_grader *g, const struct reward_sample *s
                           struct smelt_error *err) {
     TRY(grader_endpoint_prepare(g, samples, n, err));
     TRY(grader_rm_prepare(g, samples, n, err));
+    TRY(grader_lm_prepare(g, samples, n, err));
     struct reward_grader *py[1 + GRADER_MAX_SUB];
     int n_py = 0;
     if (g->type == GRADER_PYTHON) py[n_py++] = g;

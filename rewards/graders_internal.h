@@ -141,12 +141,14 @@ int grader_similarity(enum grader_metric m, const char *input, size_t n_input, c
 /* ---- graders.c ---- */
 
 enum grader_type {
-    GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI, GRADER_PYTHON, GRADER_ENDPOINT, GRADER_REWARD_MODEL
+    GRADER_STRING_CHECK, GRADER_TEXT_SIMILARITY, GRADER_MULTI, GRADER_PYTHON, GRADER_ENDPOINT, GRADER_REWARD_MODEL,
+    GRADER_SCORE_MODEL, GRADER_LABEL_MODEL
 };
 
 struct grader_python;
 struct grader_endpoint;
 struct grader_rm;
+struct grader_lm;
 enum grader_operation { GRADER_EQ, GRADER_NE, GRADER_LIKE, GRADER_ILIKE };
 
 struct reward_grader {
@@ -170,6 +172,8 @@ struct reward_grader {
     struct grader_endpoint *ep;
     /* reward_model (reward_model_grader.c) */
     struct grader_rm *rm;
+    /* score_model, label_model (model_grader_spec.c, model_grader.c) */
+    struct grader_lm *lm;
 };
 
 /* spec["grader"] → *out (a new grader the caller frees with reward_grader_free). A
@@ -235,5 +239,60 @@ int grader_rm_to_json(const struct grader_rm *rm, json_t *obj);
 int grader_rm_prepare(struct reward_grader *g, const struct reward_sample *samples, int n, struct smelt_error *err);
 /* Sample i of the last batch: 0 with *score, or GRADER_FAILED with why. */
 int grader_rm_result(const struct grader_rm *rm, int i, double *score, char *why, size_t why_n);
+
+/* ---- model_grader_spec.c, model_grader.c: score_model and label_model ---- */
+
+#define GRADER_LM_MAX_MESSAGES REWARD_MAX_PROMPT_MESSAGES
+#define GRADER_LM_MAX_LABELS 64
+#define GRADER_LM_DEFAULT_TOKENS 64   /* sampling_params.max_completions_tokens */
+#define GRADER_LM_MAX_TOKENS 4096
+
+extern const char *const GRADER_SCORE_MODEL_KEYS[]; /* every key allowed, NULL-terminated */
+extern const char *const GRADER_LABEL_MODEL_KEYS[];
+
+struct grader_lm_message {
+    const char *role;                  /* static: "system" (also for "developer"), "user", "assistant" */
+    struct grader_template content;
+};
+
+/* One sample's outcome of the last batch. */
+struct grader_lm_result {
+    int status;                        /* 0 (scored), GRADER_FAILED */
+    double score;
+    char why[REWARD_ERROR_BYTES];
+};
+
+struct grader_lm {
+    bool label;                        /* label_model (else score_model) */
+    char *model, *model_dir;           /* as given; model_dir: smeltd's resolution, NULL when not given */
+    int n_msgs;
+    struct grader_lm_message msgs[GRADER_LM_MAX_MESSAGES];
+    json_t *input;                     /* the spec's input, written back as given */
+    double range[2];                   /* score_model */
+    bool has_sampling;                 /* sampling_params given (written back either way) */
+    struct reward_generate_params params;
+    char **labels, **passing;          /* label_model */
+    int n_labels, n_passing;
+    struct reward_model_scorer scorer;
+    void *handle;                      /* the scorer's generator; NULL until opened */
+    int n;                             /* the last batch */
+    struct grader_lm_result *results;
+};
+
+/* The grader's own fields of obj (type and name are read). w names it in messages. */
+int grader_lm_parse(const json_t *obj, const char *w, struct reward_grader *g, struct smelt_error *err);
+void grader_lm_free(struct grader_lm *lm); /* closes its model; NULL is fine */
+int grader_lm_to_json(const struct reward_grader *g, json_t *obj); /* nonzero when out of memory */
+/* Opens g's model with scorer's open_generator (SMELT_EINVAL naming <path>.model when
+ * the scorer has none). */
+int grader_lm_open(struct reward_grader *g, const struct reward_model_scorer *scorer, struct smelt_error *err);
+/* Every score_model / label_model grader of the tree on the batch: messages rendered per
+ * sample, replies generated, read into scores. A negative code only when the scorer
+ * fails or memory runs out. */
+int grader_lm_prepare(struct reward_grader *g, const struct reward_sample *samples, int n, struct smelt_error *err);
+/* Sample i of the last batch: 0 with *score, or GRADER_FAILED with why. */
+int grader_lm_result(const struct grader_lm *lm, int i, double *score, char *why, size_t why_n);
+/* Every {{item.x}} of the messages found in the row: as grader_template_check_row. */
+int grader_lm_check_row(const struct reward_grader *g, struct grader_context *c, struct smelt_error *err);
 
 #endif

@@ -106,15 +106,27 @@ static int open_one(struct reward_grader *g, const struct reward_model_scorer *s
     return scorer->open(scorer->ctx, &ref, &rm->handle, err);
 }
 
+/* g's model when it has one not yet opened, by the scorer's entry for its kind. */
+static int open_grader(struct reward_grader *g, const struct reward_model_scorer *scorer, struct smelt_error *err) {
+    if (g->lm && !g->lm->handle) return grader_lm_open(g, scorer, err);
+    if (g->type != GRADER_REWARD_MODEL || g->rm->handle) return SMELT_OK;
+    if (!scorer->open || !scorer->score) {
+        error_set(err, SMELT_EINVAL, "%s.model: this scorer cannot run a reward model", g->path);
+        snprintf(err->field, sizeof err->field, "%s.model", g->path);
+        return SMELT_EINVAL;
+    }
+    return open_one(g, scorer, err);
+}
+
 int reward_stage_set_model_scorer(struct reward_stage *stage, const struct reward_model_scorer *scorer,
                                   struct smelt_error *err) {
-    if (!stage || !scorer || !scorer->open || !scorer->score)
-        return error_set(err, SMELT_EINVAL, "reward_stage_set_model_scorer: a stage and a scorer with open and score");
+    if (!stage || !scorer || !((scorer->open && scorer->score) || (scorer->open_generator && scorer->generate)))
+        return error_set(err, SMELT_EINVAL, "reward_stage_set_model_scorer: a stage and a scorer with open and score, "
+                         "or open_generator and generate");
     struct reward_grader *g = stage->grader;
     if (!g) return SMELT_OK;
-    if (g->type == GRADER_REWARD_MODEL && !g->rm->handle) TRY(open_one(g, scorer, err));
-    for (int k = 0; k < g->n_sub; k++)
-        if (g->sub[k].type == GRADER_REWARD_MODEL && !g->sub[k].rm->handle) TRY(open_one(&g->sub[k], scorer, err));
+    TRY(open_grader(g, scorer, err));
+    for (int k = 0; k < g->n_sub; k++) TRY(open_grader(&g->sub[k], scorer, err));
     return SMELT_OK;
 }
 

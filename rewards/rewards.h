@@ -22,7 +22,9 @@
  * classifier's score of prompt + completion, through the stage's reward-model scorer,
  * below), smelt's endpoint ({"url": "https://...", "timeout_s", "max_retries",
  * "headers"}: the batch POSTed to the user's service, which answers one reward per
- * sample; no request is made here), or multi ({"graders": {name: G', ...},
+ * sample; no request is made here), score_model / label_model ({"model": M, "input":
+ * [messages]}: a model's reply to the rendered messages, read as a number in "range" or
+ * one of "labels", through the stage's scorer's generate, below), or multi ({"graders": {name: G', ...},
  * "calculate_output": formula}). A spec holds "verifiers" or "grader", not both. Errors
  * name the path OpenAI style: err->field "grader.graders.acc.operation". Graders read
  * {{item.<field>}} (the row's answer and metadata), {{sample.output_text}} and
@@ -171,6 +173,44 @@ struct reward_model_result {
     char error[REWARD_ERROR_BYTES];
 };
 
+/* ---- model graders: score_model and label_model ----
+ *
+ * A score_model or label_model grader renders its templated messages per sample and has
+ * a model generate a reply, from which it reads the score. The generation is the
+ * scorer's too (generate, below): rewards/ renders, the owner's scorer tokenizes with
+ * the grader model's own tokenizer and chat template and generates. */
+
+/* One rendered message of a grader's prompt (borrowed for the call). role: "system",
+ * "user" or "assistant" (OpenAI's "developer" arrives as "system"). */
+struct reward_message {
+    const char *role;
+    const char *content;
+};
+
+#define REWARD_MAX_PROMPT_MESSAGES 16 /* a model grader's input */
+
+/* One sample's prompt for the grader model; n == 0 when the sample could not be rendered
+ * (the scorer skips it: out[i].failed is not read for it). */
+struct reward_prompt {
+    const struct reward_message *messages;
+    int n;
+};
+
+/* The grader's sampling_params as the scorer takes them. */
+struct reward_generate_params {
+    double temperature;     /* 0: greedy */
+    double top_p;           /* (0, 1] */
+    int64_t max_tokens;     /* generated tokens at most, >= 1 */
+    uint64_t seed;          /* prompt i draws from stream (seed, i): a batch is reproducible */
+};
+
+/* One reply: text (malloc'd, NUL-terminated; rewards/ frees it), or failed with why. */
+struct reward_generation {
+    char *text;
+    bool failed;
+    char error[REWARD_ERROR_BYTES];
+};
+
 struct reward_model_scorer {
     void *ctx;
     /* Loads and checks the model of ref; *handle is what score and close get. Errors name
@@ -182,11 +222,24 @@ struct reward_model_scorer {
     int (*score)(void *handle, const struct reward_sample *samples, int n, struct reward_model_result *out,
                  struct smelt_error *err);
     void (*close)(void *handle); /* NULL handle is fine */
+    /* score_model and label_model graders (NULL when the owner runs none: such a grader
+     * is then refused by reward_stage_set_model_scorer, naming its model). Loads a causal
+     * LM with its tokenizer and chat template; errors as open's (SMELT_EINVAL for a model
+     * that cannot generate). */
+    int (*open_generator)(void *ctx, const struct reward_model_ref *ref, void **handle, struct smelt_error *err);
+    /* prompts[0..n) → out[0..n) (every field written; a prompt with n == 0 gets neither
+     * text nor a failure). A negative code only when the scorer itself fails. */
+    int (*generate)(void *handle, const struct reward_prompt *prompts, int n, const struct reward_generate_params *p,
+                    struct reward_generation *out, struct smelt_error *err);
+    void (*close_generator)(void *handle); /* NULL handle is fine */
 };
 
-/* Opens every reward_model grader of the stage with scorer (copied; its ctx must outlive
- * the stage): the first open's error, its field under the stage's spec ("grader.model").
- * A stage without reward_model graders takes it and never calls it. Set it once. */
+/* Opens every reward_model grader of the stage with scorer's open, every score_model and
+ * label_model grader with its open_generator (scorer copied; its ctx must outlive the
+ * stage): the first open's error, its field under the stage's spec ("grader.model"). A
+ * scorer needs open and score, or open_generator and generate, or all four; a grader
+ * whose entries it lacks is SMELT_EINVAL naming "<grader>.model". A stage without model
+ * graders takes it and never calls it. Set it once. */
 int reward_stage_set_model_scorer(struct reward_stage *stage, const struct reward_model_scorer *scorer,
                                   struct smelt_error *err);
 

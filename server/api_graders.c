@@ -352,11 +352,13 @@ static void run_and_reply(struct reward_stage *stage, const struct run_input *in
 }
 
 /* Graders that only a job's trainer runs: an endpoint grader would have smeltd itself
- * call any URL a caller names (from inside the operator's network), and a reward_model
- * grader needs a model loaded in a trainer. 0, or -1 with a 400 naming the type. */
+ * call any URL a caller names (from inside the operator's network), and reward_model,
+ * score_model and label_model graders need a model loaded in a trainer. 0, or -1 with a
+ * 400 naming the type. */
 static int refuse_job_only(const json_t *grader, const char *path, struct http_response *res) {
     const char *type = json_string_value(json_object_get(grader, "type"));
-    if (type && (strcmp(type, "endpoint") == 0 || strcmp(type, "reward_model") == 0)) {
+    if (type && (strcmp(type, "endpoint") == 0 || strcmp(type, "reward_model") == 0 ||
+                 strcmp(type, "score_model") == 0 || strcmp(type, "label_model") == 0)) {
         char field[160];
         snprintf(field, sizeof field, "%s.type", path);
         http_reply_error(res, 400, field, "unsupported",

@@ -1,9 +1,10 @@
-/* The reward models of an RL job's reward: each reward_model grader's "model" names a
- * model as a job's `model` does (GET /v1/models: a reward-model job's fine_tuned_model,
- * or a base model), and the job spec gets its directory beside the name as "model_dir",
+/* The models of an RL job's reward: each reward_model, score_model or label_model
+ * grader's "model" names a model as a job's `model` does (GET /v1/models: a job's
+ * fine_tuned_model, or a base model), and the job spec gets its directory beside the name as "model_dir",
  * as resolve_critic does for a ppo job's critic_model. A directory never comes from the
  * request: "model_dir" there is refused. The trainer then checks the model is a
- * sequence classifier (trainer/reward_scorer.c). */
+ * sequence classifier (trainer/reward_scorer.c), or a causal LM for the model graders
+ * (trainer/reward_generator.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,7 +14,9 @@
 static int resolve_one(struct server *s, struct store_conn *conn, const char *project, json_t *g, const char *path,
                        struct smelt_error *err) {
     const char *type = json_string_value(json_object_get(g, "type"));
-    if (!type || strcmp(type, "reward_model") != 0) return SMELT_OK;
+    if (!type || (strcmp(type, "reward_model") != 0 && strcmp(type, "score_model") != 0 &&
+                  strcmp(type, "label_model") != 0))
+        return SMELT_OK;
     char field[SMELT_ERROR_FIELD_BYTES + 16], dir[SERVER_PATH_BYTES], kind[16];
     snprintf(field, sizeof field, "%s.model_dir", path);
     if (json_object_get(g, "model_dir"))
@@ -23,7 +26,7 @@ static int resolve_one(struct server *s, struct store_conn *conn, const char *pr
     json_t *name = json_object_get(g, "model");
     if (!json_is_string(name) || !json_string_length(name))
         return error_set_field(err, SMELT_EINVAL, field, "%s: a model name is expected (GET /v1/models lists them: "
-                               "a reward-model job's fine_tuned_model, or a base sequence classifier)", field);
+                               "a job's fine_tuned_model, or a base model)", field);
     int rc = models_resolve(s, conn, project, json_string_value(name), dir, sizeof dir, kind, sizeof kind, err);
     if (rc == SMELT_ENOTFOUND)
         return error_set_field(err, SMELT_EINVAL, field, "%s: no such model: %.200s (GET /v1/models lists them)",

@@ -88,27 +88,30 @@ int run_load_classifier(const char *dir, enum backend be, int64_t pad, const cha
     return rc;
 }
 
-/* The reward model's tokenizer (its directory's, else its adapter's base's) and chat
- * template: its tokenizer_config.json's, else the policy's family with its own tokens,
- * else none (message-list prompts then fail their samples). */
-static int load_tokenizer(struct rm_handle *h, const char *dir, const struct reward_scorer_config *c,
-                          struct smelt_error *err) {
+int reward_model_tokenizer(const char *dir, const struct reward_scorer_config *c, const char *field,
+                           struct tokenizer **tok, struct chat_template *chat, bool *has_chat, struct smelt_error *err) {
     struct lora_dir_info info;
     struct smelt_error ignore = {0};
     char tokdir[sizeof info.base_path];
     snprintf(tokdir, sizeof tokdir, "%s", dir);
+    *has_chat = false;
     if (!dir_has(dir, "tokenizer.json") && dir_has(dir, "adapter_config.json") && !lora_dir_info(dir, &info, &ignore))
         snprintf(tokdir, sizeof tokdir, "%s", info.base_path);
-    TRY(error_wrap(err, tokenizer_load(tokdir, &h->tok, err), "%s: the reward model's tokenizer", h->field));
+    TRY(error_wrap(err, tokenizer_load(tokdir, tok, err), "%s: the model's tokenizer", field));
     const char *policy = c->policy_chat ? chat_template_name(c->policy_chat->kind) : NULL;
     if (dir_has(tokdir, "tokenizer_config.json")) {
-        h->has_chat = !chat_template_from_tokenizer_config(tokdir, NULL, &h->chat, h->tok, &ignore) ||
-                      (policy && !chat_template_from_tokenizer_config(tokdir, policy, &h->chat, h->tok, &ignore));
+        *has_chat = !chat_template_from_tokenizer_config(tokdir, NULL, chat, *tok, &ignore) ||
+                    (policy && !chat_template_from_tokenizer_config(tokdir, policy, chat, *tok, &ignore));
     } else if (c->policy_chat) {
-        h->chat = *c->policy_chat;
-        h->has_chat = true;
+        *chat = *c->policy_chat;
+        *has_chat = true;
     }
     return SMELT_OK;
+}
+
+static int load_tokenizer(struct rm_handle *h, const char *dir, const struct reward_scorer_config *c,
+                          struct smelt_error *err) {
+    return reward_model_tokenizer(dir, c, h->field, &h->tok, &h->chat, &h->has_chat, err);
 }
 
 /* What the policy's template puts between its generation prompt and an assistant turn's
@@ -309,5 +312,6 @@ static int scorer_score(void *handle, const struct reward_sample *samples, int n
 
 void reward_scorer_init(const struct reward_scorer_config *config, struct reward_model_scorer *out) {
     *out = (struct reward_model_scorer){.ctx = (void *)config, .open = scorer_open, .score = scorer_score,
-                                        .close = handle_free};
+                                        .close = handle_free, .open_generator = reward_generator_open,
+                                        .generate = reward_generator_generate, .close_generator = reward_generator_close};
 }

@@ -195,6 +195,32 @@ struct reward_scorer_config {
 struct reward_model_scorer;
 /* The scorer of config (borrowed: it must outlive the stage the scorer is set on). */
 void reward_scorer_init(const struct reward_scorer_config *config, struct reward_model_scorer *out);
+/* The tokenizer of the model in dir (its own, else its adapter's base's) and its chat
+ * template: its tokenizer_config.json's, else the policy's family with its own tokens,
+ * else the policy's template when dir has no config, else none (*has_chat false). Errors
+ * start with field. The caller frees *tok. */
+int reward_model_tokenizer(const char *dir, const struct reward_scorer_config *c, const char *field,
+                           struct tokenizer **tok, struct chat_template *chat, bool *has_chat, struct smelt_error *err);
+/* reward_generator.c: score_model / label_model graders' generator (rewards.h: the
+ * scorer's open_generator, generate, close_generator; reward_scorer_init sets them). A
+ * causal LM (a model directory or a causal LoRA output, merged) loaded frozen on the
+ * config's backend, with its own tokenizer and chat template; each batch's prompts
+ * through the paged rollout engine (created per batch, freed before returning). */
+struct reward_model_ref;
+struct reward_prompt;
+struct reward_generate_params;
+struct reward_generation;
+int reward_generator_open(void *ctx, const struct reward_model_ref *ref, void **handle, struct smelt_error *err);
+int reward_generator_generate(void *handle, const struct reward_prompt *prompts, int n,
+                              const struct reward_generate_params *p, struct reward_generation *out,
+                              struct smelt_error *err);
+void reward_generator_close(void *handle);
+/* The ids the grader model is given for prompt (its chat template, generation prompt
+ * appended): *ids malloc'd, the caller frees it. SMELT_EINVAL when the template refuses
+ * the messages (why in err). */
+int reward_generator_prompt_ids(void *handle, const struct reward_prompt *prompt, int32_t **ids, size_t *n,
+                                struct smelt_error *err);
+
 /* A sequence classifier from dir: a model directory, or a reward model's LoRA output
  * (its base made a classifier with pad, the adapter and its head merged in), on backend.
  * Errors name field (err->field and the message's start) and end with hint where the

@@ -109,10 +109,6 @@ def test_bad_graders_are_refused_naming_the_field(client):
     cases = [
         ({"type": "multi", "graders": {"acc": dict(EXACT, operation="contains")}, "calculate_output": "acc"},
          "grader.graders.acc.operation"),
-        ({"type": "score_model", "name": "s", "model": "gpt-4o", "input": [{"role": "user", "content": "x"}]},
-         "grader.type"),
-        ({"type": "label_model", "name": "l", "model": "gpt-4o", "input": [], "labels": ["a"],
-          "passing_labels": ["a"]}, "grader.type"),
         (dict(CLOSE, evaluation_metric="cosine"), "grader.evaluation_metric"),
         ({"type": "multi", "graders": {"a": EXACT}, "calculate_output": "a +"}, "grader.calculate_output"),
     ]
@@ -127,6 +123,25 @@ def test_bad_graders_are_refused_naming_the_field(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.fine_tuning.alpha.graders.run(grader=EXACT, model_sample="x", item=["not", "a", "row"])
     assert e.value.param == "item"
+
+
+def test_model_graders_validate_but_run_only_in_a_job(client):
+    judge = {"type": "score_model", "name": "s", "model": "gpt-4o", "range": [0, 10],
+             "input": [{"role": "user", "content": "Rate {{sample.output_text}} from 0 to 10"}]}
+    client.fine_tuning.alpha.graders.validate(grader=judge)
+    cases = [(dict(judge, range=[3, 1]), "grader.range"),
+             ({"type": "label_model", "name": "l", "model": "gpt-4o", "input": [], "labels": ["a"],
+               "passing_labels": ["a"]}, "grader.input"),
+             ({"type": "label_model", "name": "l", "model": "m", "input": judge["input"], "labels": ["a"],
+               "passing_labels": ["b"]}, "grader.passing_labels")]
+    for grader, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.fine_tuning.alpha.graders.validate(grader=grader)
+        assert e.value.param == param, (grader, e.value.body)
+    for grader in (judge, cases[1][0]):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.fine_tuning.alpha.graders.run(grader=grader, model_sample="x")
+        assert e.value.param == "grader.type" and "only inside a job" in e.value.body["message"]
 
 
 # ---- python graders ----

@@ -233,3 +233,35 @@ def test_reward_model_refusals_name_the_field(smeltd, prompt_files):
     assert job["status"] == "failed", job
     message = job["error"]["message"]
     assert "rl.reward.grader.model: %s is a causal LM" % lm in message and "without a score head" in message, message
+
+
+def test_a_score_model_grader_names_a_model_smelt_has(smeltd, prompt_files):
+    """score_model / label_model graders name their model as reward_model graders do:
+    smeltd resolves the name to a directory written beside it, refuses a name no one has
+    and a model_dir in the request, and the trainer generates the verdicts (a random
+    tiny LM's replies are no number: those samples fail as events, the job goes on)."""
+    hp = {"batch_size": 4, "num_generations": 2, "max_new_tokens": 4, "max_iterations": 1, "kv_memory_mb": 4}
+    judge = {"type": "score_model", "name": "judge", "model": "ft:nobody:judge", "range": [0, 10],
+             "sampling_params": {"temperature": 0, "max_completions_tokens": 4},
+             "input": [{"role": "user", "content": "Rate 0-10: {{sample.output_text}}"}]}
+    method = {"type": "grpo", "grpo": {"hyperparameters": hp, "reward": {"grader": judge}}}
+    refused(smeltd, prompt_files, method, "method.grpo.reward.grader.model", "no such model: ft:nobody:judge")
+    method["grpo"]["reward"]["grader"] = dict(judge, model="tiny", model_dir="/etc")
+    refused(smeltd, prompt_files, method, "method.grpo.reward.grader.model_dir", "not accepted")
+
+    lm = os.path.join(smeltd.models_dir, "tiny-lm")
+    if not os.path.isdir(lm):
+        subprocess.run([os.path.join(BUILD, "smelt-model"), "init", "--config",
+                        os.path.join(smeltd.models_dir, "tiny", "config.json"), "--out", lm, "--byte-tokenizer"],
+                       check=True, capture_output=True)
+    grader = dict(judge, model="tiny-lm")
+    method["grpo"]["reward"]["grader"] = grader
+    job, lines = run(smeltd, {"model": "tiny", "training_file": prompt_files[0], "model_init": "random",
+                              "method": method}, timeout=300)
+    status, raw = smeltd.request("GET", J + "/" + job["id"])
+    written = raw["spec"]["rl"]["reward"]["grader"]
+    assert written["model"] == "tiny-lm" and written["model_dir"] == lm, written
+    train = [m["data"] for m in lines if m["type"] == "train"]
+    assert len(train) == 1 and train[0]["samples"] == 8, lines
+    errors = json.dumps([m["data"] for m in lines if m["type"] == "sample_errors"])
+    assert train[0]["samples_failed"] == 0 or "the grader model's reply" in errors, (train, errors)

@@ -341,8 +341,7 @@ Test(graders, refused_specs_name_the_field) {
                    "cosine needs an embedding model, and none is configured");
     expect_refused(SIMILAR("meteor", "a", "b"), "grader.evaluation_metric", "meteor needs WordNet");
     expect_refused(SIMILAR("rouge_6", "a", "b"), "grader.evaluation_metric", "\"rouge_6\" is not one of");
-    expect_refused("{\"grader\": {\"type\": \"score_model\"}}", "grader.type",
-                   "\"score_model\" graders are not available in smelt yet");
+    expect_refused("{\"grader\": {\"type\": \"score_model\"}}", "grader.model", "missing required field 'model'");
     expect_refused("{\"grader\": {\"type\": \"regex\"}}", "grader.type", "unknown grader type \"regex\"");
     expect_refused("{\"grader\": {\"type\": \"string_check\", \"operation\": \"eq\", \"input\": \"a\", "
                    "\"reference\": \"b\", \"weight\": 2}}",

@@ -123,8 +123,8 @@ Test(graders_api, validate_refusals_name_the_field) {
                    "\"reference\":\"b\",\"operation\":\"contains\"}},\"calculate_output\":\"acc\"}}",
                    "grader.graders.acc.operation");
     expect_refused(VALIDATE, "{\"grader\":{\"type\":\"score_model\",\"name\":\"s\",\"input\":[],\"model\":\"m\"}}",
-                   "grader.type");
-    expect_refused(VALIDATE, "{\"grader\":{\"type\":\"label_model\"}}", "grader.type");
+                   "grader.input");
+    expect_refused(VALIDATE, "{\"grader\":{\"type\":\"label_model\"}}", "grader.model");
     expect_refused(VALIDATE, "{\"grader\":{\"type\":\"fancy\"}}", "grader.type");
     expect_refused(VALIDATE, "{\"grader\":{\"type\":\"text_similarity\",\"input\":\"a\",\"reference\":\"b\","
                              "\"evaluation_metric\":\"cosine\"}}", "grader.evaluation_metric");
