@@ -247,6 +247,10 @@ int grader_rm_result(const struct grader_rm *rm, int i, double *score, char *why
 #define GRADER_LM_DEFAULT_TOKENS 64   /* sampling_params.max_completions_tokens */
 #define GRADER_LM_MAX_TOKENS 4096
 
+/* obj[key] as a copy in *out (malloc'd): a string of 1 to max bytes without NUL; *out
+ * stays NULL when the key is absent and not required. Errors name "<w>.<key>". */
+int grader_parse_text(const json_t *obj, const char *key, bool required, size_t max, const char *w, char **out,
+                      struct smelt_error *err);
 extern const char *const GRADER_SCORE_MODEL_KEYS[]; /* every key allowed, NULL-terminated */
 extern const char *const GRADER_LABEL_MODEL_KEYS[];
 

@@ -23,7 +23,7 @@ const char *const GRADER_SCORE_MODEL_KEYS[] = {"type",  "name",  "model",       
 const char *const GRADER_LABEL_MODEL_KEYS[] = {"type",   "name",           "model", "model_dir", "input",
                                                "labels", "passing_labels", NULL};
 
-static int parse_text(const json_t *obj, const char *key, bool required, size_t max, const char *w, char **out,
+int grader_parse_text(const json_t *obj, const char *key, bool required, size_t max, const char *w, char **out,
                       struct smelt_error *err) {
     const char *v;
     TRY(json_field_string(obj, key, required, NULL, &v, w, err));
@@ -191,8 +191,8 @@ int grader_lm_parse(const json_t *obj, const char *w, struct reward_grader *g, s
     if (!lm) return error_set(err, SMELT_ENOMEM, "%s: out of memory", w);
     g->lm = lm; /* owned by g from now: reward_grader_free frees it on any failure below */
     lm->label = g->type == GRADER_LABEL_MODEL;
-    TRY(parse_text(obj, "model", true, MAX_MODEL_BYTES, w, &lm->model, err));
-    TRY(parse_text(obj, "model_dir", false, MAX_MODEL_BYTES, w, &lm->model_dir, err));
+    TRY(grader_parse_text(obj, "model", true, MAX_MODEL_BYTES, w, &lm->model, err));
+    TRY(grader_parse_text(obj, "model_dir", false, MAX_MODEL_BYTES, w, &lm->model_dir, err));
     TRY(parse_input(obj, w, lm, err));
     if (lm->label) {
         lm->params = (struct reward_generate_params){.temperature = 1, .top_p = 1,

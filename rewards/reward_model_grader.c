@@ -37,21 +37,6 @@ struct grader_rm {
 
 /* ---- reading ---- */
 
-/* obj[key] as a copy in *out: a string of 1 to MAX_MODEL_BYTES bytes (NULL when absent
- * and not required). */
-static int parse_text(const json_t *obj, const char *key, bool required, const char *w, char **out,
-                      struct smelt_error *err) {
-    const char *v;
-    TRY(json_field_string(obj, key, required, NULL, &v, w, err));
-    if (!v) return SMELT_OK;
-    size_t len = json_string_length(json_object_get(obj, key));
-    if (len == 0 || len > MAX_MODEL_BYTES || strlen(v) != len)
-        return error_set_field(err, SMELT_EINVAL, key, "%s.%s: expected 1 to %d bytes without NUL, got %zu", w, key,
-                               MAX_MODEL_BYTES, len);
-    *out = strdup(v);
-    return *out ? SMELT_OK : error_set(err, SMELT_ENOMEM, "%s.%s: out of memory", w, key);
-}
-
 static int parse_normalize(const json_t *obj, const char *w, struct grader_rm *rm, struct smelt_error *err) {
     const char *v;
     TRY(json_field_string(obj, "normalize", false, "none", &v, w, err));
@@ -66,8 +51,8 @@ int grader_rm_parse(const json_t *obj, const char *w, struct reward_grader *g, s
     struct grader_rm *rm = calloc(1, sizeof *rm);
     if (!rm) return error_set(err, SMELT_ENOMEM, "%s: out of memory", w);
     g->rm = rm; /* owned by g from now: reward_grader_free frees it on any failure below */
-    TRY(parse_text(obj, "model", true, w, &rm->model, err));
-    TRY(parse_text(obj, "model_dir", false, w, &rm->model_dir, err));
+    TRY(grader_parse_text(obj, "model", true, MAX_MODEL_BYTES, w, &rm->model, err));
+    TRY(grader_parse_text(obj, "model_dir", false, MAX_MODEL_BYTES, w, &rm->model_dir, err));
     int64_t batch;
     TRY(json_field_int(obj, "batch_size", false, DEFAULT_BATCH_SIZE, 1, MAX_BATCH_SIZE, &batch, w, err));
     rm->batch_size = (int)batch;

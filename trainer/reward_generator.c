@@ -107,20 +107,6 @@ int reward_generator_prompt_ids(void *handle, const struct reward_prompt *prompt
 
 /* ---- a batch ---- */
 
-/* The ids that end a reply: the model's eos ids and the tokenizer's. */
-static void stop_ids(const struct gen_handle *h, struct rollout_request *q) {
-    const struct model_config *c = &h->model->config;
-    int64_t cand[MODEL_CONFIG_MAX_EOS + 1];
-    int n = 0;
-    for (int i = 0; i < c->n_eos_token_ids; i++) cand[n++] = c->eos_token_ids[i];
-    cand[n++] = tokenizer_special_ids(h->tok)->eos;
-    for (int i = 0; i < n && q->n_stop_ids < ROLLOUT_MAX_STOP; i++) {
-        bool have = cand[i] < 0 || cand[i] >= c->vocab_size;
-        for (int k = 0; k < q->n_stop_ids && !have; k++) have = q->stop_ids[k] == cand[i];
-        if (!have) q->stop_ids[q->n_stop_ids++] = (int32_t)cand[i];
-    }
-}
-
 struct batch {
     struct rollout_request *q; /* [n] */
     int32_t **ids;             /* [n] prompt ids (NULL: the sample is not asked) */
@@ -150,7 +136,7 @@ static int request(struct gen_handle *h, const struct reward_prompt *pr, int i, 
         .id = (uint64_t)i, .prompt = b->ids[i], .n_prompt = (int64_t)n_ids, .n = 1, .max_new_tokens = max,
         .sampling = {.temperature = (float)p->temperature, .top_p = (float)p->top_p},
         .seed = rng_mix64(p->seed ^ ((uint64_t)i * RNG_GOLDEN + 1)) >> 1};
-    stop_ids(h, &b->q[i]);
+    rl_stop_ids(h->model, h->tok, &b->q[i]);
     b->kv_tokens += (int64_t)n_ids + max + ROLLOUT_KV_BLOCK_TOKENS;
     b->n_asked++;
     return SMELT_OK;

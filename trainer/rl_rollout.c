@@ -26,12 +26,12 @@ uint64_t rl_sample_seed(const struct trainer_run *r, int64_t version, int64_t ro
 }
 
 /* The ids that end a sample: the model's eos ids and the tokenizer's. */
-static void eos_ids(const struct trainer_run *r, struct rollout_request *q) {
-    const struct model_config *c = &r->model->config;
+void rl_stop_ids(const struct model *m, const struct tokenizer *tok, struct rollout_request *q) {
+    const struct model_config *c = &m->config;
     int64_t cand[MODEL_CONFIG_MAX_EOS + 1];
     int n = 0;
     for (int i = 0; i < c->n_eos_token_ids; i++) cand[n++] = c->eos_token_ids[i];
-    cand[n++] = tokenizer_special_ids(r->tok)->eos;
+    cand[n++] = tokenizer_special_ids(tok)->eos;
     for (int i = 0; i < n && q->n_stop_ids < ROLLOUT_MAX_STOP; i++) {
         bool have = cand[i] < 0 || cand[i] >= c->vocab_size;
         for (int k = 0; k < q->n_stop_ids && !have; k++) have = q->stop_ids[k] == cand[i];
@@ -100,7 +100,7 @@ static int prepare(struct trainer_run *r, const struct dataset *ds, const int64_
         q[p] = (struct rollout_request){.id = (uint64_t)p, .prompt = dp->ids, .n_prompt = dp->n, .n = n,
                                         .sampling = *sp, .seed = rl_sample_seed(r, version, rows[p]),
                                         .max_new_tokens = max_new_tokens};
-        eos_ids(r, &q[p]);
+        rl_stop_ids(r->model, r->tok, &q[p]);
     }
     *q_out = q;
     return SMELT_OK;

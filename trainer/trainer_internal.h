@@ -270,6 +270,9 @@ struct rl_workers *rl_workers(struct trainer_run *r);
 /* rl_rollout.c */
 /* The stream seed of a prompt's samples at a policy version (63 bits). */
 uint64_t rl_sample_seed(const struct trainer_run *r, int64_t version, int64_t row);
+/* Adds the ids that end a sample to q's stop ids: the model's eos ids and the
+ * tokenizer's (the policy's rollouts and a model grader's replies). */
+void rl_stop_ids(const struct model *m, const struct tokenizer *tok, struct rollout_request *q);
 /* The engine settings for n_seqs samples of ds's prompts at once: KV cache no larger than
  * they can fill (at most rl.kv_memory_mb), every sequence running at once (at most
  * 256). The colocated engine is made with them for each generation; the split
