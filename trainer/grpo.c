@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/json.h"
 #include "rewards/rewards.h"
 #include "weightsync/weightsync.h"
 
@@ -228,6 +229,16 @@ static int score_batch(struct trainer_run *r, const struct dataset *ds, struct r
     return rc;
 }
 
+/* Keeps one of the iteration's first reward errors for its sample_errors line. The text
+ * may quote model output (a grader model's reply, cut at REWARD_ERROR_BYTES): bytes that
+ * are not UTF-8 become U+FFFD, or jansson would refuse the whole entry. */
+static void keep_error(struct rl_state *rl, int64_t line, const char *text, bool scored) {
+    if (!rl->errors || json_array_size(rl->errors) >= RL_ERRORS_KEPT) return;
+    json_t *e = json_pack("{s:I, s:o}", "line", (json_int_t)line, "error", json_string_lossy(text, strlen(text)));
+    if (e && scored) json_object_set_new(e, "scored", json_true());
+    json_array_append_new(rl->errors, e);
+}
+
 /* Decodes and scores samples s[0..n) of ds; a sample whose reward fails is reported and
  * left out (failed). */
 static int score(struct trainer_run *r, const struct dataset *ds, struct rl_sample *s, int n, int64_t *failed,
@@ -242,18 +253,13 @@ static int score(struct trainer_run *r, const struct dataset *ds, struct rl_samp
             (*zeroed)++;
             log_warn("rl: a sample of %s line %lld scored 0: %s", ds->path, (long long)ds->prompts[s[i].row].line,
                      rl->rout[i].warning);
-            if (rl->errors && json_array_size(rl->errors) < RL_ERRORS_KEPT)
-                json_array_append_new(rl->errors, json_pack("{s:I, s:s, s:b}", "line",
-                                                            (json_int_t)ds->prompts[s[i].row].line, "error",
-                                                            rl->rout[i].warning, "scored", 1));
+            keep_error(rl, ds->prompts[s[i].row].line, rl->rout[i].warning, true);
         }
         if (!s[i].failed) continue;
         (*failed)++;
         log_warn("rl: the reward of a sample of %s line %lld failed: %s", ds->path,
                  (long long)ds->prompts[s[i].row].line, rl->rout[i].error);
-        if (rl->errors && json_array_size(rl->errors) < RL_ERRORS_KEPT)
-            json_array_append_new(rl->errors, json_pack("{s:I, s:s}", "line", (json_int_t)ds->prompts[s[i].row].line,
-                                                        "error", rl->rout[i].error));
+        keep_error(rl, ds->prompts[s[i].row].line, rl->rout[i].error, false);
     }
     return SMELT_OK;
 }
