@@ -171,6 +171,9 @@ int model_hf_tensors(const struct model *m, const float *flat, struct model_hf_t
 }
 
 int model_save(const struct model *m, const char *dir, bool bf16, struct smelt_error *err) {
+    if (!m->weights.data)
+        return error_set(err, SMELT_EINVAL, "model_save: the model's parameters are sharded (ZeRO-3): "
+                         "gather them into a whole buffer first");
     int rc = dir_create_all(dir, err);
     if (rc) return rc;
     float *host = malloc((size_t)m->n_weights * sizeof *host);

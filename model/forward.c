@@ -411,41 +411,46 @@ static int check_out(const char *fn, const char *name, const struct tensor *t, i
     return SMELT_OK;
 }
 
-int model_forward(struct model *m, struct model_acts *a, const struct model_batch *b,
-                  struct tensor *logprobs, struct tensor *logits, struct tensor *hidden,
-                  struct smelt_error *err) {
-    const struct model_config *c = &m->config;
-    struct dims d = model_dims(m);
-    a->forward_done = false;
-    TRY(check_batch(m, a, b, err));
-    int64_t T = b->n_tokens;
-    TRY(check_out("model_forward", "logprobs", logprobs, T, 1, false, m->backend, err));
-    TRY(check_out("model_forward", "logits", logits, T, d.V, false, m->backend, err));
-    TRY(check_out("model_forward", "hidden", hidden, T, d.C, true, m->backend, err));
-    if (logprobs && !b->targets)
-        return error_set(err, SMELT_EINVAL, "model_forward: logprobs need batch targets");
-    if (logprobs || logits) TRY(model_check_lm_head(m, "model_forward", err));
-    TRY(stage_batch(a, b, err));
-    struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
+/* lm_head is wte: the head's logits need the embedding unit too. */
+static bool tied_head(const struct model *m) {
+    return m->config.tie_word_embeddings && !m->config.score_head;
+}
 
-    struct tensor x0 = rows2(c->n_layers > 0 ? &a->layers[0].x_in : &a->x_final, T, d.C);
+static int embed_forward(struct model *m, struct model_acts *a, int64_t T, struct smelt_error *err) {
+    struct dims d = model_dims(m);
+    struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
+    struct tensor x0 = rows2(m->config.n_layers > 0 ? &a->layers[0].x_in : &a->x_final, T, d.C);
     TRY(ops_embedding(&x0, &ids, &m->w.wte, err));
-    if (c->positions == MODEL_POS_LEARNED) {
+    if (m->config.positions == MODEL_POS_LEARNED) {
         struct tensor pe = rows2(&a->hf, T, d.C); /* hf is free until the final norm */
         TRY(ops_embedding(&pe, &positions, &m->w.wpe, err));
         TRY(ops_add(&x0, &x0, &pe, err));
     }
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        struct layer_acts *la = &a->layers[l];
-        if (a->recompute) {
-            a->scratch.x_in = la->x_in; /* borrowed: scratch never frees x_in */
-            la = &a->scratch;
-        }
-        struct layer_views v = model_layer_views(m, la, layer_output(a, l, c->n_layers), T);
-        int rc = model_layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, NULL, err);
-        if (a->recompute) a->scratch.x_in = (struct tensor){0};
-        if (rc) return error_wrap(err, rc, "layer %lld", (long long)l);
+    return SMELT_OK;
+}
+
+static int layer_forward_unit(struct model *m, struct model_acts *a, int64_t l, int64_t T,
+                              struct smelt_error *err) {
+    struct layer_acts *la = &a->layers[l];
+    struct tensor positions = rows1(&a->positions, T);
+    if (a->recompute) {
+        a->scratch.x_in = la->x_in; /* borrowed: scratch never frees x_in */
+        la = &a->scratch;
     }
+    struct layer_views v = model_layer_views(m, la, layer_output(a, l, m->config.n_layers), T);
+    int rc = model_unit_acquire(m, model_unit_layer(l), false, err);
+    if (!rc) {
+        rc = model_layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, NULL, err);
+        rc = model_unit_done(m, model_unit_layer(l), rc, err);
+    }
+    if (a->recompute) a->scratch.x_in = (struct tensor){0};
+    return rc ? error_wrap(err, rc, "layer %lld", (long long)l) : SMELT_OK;
+}
+
+/* The final norm, then the outputs asked for. */
+static int head_forward(struct model *m, struct model_acts *a, int64_t T, struct tensor *logprobs,
+                        struct tensor *logits, struct tensor *hidden, struct smelt_error *err) {
+    struct dims d = model_dims(m);
     struct tensor xf = rows2(&a->x_final, T, d.C), hf = rows2(&a->hf, T, d.C);
     struct tensor meanf = rows1(&a->meanf, T), rstdf = rows1(&a->rstdf, T);
     TRY(model_norm_forward(m, &hf, opt_mut(&meanf), &rstdf, &xf, &m->w.final_norm_w, opt(&m->w.final_norm_b), err));
@@ -465,27 +470,59 @@ int model_forward(struct model *m, struct model_acts *a, const struct model_batc
             TRY(ops_logprobs(&lp, &lse, &lg, &tg, err));
         }
     }
+    return SMELT_OK;
+}
+
+static int head_forward_unit(struct model *m, struct model_acts *a, int64_t T, struct tensor *logprobs,
+                             struct tensor *logits, struct tensor *hidden, struct smelt_error *err) {
+    int64_t head = model_unit_head(m);
+    bool tied = tied_head(m) && (logits || logprobs);
+    TRY(model_unit_acquire(m, head, false, err));
+    int rc = tied ? model_unit_acquire(m, MODEL_UNIT_EMBED, false, err) : SMELT_OK;
+    if (!rc) {
+        rc = head_forward(m, a, T, logprobs, logits, hidden, err);
+        if (tied) rc = model_unit_done(m, MODEL_UNIT_EMBED, rc, err);
+    }
+    return model_unit_done(m, head, rc, err);
+}
+
+static int check_weights(const struct model *m, const char *fn, struct smelt_error *err) {
+    if (m->provider || m->weights.data) return SMELT_OK;
+    return error_set(err, SMELT_EINVAL, "%s: the model holds no weights (its parameters were sharded "
+                     "and their provider removed)", fn);
+}
+
+int model_forward(struct model *m, struct model_acts *a, const struct model_batch *b,
+                  struct tensor *logprobs, struct tensor *logits, struct tensor *hidden,
+                  struct smelt_error *err) {
+    struct dims d = model_dims(m);
+    a->forward_done = false;
+    TRY(check_weights(m, "model_forward", err));
+    TRY(check_batch(m, a, b, err));
+    int64_t T = b->n_tokens;
+    TRY(check_out("model_forward", "logprobs", logprobs, T, 1, false, m->backend, err));
+    TRY(check_out("model_forward", "logits", logits, T, d.V, false, m->backend, err));
+    TRY(check_out("model_forward", "hidden", hidden, T, d.C, true, m->backend, err));
+    if (logprobs && !b->targets)
+        return error_set(err, SMELT_EINVAL, "model_forward: logprobs need batch targets");
+    if (logprobs || logits) TRY(model_check_lm_head(m, "model_forward", err));
+    TRY(stage_batch(a, b, err));
+    TRY(model_pass_begin(m, false, err));
+    TRY(model_unit_acquire(m, MODEL_UNIT_EMBED, false, err));
+    TRY(model_unit_done(m, MODEL_UNIT_EMBED, embed_forward(m, a, T, err), err));
+    for (int64_t l = 0; l < m->config.n_layers; l++) TRY(layer_forward_unit(m, a, l, T, err));
+    TRY(head_forward_unit(m, a, T, logprobs, logits, hidden, err));
     a->forward_done = true;
     return SMELT_OK;
 }
 
-int model_backward(struct model *m, struct model_acts *a, const struct tensor *dlogprobs,
-                   const struct tensor *dhidden, struct smelt_error *err) {
-    const struct model_config *c = &m->config;
+/* dL/d(final norm input) into dres. Logits are recomputed chunk by chunk, never stored
+ * whole. */
+static int head_backward(struct model *m, struct model_acts *a, const struct tensor *dlogprobs,
+                         const struct tensor *dhidden, struct smelt_error *err) {
     struct dims d = model_dims(m);
-    if (!a->forward_done) return error_set(err, SMELT_EINVAL, "model_backward: no forward pass to differentiate");
-    if (!m->grads.data && !m->adapter)
-        return error_set(err, SMELT_EINVAL, "model_backward: gradients are not allocated (model_grads_alloc) and no adapter is attached");
     int64_t T = a->n_tokens;
-    if (dlogprobs && !a->has_targets)
-        return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs given but the forward had no targets");
-    TRY(check_out("model_backward", "dlogprobs", dlogprobs, T, 1, false, m->backend, err));
-    TRY(check_out("model_backward", "dhidden", dhidden, T, d.C, false, m->backend, err));
-    if (dlogprobs) TRY(model_check_lm_head(m, "model_backward", err));
-    struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
     struct tensor dh = rows2(&a->dh, T, d.C), dres = rows2(&a->dres, T, d.C);
-
-    /* Head: logits are recomputed chunk by chunk, never stored whole. */
     TRY(tensor_zero(&dh, err));
     if (dhidden) {
         struct tensor dhv = rows2(dhidden, T, d.C);
@@ -508,30 +545,80 @@ int model_backward(struct model *m, struct model_acts *a, const struct tensor *d
     struct tensor xf = rows2(&a->x_final, T, d.C);
     struct tensor meanf = rows1(&a->meanf, T), rstdf = rows1(&a->rstdf, T);
     TRY(tensor_zero(&dres, err));
-    TRY(norm_backward(m, &dres, opt_mut(&m->g.final_norm_w), opt_mut(&m->g.final_norm_b), &dh, &xf,
-                      &m->w.final_norm_w, opt(&meanf), &rstdf, err));
+    return norm_backward(m, &dres, opt_mut(&m->g.final_norm_w), opt_mut(&m->g.final_norm_b), &dh, &xf,
+                         &m->w.final_norm_w, opt(&meanf), &rstdf, err);
+}
 
-    for (int64_t l = c->n_layers - 1; l >= 0; l--) {
-        struct layer_acts *la = &a->layers[l];
-        struct tensor scratch_out;
-        if (a->recompute) {
-            /* Re-run the layer from its saved input. Its output is not needed (the next
-             * layer's input is saved), so it goes to hf, free once the head's backward
-             * is done. */
-            a->scratch.x_in = la->x_in;
-            la = &a->scratch;
-            scratch_out = a->hf; /* the final norm output is no longer needed */
+static int head_backward_unit(struct model *m, struct model_acts *a, const struct tensor *dlogprobs,
+                              const struct tensor *dhidden, struct smelt_error *err) {
+    int64_t head = model_unit_head(m);
+    bool tied = tied_head(m) && dlogprobs;
+    TRY(model_unit_acquire(m, head, true, err));
+    int rc = tied ? model_unit_acquire(m, MODEL_UNIT_EMBED, true, err) : SMELT_OK;
+    if (!rc) {
+        rc = head_backward(m, a, dlogprobs, dhidden, err);
+        if (tied) {
+            if (!rc) rc = model_unit_grads_ready(m, MODEL_UNIT_EMBED, err);
+            rc = model_unit_done(m, MODEL_UNIT_EMBED, rc, err);
         }
-        struct layer_views v = model_layer_views(m, la, a->recompute ? &scratch_out : layer_output(a, l, c->n_layers), T);
-        int rc = SMELT_OK;
+    }
+    if (!rc) rc = model_unit_grads_ready(m, head, err);
+    return model_unit_done(m, head, rc, err);
+}
+
+/* With recompute the layer is re-run from its saved input first. Its output is not
+ * needed (the next layer's input is saved), so it goes to hf, free once the head's
+ * backward is done. */
+static int layer_backward_unit(struct model *m, struct model_acts *a, int64_t l, struct smelt_error *err) {
+    int64_t T = a->n_tokens, unit = model_unit_layer(l);
+    struct tensor positions = rows1(&a->positions, T);
+    struct layer_acts *la = &a->layers[l];
+    struct tensor scratch_out = a->hf;
+    if (a->recompute) {
+        a->scratch.x_in = la->x_in;
+        la = &a->scratch;
+    }
+    struct layer_views v = model_layer_views(m, la, a->recompute ? &scratch_out : layer_output(a, l, m->config.n_layers), T);
+    int rc = model_unit_acquire(m, unit, true, err);
+    if (!rc) {
         if (a->recompute) rc = model_layer_forward(m, l, &m->w.layers[l], &v, &positions, &a->cu_seqlens, NULL, err);
         if (!rc) rc = layer_backward(m, l, &m->w.layers[l], &m->g.layers[l], &v, a, &positions, &a->cu_seqlens, err);
-        if (a->recompute) a->scratch.x_in = (struct tensor){0};
-        if (rc) return error_wrap(err, rc, "layer %lld backward", (long long)l);
+        if (!rc) rc = model_unit_grads_ready(m, unit, err);
+        rc = model_unit_done(m, unit, rc, err);
     }
-    if (m->grads.data) {
-        TRY(ops_embedding_backward(&m->g.wte, &dres, &ids, err));
-        if (c->positions == MODEL_POS_LEARNED) TRY(ops_embedding_backward(&m->g.wpe, &dres, &positions, err));
+    if (a->recompute) a->scratch.x_in = (struct tensor){0};
+    return rc ? error_wrap(err, rc, "layer %lld backward", (long long)l) : SMELT_OK;
+}
+
+static int embed_backward(struct model *m, struct model_acts *a, struct smelt_error *err) {
+    struct dims d = model_dims(m);
+    int64_t T = a->n_tokens;
+    struct tensor ids = rows1(&a->ids, T), positions = rows1(&a->positions, T);
+    struct tensor dres = rows2(&a->dres, T, d.C);
+    TRY(ops_embedding_backward(&m->g.wte, &dres, &ids, err));
+    if (m->config.positions == MODEL_POS_LEARNED) TRY(ops_embedding_backward(&m->g.wpe, &dres, &positions, err));
+    return model_unit_grads_ready(m, MODEL_UNIT_EMBED, err);
+}
+
+int model_backward(struct model *m, struct model_acts *a, const struct tensor *dlogprobs,
+                   const struct tensor *dhidden, struct smelt_error *err) {
+    struct dims d = model_dims(m);
+    if (!a->forward_done) return error_set(err, SMELT_EINVAL, "model_backward: no forward pass to differentiate");
+    TRY(check_weights(m, "model_backward", err));
+    if (!model_base_trains(m) && !m->adapter)
+        return error_set(err, SMELT_EINVAL, "model_backward: gradients are not allocated (model_grads_alloc) and no adapter is attached");
+    int64_t T = a->n_tokens;
+    if (dlogprobs && !a->has_targets)
+        return error_set(err, SMELT_EINVAL, "model_backward: dlogprobs given but the forward had no targets");
+    TRY(check_out("model_backward", "dlogprobs", dlogprobs, T, 1, false, m->backend, err));
+    TRY(check_out("model_backward", "dhidden", dhidden, T, d.C, false, m->backend, err));
+    if (dlogprobs) TRY(model_check_lm_head(m, "model_backward", err));
+    TRY(model_pass_begin(m, true, err));
+    TRY(head_backward_unit(m, a, dlogprobs, dhidden, err));
+    for (int64_t l = m->config.n_layers - 1; l >= 0; l--) TRY(layer_backward_unit(m, a, l, err));
+    if (model_base_trains(m)) {
+        TRY(model_unit_acquire(m, MODEL_UNIT_EMBED, true, err));
+        TRY(model_unit_done(m, MODEL_UNIT_EMBED, embed_backward(m, a, err), err));
     }
     /* hf was overwritten by recompute; a second backward needs a new forward. */
     if (a->recompute) a->forward_done = false;

@@ -163,6 +163,9 @@ struct tensor model_step_logits(const struct model_step_buffers *b) {
 int model_forward_paged(struct model *m, struct model_step_buffers *b, struct model_kv_cache *cache,
                         const struct model_paged_batch *pb, struct smelt_error *err) {
     b->n_seqs = 0;
+    if (m->provider || !m->weights.data)
+        return error_set(err, SMELT_EUNSUPPORTED, "model_forward_paged: the model's parameters are sharded "
+                         "(ZeRO-3); generation needs a whole model (gather it first)");
     TRY(check_paged_batch(m, b, cache, pb, err));
     const struct model_config *c = &m->config;
     struct dims d = model_dims(m);

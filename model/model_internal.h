@@ -56,11 +56,22 @@ struct model_acts {
     bool forward_done;
 };
 
+/* ---- the parameter provider's seam (provider.c) ---- */
+
+/* A pass begins: the provider's begin, nothing without one. */
+int model_pass_begin(struct model *m, bool backward, struct smelt_error *err);
+/* Releases unit after a step that returned rc; returns rc when it failed (the release's
+ * own error then dropped), else the release's result. */
+int model_unit_done(struct model *m, int64_t unit, int rc, struct smelt_error *err);
+/* The unit's backward is complete: the provider's grads_ready when the base trains. */
+int model_unit_grads_ready(struct model *m, int64_t unit, struct smelt_error *err);
+
 /* ---- shared by forward.c (training) and forward_paged.c (generation) ---- */
 
 /* Logits need an lm_head; a sequence classifier (reward model) has only its score. */
 static inline int model_check_lm_head(const struct model *m, const char *fn, struct smelt_error *err) {
-    if (m->w.lm_head.data) return SMELT_OK;
+    /* The config, not the view: under a provider the view is empty between uses. */
+    if (!m->config.score_head) return SMELT_OK;
     return error_set(err, SMELT_EINVAL,
                      "%s: %s is a sequence classifier: it has a score head and no lm_head, so no "
                      "logits (score hidden states with model_score_forward)",

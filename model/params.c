@@ -13,33 +13,46 @@ struct param_visit {
     struct model *model;
     int count;
     int64_t offset;
-    bool bind; /* second pass: fill views and the table */
+    bool bind;        /* fill views (and, for every unit, the table) */
+    int64_t unit;     /* the unit being visited (model_unit_range) */
+    int64_t only;     /* bind only this unit's views; -1: every parameter */
+    float *wbase, *gbase; /* the memory bound: element base_off sits at wbase[0] */
+    int64_t base_off;
 };
+
+/* The next parameters belong to unit u; the layout pass records where it starts. */
+static void enter_unit(struct param_visit *v, int64_t u) {
+    v->unit = u;
+    if (!v->bind && v->model->unit_offsets) v->model->unit_offsets[u] = v->offset;
+}
+
+static void fill_table(struct param_visit *v, const char *name, int ndim, int64_t d0, int64_t d1,
+                       const char *hf_name, int hf_part, int hf_parts, bool hf_transposed) {
+    struct model_param *p = &v->model->params[v->count];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->hf_name, sizeof p->hf_name, "%s", hf_name ? hf_name : name);
+    p->hf_part = hf_part;
+    p->hf_parts = hf_parts;
+    p->hf_transposed = hf_transposed;
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim == 2 ? d1 : 1;
+    p->offset = v->offset;
+    p->numel = ndim == 1 ? d0 : d0 * d1;
+}
 
 static void visit(struct param_visit *v, struct tensor *wview, struct tensor *gview,
                   const char *name, int ndim, int64_t d0, int64_t d1,
                   const char *hf_name, int hf_part, int hf_parts, bool hf_transposed) {
     int64_t numel = ndim == 1 ? d0 : d0 * d1;
-    if (v->bind) {
+    if (v->bind && (v->only < 0 || v->only == v->unit)) {
         struct model *m = v->model;
-        struct model_param *p = &m->params[v->count];
-        snprintf(p->name, sizeof p->name, "%s", name);
-        snprintf(p->hf_name, sizeof p->hf_name, "%s", hf_name ? hf_name : name);
-        p->hf_part = hf_part;
-        p->hf_parts = hf_parts;
-        p->hf_transposed = hf_transposed;
-        p->ndim = ndim;
-        p->shape[0] = d0;
-        p->shape[1] = ndim == 2 ? d1 : 1;
-        p->offset = v->offset;
-        p->numel = numel;
-        int64_t shape[2] = {d0, d1};
-        float *wbase = m->weights.data;
-        *wview = tensor_make(m->backend, DTYPE_F32, wbase + v->offset, ndim, shape);
-        if (m->grads.data) {
-            float *gbase = m->grads.data;
-            *gview = tensor_make(m->backend, DTYPE_F32, gbase + v->offset, ndim, shape);
-        }
+        if (v->only < 0) fill_table(v, name, ndim, d0, d1, hf_name, hf_part, hf_parts, hf_transposed);
+        int64_t shape[2] = {d0, d1}, at = v->offset - v->base_off;
+        *wview = tensor_make(m->backend, DTYPE_F32, v->wbase ? v->wbase + at : NULL, ndim, shape);
+        /* The whole-model pass leaves g alone without a gradient buffer (frozen base). */
+        if (v->gbase || v->only >= 0)
+            *gview = tensor_make(m->backend, DTYPE_F32, v->gbase ? v->gbase + at : NULL, ndim, shape);
     }
     v->count++;
     v->offset += numel;
@@ -65,9 +78,11 @@ static void visit_llama(struct param_visit *v) {
     int64_t C = c->hidden_size, D = c->head_dim, F = c->intermediate_size, V = c->vocab_size;
     int64_t QD = c->n_heads * D, KD = c->n_kv_heads * D;
     char n[NAME_BYTES];
+    enter_unit(v, MODEL_UNIT_EMBED);
     visit(v, &m->w.wte, &m->g.wte, "model.embed_tokens.weight", 2, V, C, NULL, 0, 1, false);
     for (int64_t l = 0; l < c->n_layers; l++) {
         struct layer_weights *w = &m->w.layers[l], *g = &m->g.layers[l];
+        enter_unit(v, model_unit_layer(l));
 #define P(field, suffix, ...)                                                     \
     snprintf(n, sizeof n, "model.layers.%lld.%s", (long long)l, suffix);          \
     visit(v, &w->field, &g->field, n, __VA_ARGS__, NULL, 0, 1, false)
@@ -90,6 +105,7 @@ static void visit_llama(struct param_visit *v) {
         P(down_w, "mlp.down_proj.weight", 2, C, F);
 #undef P
     }
+    enter_unit(v, model_unit_head(m));
     visit(v, &m->w.final_norm_w, &m->g.final_norm_w, "model.norm.weight", 1, C, 0, NULL, 0, 1, false);
     visit_head(v);
 }
@@ -100,10 +116,12 @@ static void visit_gpt2(struct param_visit *v) {
     int64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     int64_t P_ = c->max_position_embeddings;
     char n[NAME_BYTES], hf[NAME_BYTES];
+    enter_unit(v, MODEL_UNIT_EMBED);
     visit(v, &m->w.wte, &m->g.wte, "transformer.wte.weight", 2, V, C, NULL, 0, 1, false);
     visit(v, &m->w.wpe, &m->g.wpe, "transformer.wpe.weight", 2, P_, C, NULL, 0, 1, false);
     for (int64_t l = 0; l < c->n_layers; l++) {
         struct layer_weights *w = &m->w.layers[l], *g = &m->g.layers[l];
+        enter_unit(v, model_unit_layer(l));
         /* Conv1D weights are stored [in, out] in the checkpoint: transposed here. */
 #define P(field, suffix, hf_suffix, part, parts, transposed, ...)                           \
     snprintf(n, sizeof n, "transformer.h.%lld.%s", (long long)l, suffix);                     \
@@ -127,6 +145,7 @@ static void visit_gpt2(struct param_visit *v) {
         P(proj_b, "mlp.c_proj.bias", "mlp.c_proj.bias", 0, 1, false, 1, C, 0);
 #undef P
     }
+    enter_unit(v, model_unit_head(m));
     visit(v, &m->w.final_norm_w, &m->g.final_norm_w, "transformer.ln_f.weight", 1, C, 0, NULL, 0, 1, false);
     visit(v, &m->w.final_norm_b, &m->g.final_norm_b, "transformer.ln_f.bias", 1, C, 0, NULL, 0, 1, false);
     visit_head(v);
@@ -145,9 +164,32 @@ static void visit_all(struct param_visit *v) {
 }
 
 void model_bind_views(struct model *m) {
-    struct param_visit v = {.model = m, .bind = true};
+    struct param_visit v = {.model = m, .bind = true, .only = -1, .wbase = m->weights.data,
+                            .gbase = m->grads.data};
     visit_all(&v);
     SMELT_ASSERT(v.count == m->n_params && v.offset == m->n_weights);
+}
+
+int64_t model_unit_head(const struct model *m) { return m->config.n_layers + 1; }
+int64_t model_unit_count(const struct model *m) { return m->config.n_layers + 2; }
+
+void model_unit_range(const struct model *m, int64_t unit, int64_t *offset, int64_t *numel) {
+    SMELT_ASSERT(unit >= 0 && unit < model_unit_count(m));
+    *offset = m->unit_offsets[unit];
+    *numel = m->unit_offsets[unit + 1] - m->unit_offsets[unit];
+}
+
+void model_unit_bind(struct model *m, int64_t unit, float *w, float *g) {
+    struct tensor score_w = m->w.score, score_g = m->g.score;
+    int64_t offset, numel;
+    model_unit_range(m, unit, &offset, &numel);
+    struct param_visit v = {.model = m, .bind = true, .only = unit, .wbase = w, .gbase = g,
+                            .base_off = offset};
+    visit_all(&v);
+    if (m->adapter) {
+        m->w.score = score_w;
+        m->g.score = score_g;
+    }
 }
 
 int model_create(const struct model_config *config, enum backend backend, struct model **out,
@@ -162,10 +204,16 @@ int model_create(const struct model_config *config, enum backend backend, struct
         model_free(m);
         return error_set(err, SMELT_ENOMEM, "model: out of memory");
     }
-    struct param_visit count = {.model = m};
+    m->unit_offsets = calloc((size_t)model_unit_count(m) + 1, sizeof *m->unit_offsets);
+    if (!m->unit_offsets) {
+        model_free(m);
+        return error_set(err, SMELT_ENOMEM, "model: out of memory");
+    }
+    struct param_visit count = {.model = m, .only = -1};
     visit_all(&count);
     m->n_params = count.count;
     m->n_weights = count.offset;
+    m->unit_offsets[model_unit_count(m)] = m->n_weights;
     m->params = calloc((size_t)m->n_params, sizeof *m->params);
     if (!m->params) {
         model_free(m);
@@ -185,6 +233,9 @@ int model_create(const struct model_config *config, enum backend backend, struct
 
 int model_grads_alloc(struct model *m, struct smelt_error *err) {
     if (m->grads.data) return SMELT_OK;
+    if (m->provider)
+        return error_set(err, SMELT_EINVAL, "model_grads_alloc: a parameter provider serves this "
+                         "model's gradients (ZeRO-3): no whole gradient buffer");
     int64_t shape[1] = {m->n_weights};
     int rc = tensor_alloc(&m->grads, m->backend, DTYPE_F32, 1, shape, err);
     if (rc) return error_wrap(err, rc, "model gradients");
@@ -197,6 +248,7 @@ void model_free(struct model *m) {
     tensor_free(&m->weights);
     tensor_free(&m->grads);
     free(m->params);
+    free(m->unit_offsets);
     free(m->w.layers);
     free(m->g.layers);
     free(m);

@@ -84,6 +84,8 @@ struct model_adapter {
                     const struct tensor *dy, struct tensor *dx, struct smelt_error *err);
 };
 
+struct model_param_provider; /* below: parameters served unit by unit (ZeRO-3) */
+
 struct model {
     struct model_config config;
     enum backend backend;
@@ -98,6 +100,11 @@ struct model {
      * allocated the base is frozen: the backward computes only what flows to the
      * adapter. */
     const struct model_adapter *adapter;
+    /* The parameter units (model_unit_range): unit u is the flat range
+     * [unit_offsets[u], unit_offsets[u + 1]), n_layers + 3 entries. */
+    int64_t *unit_offsets;
+    /* Borrowed, NULL when none (model_set_param_provider). */
+    const struct model_param_provider *provider;
 };
 
 /* Loads config.json and the safetensors weights of a HF model directory. Every
@@ -181,6 +188,66 @@ int model_backward(struct model *model, struct model_acts *acts,
  * it is, adapters attached included. */
 int model_write_logits_json(struct model *model, const int32_t *ids, int64_t n, FILE *out,
                             struct smelt_error *err);
+
+/* ---- parameter units and providers (ZeRO-3) ----
+ *
+ * The flat buffer falls into units, each a contiguous range in parameter order:
+ *   MODEL_UNIT_EMBED (0)       wte (and GPT-2's wpe)
+ *   model_unit_layer(l)        every parameter of layer l (l + 1)
+ *   model_unit_head(m)         the final norm, and lm_head or score (n_layers + 1)
+ * A tied lm_head is wte: it is counted once, in the embedding unit, and the head's
+ * forward and backward acquire the embedding unit beside the head unit.
+ *
+ * A provider serves the units' weights to model_forward / model_backward (activation
+ * recompute and adapter hooks included) instead of model->weights: the model acquires
+ * a unit just before it reads the unit's weights and releases it right after, and the
+ * provider points the unit's views (model->w, and model->g when the base trains) at
+ * memory it owns with model_unit_bind. Kernels see weights only through those views.
+ * After a unit's backward the model calls grads_ready: the unit's gradient views are
+ * complete for this backward and the provider may reduce them away. At most two units
+ * are held at once (the head and the tied embedding). Every rank of a sharded job must
+ * make the same calls in the same order (same outputs asked for), since each acquire
+ * may be a collective. With no provider everything is as before, at no cost. */
+#define MODEL_UNIT_EMBED 0
+static inline int64_t model_unit_layer(int64_t layer) { return layer + 1; }
+int64_t model_unit_head(const struct model *model);
+int64_t model_unit_count(const struct model *model);
+/* Unit u's range [*offset, *offset + *numel) of the flat buffers. */
+void model_unit_range(const struct model *model, int64_t unit, int64_t *offset, int64_t *numel);
+/* Points the views of unit's parameters in model->w at w (the unit's numel elements, in
+ * flat order), and in model->g at g; NULL leaves the views empty (data NULL). A tied
+ * lm_head follows wte. While an adapter is attached the score head's views are left
+ * alone: they are the adapter's copy (lora_attach). */
+void model_unit_bind(struct model *model, int64_t unit, float *w, float *g);
+
+struct model_param_provider {
+    void *ctx;
+    /* The base trains: acquire(for_backward) binds gradient views too, and grads_ready
+     * follows each unit's backward. false: a frozen base (an adapter trains). */
+    bool base_grads;
+    /* A model_forward (backward false) or model_backward begins. The weights may have
+     * changed between two forwards (an optimizer step), never between a forward and
+     * its backward. */
+    int (*begin)(void *ctx, struct model *model, bool backward, struct smelt_error *err);
+    /* Acquires nest: each acquire is matched by one release. */
+    int (*acquire)(void *ctx, struct model *model, int64_t unit, bool for_backward,
+                   struct smelt_error *err);
+    int (*release)(void *ctx, struct model *model, int64_t unit, struct smelt_error *err);
+    int (*grads_ready)(void *ctx, struct model *model, int64_t unit, struct smelt_error *err);
+};
+
+/* Sets (NULL: removes) the provider; borrowed, it must outlive its use. EINVAL when the
+ * provider lacks a callback. */
+int model_set_param_provider(struct model *model, const struct model_param_provider *provider,
+                             struct smelt_error *err);
+/* For callers that read a unit's weights outside model_forward / model_backward (the
+ * score head: model_score_* read model->w.score): acquire and release through the
+ * provider; no-ops without one. */
+int model_unit_acquire(struct model *model, int64_t unit, bool for_backward, struct smelt_error *err);
+int model_unit_release(struct model *model, int64_t unit, struct smelt_error *err);
+/* Whether model_backward produces base gradients: a gradient buffer, or a provider
+ * with base_grads. */
+bool model_base_trains(const struct model *model);
 
 /* ---- generation with a paged KV cache (the rollout engine) ---- */
 
