@@ -492,4 +492,56 @@ int run_metrics_open(struct trainer_run *r, int64_t keep_through_step, struct sm
 void run_metrics_emit(struct trainer_run *r, void *obj);
 void run_metrics_close(struct trainer_run *r);
 
+/* ==== ZeRO stage 3 (zero3.c): parameters sharded, gathered unit by unit ================
+ * A model_param_provider over comm/: every parameter unit (model_unit_range) is split
+ * with comm_shard over its own numel, so each rank owns 1/N of every unit; the rank's
+ * flat shard is its pieces of every unit, back to back in unit order. A unit is
+ * all-gathered into one of two work buffers when the model acquires it, the next unit's
+ * gather issued (asynchronously) as soon as one is acquired; after a unit's backward its
+ * gradient is reduce-scattered (sum) from a unit gradient buffer and added into the
+ * rank's gradient shard, so gradients accumulate across micro-batches and the whole
+ * gradient buffer never exists. Host buffers (Gloo): CPU models only.
+ *
+ * LoRA: the trainable buffer is the adapter's, a few MB: it stays whole on every rank
+ * (its gradients are reduced as stage 1/2 reduce any flat buffer). Stage 3 shards the
+ * frozen base (base_grads false), which is where the memory is — as DeepSpeed's stage 3
+ * partitions frozen parameters too.
+ *
+ * Ownership: zero3_create takes the model's weights (copies this rank's pieces, then
+ * frees model->weights and model->grads) and sets itself as the model's provider; the
+ * comm and the model are borrowed and must outlive it. zero3_free removes the provider
+ * (the model then has no weights unless zero3_restore put them back). */
+struct comm;
+struct zero3;
+
+struct zero3_bytes {
+    int64_t shard_params, shard_grads; /* the rank's shards */
+    int64_t work_params, work_grads;   /* the two gather buffers; the unit gradient and receive buffers */
+};
+
+/* Every rank calls it with the same model (same weights) and its comm. base_grads: the
+ * base trains (full fine-tune); false: frozen base, an adapter trains. */
+int zero3_create(struct model *model, struct comm *comm, bool base_grads, struct zero3 **out,
+                 struct smelt_error *err);
+void zero3_free(struct zero3 *z);
+/* The rank's shards, f32 [shard numel] on the host: what the optimizer steps. The
+ * gradient shard's data is NULL without base_grads; the caller zeroes it between steps.
+ * A change to the parameter shard is seen from the next model_forward on. */
+struct tensor *zero3_params(struct zero3 *z);
+struct tensor *zero3_grads(struct zero3 *z);
+/* Waits for the collectives in flight: the gradient shard is complete after a backward. */
+int zero3_sync(struct zero3 *z, struct smelt_error *err);
+/* Unit u's piece on this rank: flat [*flat_offset, + *numel) is shard [*shard_offset, + *numel). */
+void zero3_piece(const struct zero3 *z, int64_t unit, int64_t *flat_offset, int64_t *numel,
+                 int64_t *shard_offset);
+/* Whole unit u (its numel elements) into dst, on every rank (weight sync bucket by bucket). */
+int zero3_gather_unit(struct zero3 *z, int64_t unit, float *dst, struct smelt_error *err);
+/* The whole flat buffer (model->n_weights elements) into flat, on every rank (saving). */
+int zero3_gather(struct zero3 *z, float *flat, struct smelt_error *err);
+/* Gives the model its whole weights buffer back and removes the provider: the model is
+ * as before zero3_create (no gradient buffer). Only zero3_free may follow. */
+int zero3_restore(struct zero3 *z, struct smelt_error *err);
+void zero3_bytes(const struct zero3 *z, struct zero3_bytes *out);
+/* ==== end of ZeRO stage 3 ============================================================ */
+
 #endif
