@@ -6,11 +6,13 @@
  *   rng.h    seeded xoshiro256** generator: uniform, normal
  *   args.h   command-line values parsed whole, errors naming the flag
  *   msg.h    the ZeroMQ message frames and every message type (framing only; no zmq.h)
- *   spawn.h  environment entries, descriptors above stdio, fork-safe writes for process starters */
+ *   spawn.h  starting child processes (fork + execve of a prepared argv), environments with a device
+ *   clock.h  the monotonic clock in ms, a sleep that survives signals */
 #ifndef SMELT_COMMON_H
 #define SMELT_COMMON_H
 
 #include "common/args.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "common/json.h"

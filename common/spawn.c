@@ -3,9 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 bool env_entry_is(const char *entry, const char *name) {
@@ -41,4 +44,111 @@ void fd_write_str(int fd, const char *s) {
         s += n;
         len -= (size_t)n;
     }
+}
+
+void spawn_plan_init(struct spawn_plan *p, const char *const *argv, char *const *envp) {
+    long max_fd = sysconf(_SC_OPEN_MAX);
+    *p = (struct spawn_plan){.argv = argv, .envp = envp, .in_fd = -1, .out_fd = -1, .err_fd = -1,
+                             .who = "smelt", .parent = getpid(),
+                             .max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536};
+}
+
+/* In the child: says what failed on fd 2, then exits 127. */
+static _Noreturn void child_fail(const struct spawn_plan *p, const char *what, const char *path, int e) {
+    const char *name = strerrorname_np(e), *desc = strerrordesc_np(e);
+    const char *parts[] = {p->who, ": ", what, " ", path, ": ", name ? name : "error", " (",
+                           desc ? desc : "unknown", ")\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) fd_write_str(2, parts[i]);
+    _exit(127);
+}
+
+/* The child between fork and exec: async-signal-safe calls only. */
+static _Noreturn void child_exec(const struct spawn_plan *p) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
+    const int fds[3] = {p->in_fd, p->out_fd, p->err_fd};
+    for (int i = 0; i < 3; i++)
+        if (fds[i] >= 0 && dup2(fds[i], i) < 0) _exit(127);
+    if (p->own_group && setpgid(0, 0) != 0) child_fail(p, "setpgid", "0", errno);
+    /* The death signal follows the thread that forked; if the parent is already gone it
+     * will never come, so stop here. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) child_fail(p, "prctl", "PR_SET_PDEATHSIG", errno);
+    if (getppid() != p->parent) _exit(127);
+    if (p->workdir && chdir(p->workdir) != 0) child_fail(p, "chdir", p->workdir, errno);
+    if (close_range(3, ~0U, 0) != 0)
+        for (int fd = 3; fd < p->max_fd; fd++) close(fd);
+    execve(p->argv[0], (char *const *)p->argv, p->envp);
+    child_fail(p, "execve", p->argv[0], errno);
+}
+
+pid_t spawn_start(const struct spawn_plan *p) {
+    pid_t pid = fork();
+    if (pid == 0) child_exec(p);
+    /* Also in the parent, so a signal to the group sent before the child ran finds it
+     * (EACCES once it has exec'd is fine). */
+    if (pid > 0 && p->own_group) setpgid(pid, pid);
+    return pid;
+}
+
+void spawn_envp_free(char **envp) {
+    for (char **e = envp; e && *e; e++) free(*e);
+    free(envp);
+}
+
+bool spawn_list_entry(const char *list, int k, char *out, size_t cap) {
+    for (int i = 0; list; i++) {
+        const char *comma = strchr(list, ',');
+        size_t len = comma ? (size_t)(comma - list) : strlen(list);
+        if (i == k) {
+            if (len == 0 || len >= cap) return false;
+            memcpy(out, list, len);
+            out[len] = 0;
+            return true;
+        }
+        list = comma ? comma + 1 : NULL;
+    }
+    return false;
+}
+
+static const char *const DEVICE_LISTS[] = {"CUDA_VISIBLE_DEVICES", "SMELT_CPU_SLOT"};
+#define N_DEVICE_LISTS (sizeof DEVICE_LISTS / sizeof *DEVICE_LISTS)
+
+static char *device_entry(const char *name, int device) {
+    const char *list = getenv(name);
+    char one[64];
+    return env_entry(name, spawn_list_entry(list, device, one, sizeof one) ? one : list);
+}
+
+char **spawn_envp_for_device(int device, const char *blas_kernels) {
+    extern char **environ;
+    size_t n = 0;
+    while (environ && environ[n]) n++;
+    char **envp = calloc(n + N_DEVICE_LISTS + 2, sizeof *envp);
+    if (!envp) return NULL;
+    bool set_kernels = blas_kernels && strcmp(blas_kernels, "unknown") != 0;
+    size_t k = 0;
+    bool ok = true;
+    for (size_t e = 0; ok && e < n; e++) {
+        bool replaced = set_kernels && env_entry_is(environ[e], "OPENBLAS_CORETYPE");
+        for (size_t d = 0; d < N_DEVICE_LISTS; d++) replaced |= env_entry_is(environ[e], DEVICE_LISTS[d]);
+        if (!replaced) ok = (envp[k++] = strdup(environ[e])) != NULL;
+    }
+    for (size_t d = 0; ok && d < N_DEVICE_LISTS; d++)
+        if (getenv(DEVICE_LISTS[d])) ok = (envp[k++] = device_entry(DEVICE_LISTS[d], device)) != NULL;
+    if (ok && set_kernels) ok = (envp[k++] = env_entry("OPENBLAS_CORETYPE", blas_kernels)) != NULL;
+    if (ok) return envp;
+    spawn_envp_free(envp);
+    return NULL;
+}
+
+void spawn_describe_status(int status, char *out, size_t cap) {
+    if (status == -1) snprintf(out, cap, "ended (reaped elsewhere)");
+    else if (WIFEXITED(status)) snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(out, cap, "was killed by signal %d (SIG%s)", WTERMSIG(status),
+                 sigabbrev_np(WTERMSIG(status)) ? sigabbrev_np(WTERMSIG(status)) : "?");
+    else snprintf(out, cap, "ended (wait status %d)", status);
 }

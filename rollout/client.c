@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include "common/json.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/msg.h"
 #include "lora/lora.h"
@@ -71,12 +72,6 @@ struct rollout_client {
     bool sync_failed, sync_begun, sync_ended;
     struct smelt_error sync_error;
 };
-
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- sockets ---- */
 

@@ -10,18 +10,13 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "lora/lora.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gen.result's arrays are little-endian and go out as the host holds them"
 #endif
-
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* How long the engine still waits for the rest of a batch (0: it does not). */
 static int64_t hold_left_ms(const struct worker *w) {

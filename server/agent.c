@@ -436,22 +436,6 @@ static int read_launch(const struct agent *a, const json_t *header, struct launc
 
 /* ---- starting a worker ---- */
 
-/* What the child needs, prepared by the parent so that the child allocates nothing. */
-struct spawn_plan {
-    const char *const *argv;
-    char **envp;
-    const char *workdir;
-    int log_fd, null_fd;
-    pid_t parent;
-    int max_fd;   /* close_range fallback */
-};
-
-static void free_envp(char **envp) {
-    if (!envp) return;
-    for (char **p = envp; *p; p++) free(*p);
-    free(envp);
-}
-
 /* Appends item to the comma list in buf; the callers' buffers are sized for every device. */
 static void list_append(char *buf, size_t cap, const char *item) {
     size_t used = strlen(buf);
@@ -504,49 +488,12 @@ static char **build_envp(const struct agent *a, const struct launch *l) {
     if (ok) ok = (envp[n++] = env_entry("CUDA_VISIBLE_DEVICES", visible)) != NULL;
     if (ok && slots[0]) ok = (envp[n++] = env_entry("SMELT_CPU_SLOT", slots)) != NULL;
     if (!ok) {
-        free_envp(envp);
+        spawn_envp_free(envp);
         return NULL;
     }
     return envp;
 }
 
-
-/* In the child: says what failed in the log (already on fd 2), then exits 127. */
-static _Noreturn void child_fail(const char *what, const char *path, int e) {
-    const char *name = strerrorname_np(e), *desc = strerrordesc_np(e);
-    fd_write_str(2, "smelt-agent: ");
-    fd_write_str(2, what);
-    fd_write_str(2, " ");
-    fd_write_str(2, path);
-    fd_write_str(2, ": ");
-    fd_write_str(2, name ? name : "error");
-    fd_write_str(2, " (");
-    fd_write_str(2, desc ? desc : "unknown");
-    fd_write_str(2, ")\n");
-    _exit(127);
-}
-
-/* The child between fork and exec: async-signal-safe calls only. */
-static _Noreturn void child_exec(const struct spawn_plan *p) {
-    /* The forking thread's mask and ignored signals would otherwise survive exec: a
-     * worker must see SIGTERM. */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    struct sigaction dfl = {.sa_handler = SIG_DFL};
-    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
-    if (dup2(p->log_fd, 1) < 0 || dup2(p->log_fd, 2) < 0 || dup2(p->null_fd, 0) < 0) _exit(127);
-    if (setpgid(0, 0) != 0) child_fail("setpgid", "0", errno);
-    /* The death signal follows the thread that forked; if the agent is already gone
-     * the signal will never come, so stop here. */
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) child_fail("prctl", "PR_SET_PDEATHSIG", errno);
-    if (getppid() != p->parent) _exit(127);
-    if (chdir(p->workdir) != 0) child_fail("chdir", p->workdir, errno);
-    if (close_range(3, ~0U, 0) != 0)
-        for (int fd = 3; fd < p->max_fd; fd++) close(fd);
-    execve(p->argv[0], (char *const *)p->argv, p->envp);
-    child_fail("execv", p->argv[0], errno);
-}
 
 static struct worker *worker_find(struct agent *a, const char *job_id, int64_t attempt) {
     for (int i = 0; i < AGENT_MAX_WORKERS; i++) {
@@ -571,41 +518,39 @@ static void worker_clear(struct worker *w) {
  * refusals (field log_path for a log that cannot be opened). */
 static int spawn_worker(struct agent *a, const struct launch *l, struct worker *w,
                         struct refusal *r) {
-    struct spawn_plan plan = {.argv = l->argv, .workdir = l->workdir, .log_fd = -1, .null_fd = -1,
-                              .parent = getpid()};
-    long max_fd = sysconf(_SC_OPEN_MAX);
-    plan.max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536;
+    struct spawn_plan plan;
+    spawn_plan_init(&plan, l->argv, NULL);
+    plan.workdir = l->workdir;
+    plan.own_group = true;
+    plan.who = "smelt-agent";
     int rc = SMELT_OK;
     char *metrics_path = strdup(l->metrics_path);
-    plan.envp = build_envp(a, l);
+    char **envp = build_envp(a, l);
+    plan.envp = envp;
     if (!metrics_path) rc = refuse(r, "metrics_path", "out of memory");
-    if (!rc && !plan.envp) rc = refuse(r, "env", "out of memory building the environment");
+    if (!rc && !envp) rc = refuse(r, "env", "out of memory building the environment");
     if (!rc) {
-        plan.log_fd = open_above_stdio(l->log_path, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
-        if (plan.log_fd < 0) rc = refuse(r, "log_path", "%s: %s", l->log_path, strerror(errno));
+        plan.out_fd = plan.err_fd = open_above_stdio(l->log_path, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
+        if (plan.out_fd < 0) rc = refuse(r, "log_path", "%s: %s", l->log_path, strerror(errno));
     }
     if (!rc) {
-        plan.null_fd = open_above_stdio("/dev/null", O_RDONLY, 0);
-        if (plan.null_fd < 0) rc = refuse(r, "argv", "/dev/null: %s", strerror(errno));
+        plan.in_fd = open_above_stdio("/dev/null", O_RDONLY, 0);
+        if (plan.in_fd < 0) rc = refuse(r, "argv", "/dev/null: %s", strerror(errno));
     }
     pid_t pid = -1;
     if (!rc) {
-        pid = fork();
-        if (pid == 0) child_exec(&plan);
+        pid = spawn_start(&plan);
         if (pid < 0) rc = refuse(r, "argv", "fork: %s", strerror(errno));
     }
     if (!rc) {
-        /* Also in the parent, so that a stop arriving before the child ran finds the group. */
-        if (setpgid(pid, pid) != 0 && errno != EACCES && errno != ESRCH)
-            log_warn("agent: setpgid(%d): %s", (int)pid, strerror(errno));
         *w = (struct worker){.used = true, .attempt = l->attempt, .pid = pid,
                              .metrics_path = metrics_path};
         snprintf(w->job_id, sizeof w->job_id, "%s", l->job_id);
         metrics_path = NULL;
     }
-    if (plan.log_fd >= 0) close(plan.log_fd);
-    if (plan.null_fd >= 0) close(plan.null_fd);
-    free_envp(plan.envp);
+    if (plan.out_fd >= 0) close(plan.out_fd);
+    if (plan.in_fd >= 0) close(plan.in_fd);
+    spawn_envp_free(envp);
     free(metrics_path);
     return rc;
 }

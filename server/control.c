@@ -454,6 +454,10 @@ static void on_checkpoint_line(struct server *s, struct store_conn *c, const cha
     job_event(s, c, id, "info", "%s", msg);
 }
 
+static double mib(const json_t *bytes) { return (double)json_integer_value(bytes) / (1024.0 * 1024.0); }
+
+/* The trainer's start line: the run's size, its compute and, with several ranks, its
+ * layout (the per-rank sizes the trainer actually allocated). */
 static void on_start_line(struct server *s, struct store_conn *c, const char *id, const json_t *line) {
     char msg[512];
     int n = snprintf(msg, sizeof msg, "Training started: %lld steps on %lld examples",
@@ -466,6 +470,14 @@ static void on_start_line(struct server *s, struct store_conn *c, const char *id
                      &kernels, "cpu_threads", &threads))
         snprintf(msg + n, sizeof msg - (size_t)n, " (%s backend; CPU: OpenBLAS %.32s kernels, %lld threads)",
                  backend, kernels, (long long)threads);
+    json_int_t ranks = json_integer_value(json_object_get(line, "ranks"));
+    n = (int)strlen(msg);
+    if (ranks > 1 && (size_t)n < sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, "; %lld ranks, ZeRO stage %lld: per rank %.1f MiB of optimizer "
+                 "state, %.1f MiB of parameters, %.1f MiB of gradients", (long long)ranks,
+                 (long long)json_integer_value(json_object_get(line, "zero_stage")),
+                 mib(json_object_get(line, "rank_optimizer_bytes")), mib(json_object_get(line, "rank_param_bytes")),
+                 mib(json_object_get(line, "rank_grad_bytes")));
     job_event(s, c, id, "info", "%s", msg);
 }
 
@@ -684,6 +696,17 @@ static int free_devices(struct store_conn *c, json_t *agent, int64_t *free_idx, 
     return n;
 }
 
+/* The trainer's ranks among a job's devices: all of them, less an RL job's rollout
+ * workers in the split placement (the agent lists the trainer's devices first). */
+static int64_t trainer_ranks_of(const json_t *spec, int n_devices) {
+    const json_t *rl = json_object_get(spec, "rl");
+    const char *placement = json_string_value(json_object_get(rl, "placement"));
+    int64_t workers = placement && strcmp(placement, "split") == 0
+                          ? json_integer_value(json_object_get(rl, "rollout_workers")) : 0;
+    if (placement && strcmp(placement, "split") == 0 && workers < 1) workers = 1;
+    return n_devices - workers > 1 ? n_devices - workers : 1;
+}
+
 static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *agent, const int64_t *devices,
                    int n_devices) {
     const char *id = json_string_value(json_object_get(job, "id"));
@@ -698,6 +721,7 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
     json_t *spec = json_loads(json_string_value(json_object_get(job, "spec")), 0, NULL);
     int rc = spec ? dir_create_all(job_dir, &err) : error_set(&err, SMELT_EFORMAT, "stored spec unreadable");
     if (rc == 0) rc = json_save_atomic(spec, JSON_INDENT(2) | JSON_SORT_KEYS, spec_path, &err);
+    int64_t ranks = spec ? trainer_ranks_of(spec, n_devices) : 1;
     json_decref(spec);
     if (rc) {
         job_fail(s, c, id, "launch_failed", err.message);
@@ -710,6 +734,12 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
     if (resume) {
         json_array_append_new(argv, json_string("--resume"));
         json_array_append_new(argv, json_string("latest"));
+    }
+    if (ranks > 1) {
+        char text[24];
+        snprintf(text, sizeof text, "%lld", (long long)ranks);
+        json_array_append_new(argv, json_string("--ranks"));
+        json_array_append_new(argv, json_string(text));
     }
     json_t *dev_array = json_array();
     for (int i = 0; i < n_devices; i++) json_array_append_new(dev_array, json_integer(devices[i]));

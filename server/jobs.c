@@ -24,7 +24,7 @@
 #define JOBS_MAX_RETRIES 100
 #define JOBS_MAX_RUNTIME_SECONDS INT64_C(31536000) /* one year */
 #define JOBS_MAX_DEVICES 64
-#define JOBS_ONE_PROCESS_DEVICES 1 /* the trainers run on one process (no ZeRO yet) */
+#define JOBS_ONE_PROCESS_DEVICES 1 /* an RL job's trainer runs as one rank in this version */
 
 bool jobs_status_final(const char *status) {
     return strcmp(status, "succeeded") == 0 || strcmp(status, "failed") == 0 ||
@@ -395,6 +395,7 @@ struct job_plan {
     json_t *metadata;
     int64_t seed, priority, devices, max_retries, max_runtime;
     int64_t rollout_devices;   /* resources.rollout.devices; -1: not given */
+    int64_t trainer_devices;   /* resources.trainer.devices: the trainer's ranks; -1: not given */
     bool devices_given;        /* resources.devices was in the request */
 };
 
@@ -499,7 +500,7 @@ static int read_role(const json_t *resources, const char *role, int64_t min, int
 
 static int read_resources(const json_t *request, struct job_plan *p, struct smelt_error *err) {
     p->devices = JOBS_ONE_PROCESS_DEVICES;
-    p->rollout_devices = -1;
+    p->rollout_devices = p->trainer_devices = -1;
     json_t *v = json_object_get(request, "resources");
     if (!v || json_is_null(v)) return SMELT_OK;
     if (!json_is_object(v)) return error_set_field(err, SMELT_EINVAL, "resources", "resources: an object is expected");
@@ -510,29 +511,36 @@ static int read_resources(const json_t *request, struct job_plan *p, struct smel
                                "resources.%.64s: unknown field (devices, trainer, rollout)", key);
     p->devices_given = json_object_get(v, "devices") != NULL;
     TRY(error_in_field(err, int_field(v, "devices", 1, 1, JOBS_MAX_DEVICES, &p->devices, err), "resources"));
-    if (json_object_get(v, "trainer")) {
-        int64_t trainer;
-        TRY(read_role(v, "trainer", JOBS_ONE_PROCESS_DEVICES, JOBS_MAX_DEVICES, &trainer, err));
-        if (trainer != JOBS_ONE_PROCESS_DEVICES)
-            return error_set_field(err, SMELT_EINVAL, "resources.trainer.devices",
-                                   "resources.trainer.devices: a trainer runs on one device in this version of "
-                                   "smelt");
-    }
+    if (json_object_get(v, "trainer"))
+        TRY(read_role(v, "trainer", 1, JOBS_MAX_DEVICES, &p->trainer_devices, err));
     if (json_object_get(v, "rollout"))
         TRY(read_role(v, "rollout", 1, JOBS_MAX_DEVICES - JOBS_ONE_PROCESS_DEVICES, &p->rollout_devices, err));
     return SMELT_OK;
 }
 
-/* The devices a job takes, once its spec is known: the trainer's, and an RL job's
- * rollout workers' in the split placement (one device each). A resources.devices the
- * request gave must agree. */
+/* The devices a job takes, once its spec is known: the trainer's ranks (one device each;
+ * several only for SFT, DPO and reward models in this version, each rank taking a share
+ * of every step's grad_accum micro-batches), and an RL job's rollout workers in the split
+ * placement (one device each). A resources.devices the request gave must agree. */
 static int settle_devices(const struct job_spec *js, struct job_plan *p, struct smelt_error *err) {
-    int64_t want = JOBS_ONE_PROCESS_DEVICES;
-    if (job_type_is_rl(js->type) && js->rl.placement == RL_PLACEMENT_SPLIT) want += js->rl.rollout_workers;
+    bool rl = job_type_is_rl(js->type);
+    int64_t ranks = p->trainer_devices > 0 ? p->trainer_devices : !rl && p->devices_given ? p->devices : 1;
+    if (rl && ranks != JOBS_ONE_PROCESS_DEVICES)
+        return error_set_field(err, SMELT_EINVAL, "resources.trainer.devices", "resources.trainer.devices: an RL "
+                               "job's trainer runs as one rank in this version of smelt (several ranks train SFT, "
+                               "DPO and reward-model jobs)");
+    if (ranks > js->hp.grad_accum)
+        return error_set_field(err, SMELT_EINVAL, "resources.trainer.devices", "resources.trainer.devices: %lld "
+                               "ranks share each step's micro-batches, but hyperparameters.grad_accum is %lld; "
+                               "raise grad_accum to at least %lld (a multiple of the ranks keeps them equally busy)",
+                               (long long)ranks, (long long)js->hp.grad_accum, (long long)ranks);
+    int64_t want = ranks;
+    if (rl && js->rl.placement == RL_PLACEMENT_SPLIT) want += js->rl.rollout_workers;
     if (p->devices_given && p->devices != want)
         return error_set_field(err, SMELT_EINVAL, "resources.devices",
-                               "resources.devices: the job runs on %lld device(s) (the trainer%s), not %lld",
-                               (long long)want, want > 1 ? " and one per rollout worker" : "", (long long)p->devices);
+                               "resources.devices: the job runs on %lld device(s) (%lld trainer rank%s%s), not %lld",
+                               (long long)want, (long long)ranks, ranks > 1 ? "s" : "",
+                               want > ranks ? " and one per rollout worker" : "", (long long)p->devices);
     p->devices = want;
     return SMELT_OK;
 }
@@ -982,7 +990,7 @@ static json_t *resources_shown(json_t *row, json_t *spec) {
     json_t *rl = json_object_get(spec, "rl");
     json_t *placement = json_object_get(rl, "placement");
     if (!placement || strcmp(json_string_value(placement) ?: "", "split") != 0)
-        return json_pack("{s:O}", "devices", devices);
+        return json_pack("{s:O, s:{s:O}}", "devices", devices, "trainer", "devices", devices);
     json_int_t workers = json_integer_value(json_object_get(rl, "rollout_workers"));
     return json_pack("{s:O, s:{s:i}, s:{s:I}}", "devices", devices, "trainer", "devices", JOBS_ONE_PROCESS_DEVICES,
                      "rollout", "devices", workers ? workers : (json_int_t)1);

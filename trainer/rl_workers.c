@@ -93,18 +93,6 @@ void rl_workers_set_program(const char *path) {
     snprintf(program_override, sizeof program_override, "%s", path ? path : "");
 }
 
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int64_t ms) {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
 /* ---- what the workers run ---- */
 
 /* smelt-rollout in the folder of this executable (or the tests' override). */
@@ -171,113 +159,28 @@ static void drop_model_copy(const struct trainer_run *r) {
 
 /* ---- starting them ---- */
 
-/* What a child needs, made before the fork so that the child allocates nothing. */
-struct spawn_plan {
+/* Every worker's argv (the same for all: each binds a port of its own). */
+struct spawn_args {
     const char *argv[24];
-    char **envp;
-    pid_t parent;
-    int max_fd;                /* close_range's fallback */
 };
 
-static void free_envp(char **envp) {
-    for (char **p = envp; p && *p; p++) free(*p);
-    free(envp);
-}
-
-/* Entry k of a comma list ("0,1,2") into out; false when the list has no entry k. */
-static bool list_entry(const char *list, int k, char *out, size_t cap) {
-    for (int i = 0; list; i++) {
-        const char *comma = strchr(list, ',');
-        size_t len = comma ? (size_t)(comma - list) : strlen(list);
-        if (i == k) {
-            if (len == 0 || len >= cap) return false;
-            memcpy(out, list, len);
-            out[len] = 0;
-            return true;
-        }
-        list = comma ? comma + 1 : NULL;
-    }
-    return false;
-}
-
-/* "NAME=value" of variable name for worker i: the agent gives a job its devices as
- * CUDA_VISIBLE_DEVICES / SMELT_CPU_SLOT lists, the trainer's first, then one per
- * worker; a list without an entry for the worker (the trainer run by hand) is passed on
- * whole. NULL: the variable is not set. */
-static char *device_entry(const char *name, int i) {
-    const char *list = getenv(name);
-    if (!list) return NULL;
-    char one[64];
-    return env_entry(name, list_entry(list, 1 + i, one, sizeof one) ? one : list);
-}
-
-/* Worker i's environment: this process's, with OPENBLAS_CORETYPE set to the kernels it
- * runs and the worker's own device (device_entry). */
-static char **worker_envp(int i) {
-    extern char **environ;
-    static const char *const devices[] = {"CUDA_VISIBLE_DEVICES", "SMELT_CPU_SLOT"};
-    size_t n = 0;
-    while (environ && environ[n]) n++;
-    char **envp = calloc(n + 4, sizeof *envp);
-    if (!envp) return NULL;
-    size_t k = 0;
-    bool ok = true;
-    for (size_t e = 0; ok && e < n; e++) {
-        bool replaced = env_entry_is(environ[e], "OPENBLAS_CORETYPE");
-        for (size_t d = 0; d < sizeof devices / sizeof *devices; d++) replaced |= env_entry_is(environ[e], devices[d]);
-        if (!replaced) ok = (envp[k++] = strdup(environ[e])) != NULL;
-    }
-    for (size_t d = 0; ok && d < sizeof devices / sizeof *devices; d++)
-        if (getenv(devices[d])) ok = (envp[k++] = device_entry(devices[d], i)) != NULL;
-    const char *kernels = backend_cpu_blas_kernels();
-    if (ok && strcmp(kernels, "unknown") != 0) {
-        size_t len = strlen(kernels) + 19;
-        ok = (envp[k] = malloc(len)) != NULL;
-        if (ok) snprintf(envp[k++], len, "OPENBLAS_CORETYPE=%s", kernels);
-    }
-    if (ok) return envp;
-    free_envp(envp);
-    return NULL;
-}
-
-
-/* In the child, between fork and exec: async-signal-safe calls only. */
-static _Noreturn void child_exec(const struct spawn_plan *p, int log_fd, int null_fd) {
-    /* The forking thread's mask and handlers must not survive into the worker: it has
-     * to see SIGTERM. */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    struct sigaction dfl = {.sa_handler = SIG_DFL};
-    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
-    if (dup2(log_fd, 1) < 0 || dup2(log_fd, 2) < 0 || dup2(null_fd, 0) < 0) _exit(127);
-    setpgid(0, 0);
-    /* The death signal follows the forking thread; if the trainer is already gone it
-     * will never come, so stop here. */
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != p->parent) _exit(127);
-    if (close_range(3, ~0U, 0) != 0)
-        for (int fd = 3; fd < p->max_fd; fd++) close(fd);
-    execve(p->argv[0], (char *const *)p->argv, p->envp);
-    fd_write_str(2, "smelt-trainer: execve ");
-    fd_write_str(2, p->argv[0]);
-    fd_write_str(2, " failed\n");
-    _exit(127);
-}
-
-
-static int spawn(const struct spawn_plan *p, int i, struct rl_worker *w, struct smelt_error *err) {
+static int spawn(const struct spawn_args *a, char **envp, int i, struct rl_worker *w, struct smelt_error *err) {
     int log_fd = open_above_stdio(w->log, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
     if (log_fd < 0) return error_set(err, SMELT_EIO, "rl: rollout worker %d: %s: %s", i, w->log, strerror(errno));
     int null_fd = open_above_stdio("/dev/null", O_RDONLY, 0);
     struct stat st;
     w->log_from = fstat(log_fd, &st) == 0 ? st.st_size : 0;
-    pid_t pid = null_fd < 0 ? -1 : fork();
-    if (pid == 0) child_exec(p, log_fd, null_fd);
+    struct spawn_plan p;
+    spawn_plan_init(&p, a->argv, envp);
+    p.in_fd = null_fd;
+    p.out_fd = p.err_fd = log_fd;
+    p.own_group = true;
+    p.who = "smelt-trainer";
+    pid_t pid = null_fd < 0 ? -1 : spawn_start(&p);
     int e = errno;
     close(log_fd);
     if (null_fd >= 0) close(null_fd);
     if (pid < 0) return error_set(err, SMELT_EIO, "rl: starting rollout worker %d: %s", i, strerror(e));
-    setpgid(pid, pid); /* also here: a stop before the child ran finds the group (EACCES after exec is fine) */
     w->pid = pid;
     return SMELT_OK;
 }
@@ -303,20 +206,11 @@ static void log_tail(const struct rl_worker *w, char *out, size_t cap) {
         if (out[k] == '\n') out[k] = '|';
 }
 
-static void describe_end(int status, char *out, size_t cap) {
-    if (status == -1) snprintf(out, cap, "ended (reaped elsewhere)");
-    else if (WIFEXITED(status)) snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(out, cap, "was killed by signal %d (SIG%s)", WTERMSIG(status),
-                 sigabbrev_np(WTERMSIG(status)) ? sigabbrev_np(WTERMSIG(status)) : "?");
-    else snprintf(out, cap, "ended (wait status %d)", status);
-}
-
 /* The error of worker i, which ended `during` something: how, and its log's last lines. */
 static int ended_error(const struct rl_workers *ws, int i, const char *during, struct smelt_error *err) {
     const struct rl_worker *w = &ws->w[i];
     char how[64], tail[LOG_TAIL_BYTES];
-    describe_end(w->status, how, sizeof how);
+    spawn_describe_status(w->status, how, sizeof how);
     log_tail(w, tail, sizeof tail);
     return error_set(err, SMELT_EIO, "rl: rollout worker %d (%s) %s %s; the end of %s: %s", i,
                      w->endpoint[0] ? w->endpoint : "not serving yet", how, during, w->log, tail[0] ? tail : "(empty)");
@@ -384,7 +278,7 @@ static int wait_serving(struct rl_workers *ws, struct smelt_error *err) {
 }
 
 /* The argv of every worker (the same: each binds a port of its own). */
-static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_plan *p, char (*text)[JOB_PATH_BYTES],
+static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_args *p, char (*text)[JOB_PATH_BYTES],
                    struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     struct rollout_config ec;
@@ -406,9 +300,6 @@ static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_plan *p, cha
     }
     if (s->rl.true_on_policy) p->argv[n++] = "--batch-invariant";
     p->argv[n] = NULL;
-    long max_fd = sysconf(_SC_OPEN_MAX);
-    p->max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536;
-    p->parent = getpid();
     return SMELT_OK;
 }
 
@@ -448,17 +339,18 @@ static int client_failure(struct rl_workers *ws, int rc, const char *during, str
 
 static int start_all(struct trainer_run *r, struct rl_workers *ws, struct smelt_error *err) {
     char text[7][JOB_PATH_BYTES];
-    struct spawn_plan plan = {0};
+    struct spawn_args plan = {0};
     int rc = plan_of(r, ws->cap, &plan, text, err);
     for (int i = 0; !rc && i < ws->n; i++) {
         struct rl_worker *w = &ws->w[i];
         char name[32];
         snprintf(name, sizeof name, "rollout-%d.log", i);
         rc = path_join(w->log, sizeof w->log, r->spec->output_dir, name, err);
-        if (!rc && !(plan.envp = worker_envp(i))) rc = error_set(err, SMELT_ENOMEM, "rl: out of memory");
-        if (!rc) rc = spawn(&plan, i, w, err);
-        free_envp(plan.envp);
-        plan.envp = NULL;
+        /* The agent lists the trainer's device first, then one per worker. */
+        char **envp = rc ? NULL : spawn_envp_for_device(1 + i, backend_cpu_blas_kernels());
+        if (!rc && !envp) rc = error_set(err, SMELT_ENOMEM, "rl: out of memory");
+        if (!rc) rc = spawn(&plan, envp, i, w, err);
+        spawn_envp_free(envp);
     }
     if (!rc) log_info("rl: %d rollout workers (%s) starting on %s%s%s", ws->n, text[0], text[1],
                       text[2][0] ? ", adapter " : "", text[2]);

@@ -9,6 +9,8 @@
  * last checkpoint may succeed, and smeltd retries it within the job's max_retries). */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -35,8 +37,92 @@ static void on_signal(int sig) {
     trainer_request_stop();
 }
 
+/* One run per job directory at a time: a retry started while the previous run is still
+ * writing its last checkpoint waits for it to exit (the kernel drops the lock when a
+ * process ends, however it ends). 1: locked (held until exit); else the exit status. */
+static int take_job_lock(const char *output_dir) {
+    struct smelt_error err = {0};
+    if (dir_create_all(output_dir, &err)) {
+        fprintf(stderr, "smelt-trainer: %s\n", err.message);
+        return 1;
+    }
+    char lock_path[JOB_PATH_BYTES + 16];
+    snprintf(lock_path, sizeof lock_path, "%s/.lock", output_dir);
+    int lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd < 0) {
+        fprintf(stderr, "smelt-trainer: %s: %s\n", lock_path, strerror(errno));
+        return 1;
+    }
+    if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        log_info("another run of this job (%s) is still running; waiting for it to exit", output_dir);
+        if (flock(lock_fd, LOCK_EX) != 0) {
+            log_info("stopped while waiting for the previous run");
+            close(lock_fd);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* --ranks N without --rank: this process starts the N ranks (launch.c) with its own
+ * arguments less --ranks N, and exits as they did. */
+static int find_arg(int argc, char **argv, const char *name) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0) return i;
+    return 0;
+}
+
+static int run_launcher(int argc, char **argv, int at) {
+    struct smelt_error err = {0};
+    int64_t ranks = 0, timeout = 0;
+    int spec_at = find_arg(argc, argv, "--spec"), timeout_at = find_arg(argc, argv, "--comm-timeout-ms");
+    if (at + 1 >= argc || args_int("--ranks", argv[at + 1], 1, TRAINER_MAX_RANKS, &ranks, &err) ||
+        (timeout_at && (timeout_at + 1 >= argc ||
+                        args_int("--comm-timeout-ms", argv[timeout_at + 1], 1, INT32_MAX, &timeout, &err)))) {
+        fprintf(stderr, "smelt-trainer: %s\n", err.message[0] ? err.message : "--ranks needs a value");
+        return 2;
+    }
+    if (find_arg(argc, argv, "--rendezvous") || find_arg(argc, argv, "--no-lock") || !spec_at || spec_at + 1 >= argc) {
+        fprintf(stderr, "smelt-trainer: --ranks without --rank starts the ranks itself: give --spec, and not "
+                        "--rendezvous or --no-lock (those are for ranks started by someone else)\n");
+        return 2;
+    }
+    struct job_spec spec;
+    if (job_spec_load(argv[spec_at + 1], &spec, &err)) {
+        fprintf(stderr, "smelt-trainer: %s\n", err.message);
+        return 1;
+    }
+    int locked = take_job_lock(spec.output_dir);
+    if (locked != 1) return locked;
+    const char *args[64];
+    int n = 0;
+    for (int i = 1; i < argc && n < 64; i++) {
+        if (i == at) i++; /* --ranks N: each rank gets its own */
+        else args[n++] = argv[i];
+    }
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0 || argc > 64) {
+        fprintf(stderr, "smelt-trainer: %s\n", len <= 0 ? "cannot find this program (/proc/self/exe)" : "too many arguments");
+        return 2;
+    }
+    exe[len] = 0;
+    struct trainer_launch l = {.program = exe, .args = args, .n_args = n, .ranks = (int)ranks,
+                               .output_dir = spec.output_dir, .comm_timeout_ms = (int)timeout};
+    int status = 3;
+    if (trainer_launch_ranks(&l, &status, &err)) {
+        fprintf(stderr, "smelt-trainer: %s\n", err.message);
+        return err.code == SMELT_EINVAL ? 2 : 3;
+    }
+    return status;
+}
+
 int main(int argc, char **argv) {
     backend_cpu_select_kernels(argv);
+    int ranks_at = find_arg(argc, argv, "--ranks");
+    /* --ranks 1 is one process: no launcher. */
+    if (ranks_at && !find_arg(argc, argv, "--rank") && !(ranks_at + 1 < argc && strcmp(argv[ranks_at + 1], "1") == 0))
+        return run_launcher(argc, argv, ranks_at);
     const char *spec_path = NULL, *resume = NULL;
     struct trainer_options o = {0};
     struct smelt_error err = {0};
@@ -79,28 +165,8 @@ int main(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    /* One run per job directory at a time: a retry started while the previous worker is
-     * still writing its last checkpoint waits for it to exit (the kernel drops the lock
-     * when a process ends, however it ends). */
-    if (dir_create_all(spec.output_dir, &err)) {
-        fprintf(stderr, "smelt-trainer: %s\n", err.message);
-        return 1;
-    }
-    char lock_path[JOB_PATH_BYTES + 16];
-    snprintf(lock_path, sizeof lock_path, "%s/.lock", spec.output_dir);
-    int lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd < 0) {
-        fprintf(stderr, "smelt-trainer: %s: %s\n", lock_path, strerror(errno));
-        return 1;
-    }
-    if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        log_info("another run of this job (%s) is still running; waiting for it to exit", spec.output_dir);
-        if (flock(lock_fd, LOCK_EX) != 0) {
-            log_info("stopped while waiting for the previous run");
-            close(lock_fd);
-            return 0;
-        }
-    }
+    int locked = take_job_lock(spec.output_dir);
+    if (locked != 1) return locked;
     struct trainer_result res;
     int rc = trainer_run(&spec, &o, &res, &err);
     if (rc) {

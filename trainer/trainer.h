@@ -210,6 +210,30 @@ struct trainer_result {
 int trainer_run(const struct job_spec *spec, const struct trainer_options *options,
                 struct trainer_result *result, struct smelt_error *err);
 
+/* ---- several ranks on this machine (launch.c) ---- */
+
+#define TRAINER_MAX_RANKS 64
+/* A collective's timeout when none is given: long enough for a checkpoint's write on one
+ * rank while the others wait in a barrier (NCCL's default is of this order). */
+#define TRAINER_DEFAULT_COMM_TIMEOUT_MS 600000
+
+/* smelt-trainer --ranks N without --rank: the ranks of one job started on this machine. */
+struct trainer_launch {
+    const char *program;       /* this program's path (each rank runs it again) */
+    const char *const *args;   /* the arguments every rank gets (--spec, --resume, ...) */
+    int n_args;
+    int ranks;                 /* 2 .. TRAINER_MAX_RANKS */
+    const char *output_dir;    /* the job's: its rendezvous/ folder holds the ranks' addresses */
+    int comm_timeout_ms;       /* the ranks' collective timeout (0: the default) */
+};
+/* Starts ranks 0..N-1 (each with --rank R --ranks N --rendezvous file:DIR --no-lock, on
+ * device entry R), passes SIGTERM/SIGINT on to them, and waits for all of them. After a
+ * rank fails the others get twice the timeout to fail in turn (each naming it); ranks left
+ * after that, or stopped while all others ended, are killed. *exit_status: 0 when every
+ * rank exited 0, else the first failed rank's status (3 when it was killed by a signal).
+ * An error only when the ranks could not be started. */
+int trainer_launch_ranks(const struct trainer_launch *l, int *exit_status, struct smelt_error *err);
+
 /* The newest complete checkpoint of a job directory (output_dir/checkpoints/step-N) into
  * dst; SMELT_ENOTFOUND when there is none. What `--resume latest` resumes from. */
 int trainer_checkpoint_latest(const char *output_dir, char *dst, size_t cap, struct smelt_error *err);

@@ -193,7 +193,7 @@ def test_grpo_bad_requests_name_the_field(smeltd):
     refused(smeltd, body, "resources.rollout", "rollout_workers")
     body = grpo_request(train, val)
     body["resources"] = {"trainer": {"devices": 2}}
-    refused(smeltd, body, "resources.trainer.devices", "one device")
+    refused(smeltd, body, "resources.trainer.devices", "one rank")
     body["resources"] = {"rollout": {"devices": 0}}
     refused(smeltd, body, "resources.rollout.devices")
     body["resources"] = {"rollout": {"gpus": 1}}

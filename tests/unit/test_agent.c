@@ -35,12 +35,6 @@ static struct {
     int heartbeat_ms;  /* what the test answers agent.register with */
 } h;
 
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void *agent_thread(void *arg) {
     (void)arg;
     h.rc = agent_run(&h.config, &h.err);

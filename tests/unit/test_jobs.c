@@ -280,6 +280,11 @@ Test(jobs, params_name_the_request_field) {
          "hyperparameters.batch_tokens"},
         {"{\"suffix\": \"a b\"}", "suffix"},
         {"{\"resources\": {\"devices\": 0}}", "resources.devices"},
+        /* two ranks, but one micro-batch per step: nothing for the second rank */
+        {"{\"resources\": {\"trainer\": {\"devices\": 2}}}", "resources.trainer.devices"},
+        {"{\"resources\": {\"devices\": 2}}", "resources.trainer.devices"},
+        {"{\"resources\": {\"devices\": 2, \"trainer\": {\"devices\": 4}}, \"hyperparameters\": "
+         "{\"grad_accum\": 4}}", "resources.devices"},
         {"{\"nonsense\": 1}", "nonsense"},
         {"{\"hyperparameters\": 3}", "hyperparameters"},
     };

@@ -20,21 +20,10 @@ static struct {
     char data_dir[128], port_file[160];
 } h;
 
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void *server_thread(void *arg) {
     (void)arg;
     h.rc = server_run(&h.config, &h.err);
     return NULL;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* Waits for the port file: by then the control loop and the embedded agent run. */

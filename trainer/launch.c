@@ -1,0 +1,225 @@
+/* smelt-trainer --ranks N without --rank: this process starts the N ranks of one job on
+ * this machine and watches them, as torchrun does (trainer.h, trainer_launch_ranks).
+ *
+ * Each rank is this program again (fork + execve, common/spawn.h) with the same
+ * arguments and --rank R --ranks N --rendezvous file:DIR --no-lock: DIR is a fresh folder
+ * under the job's output_dir, so a new attempt never meets an old attempt's addresses.
+ * The ranks stay in this process's group: a stop meant for the group (the agent's
+ * SIGTERM, a terminal's ^C) reaches every rank, and the ranks agree to stop after the same
+ * step. A signal sent to this process alone is passed on to the ranks. Rank R runs on
+ * entry R of the CUDA_VISIBLE_DEVICES / SMELT_CPU_SLOT lists the agent gives the job.
+ *
+ * A rank that fails makes the others fail too, within the communicator's timeout, each
+ * naming it (comm/). This process waits that long for them; a rank still there after
+ * twice the timeout (a stopped one, say) is killed, and so is a rank that is stopped
+ * while every other has ended. Nothing is left behind: a launcher killed outright takes
+ * its ranks down with it (PR_SET_PDEATHSIG). */
+#include "trainer/trainer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+
+#define WATCH_MS 20
+/* After a failure: the others' timeout twice over (their own, and the fault report's
+ * grace), plus time to write their error and exit. */
+#define EXIT_SLACK_MS 5000
+
+enum rank_state { RANK_RUNNING, RANK_STOPPED, RANK_ENDED };
+
+struct rank_proc {
+    pid_t pid;
+    enum rank_state state;
+    int status;
+};
+
+static atomic_int pending_signal;
+
+static void on_signal(int sig) { atomic_store(&pending_signal, sig); }
+
+/* The arguments of rank `rank`: the program, the launcher's own arguments, then this
+ * rank's place. text holds the numbers. */
+static const char **rank_argv(const struct trainer_launch *l, int rank, const char *store, char (*text)[32]) {
+    const char **argv = calloc((size_t)l->n_args + 12, sizeof *argv);
+    if (!argv) return NULL;
+    int n = 0;
+    argv[n++] = l->program;
+    for (int i = 0; i < l->n_args; i++) argv[n++] = l->args[i];
+    snprintf(text[0], 32, "%d", rank);
+    snprintf(text[1], 32, "%d", l->ranks);
+    const char *extra[] = {"--rank", text[0], "--ranks", text[1], "--rendezvous", store, "--no-lock"};
+    for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    return argv;
+}
+
+static int start_rank(const struct trainer_launch *l, int rank, const char *store, struct rank_proc *p,
+                      struct smelt_error *err) {
+    char text[2][32];
+    const char **argv = rank_argv(l, rank, store, text);
+    char **envp = spawn_envp_for_device(rank, backend_cpu_blas_kernels());
+    int rc = SMELT_OK;
+    if (!argv || !envp) rc = error_set(err, SMELT_ENOMEM, "launch: out of memory");
+    if (!rc) {
+        struct spawn_plan plan;
+        spawn_plan_init(&plan, argv, envp);
+        plan.who = "smelt-trainer";
+        *p = (struct rank_proc){.pid = spawn_start(&plan), .state = RANK_RUNNING};
+        if (p->pid < 0) rc = error_set(err, SMELT_EIO, "launch: starting rank %d: %s", rank, strerror(errno));
+    }
+    free(argv);
+    spawn_envp_free(envp);
+    return rc;
+}
+
+/* Looks at rank i without blocking; true when its state changed. */
+static bool poll_rank(struct rank_proc *p) {
+    if (p->state == RANK_ENDED) return false;
+    int status = 0;
+    pid_t got = waitpid(p->pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+    if (got < 0 && errno == ECHILD) {
+        *p = (struct rank_proc){.pid = p->pid, .state = RANK_ENDED, .status = -1};
+        return true;
+    }
+    if (got != p->pid) return false;
+    enum rank_state before = p->state;
+    if (WIFSTOPPED(status)) p->state = RANK_STOPPED;
+    else if (WIFCONTINUED(status)) p->state = RANK_RUNNING;
+    else {
+        p->state = RANK_ENDED;
+        p->status = status;
+    }
+    return p->state != before || p->state == RANK_ENDED;
+}
+
+static bool failed(const struct rank_proc *p) {
+    return p->state == RANK_ENDED && !(p->status != -1 && WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0);
+}
+
+/* The launcher's exit status for a failed rank: its own, or 3 (the run failed against
+ * its surroundings: a retry from the last checkpoint may succeed) when it did not exit. */
+static int exit_status_of(const struct rank_proc *p) {
+    return p->status != -1 && WIFEXITED(p->status) ? WEXITSTATUS(p->status) : 3;
+}
+
+struct watch {
+    struct rank_proc *procs;
+    int n;
+    int first_failed;          /* -1: none yet */
+    int64_t kill_at;           /* after a failure: when the rest are killed */
+};
+
+static void pass_on_signal(struct watch *w) {
+    int sig = atomic_exchange(&pending_signal, 0);
+    if (!sig) return;
+    for (int i = 0; i < w->n; i++)
+        if (w->procs[i].state != RANK_ENDED) kill(w->procs[i].pid, sig);
+}
+
+static void note_changes(struct watch *w, int64_t timeout_ms) {
+    for (int i = 0; i < w->n; i++) {
+        struct rank_proc *p = &w->procs[i];
+        if (!poll_rank(p) || !failed(p)) continue;
+        char how[96];
+        spawn_describe_status(p->status, how, sizeof how);
+        if (w->first_failed < 0) {
+            w->first_failed = i;
+            w->kill_at = mono_ms() + 2 * timeout_ms + EXIT_SLACK_MS;
+            log_error("launch: rank %d (pid %d) %s; the other ranks stop within the communicator's timeout "
+                      "(%lld ms)", i, (int)p->pid, how, (long long)timeout_ms);
+        } else {
+            log_info("launch: rank %d (pid %d) %s", i, (int)p->pid, how);
+        }
+    }
+}
+
+/* After a failure: whether the ranks left are to be killed now (the time is up, or
+ * every rank left is stopped and cannot end on its own). */
+static bool kill_rest_now(const struct watch *w) {
+    if (w->first_failed < 0) return false;
+    if (mono_ms() >= w->kill_at) return true;
+    bool any_left = false;
+    for (int i = 0; i < w->n; i++) {
+        if (w->procs[i].state == RANK_RUNNING) return false;
+        any_left |= w->procs[i].state == RANK_STOPPED;
+    }
+    return any_left;
+}
+
+static int ranks_left(const struct watch *w) {
+    int left = 0;
+    for (int i = 0; i < w->n; i++) left += w->procs[i].state != RANK_ENDED;
+    return left;
+}
+
+static int watch_ranks(struct watch *w, int64_t timeout_ms) {
+    while (ranks_left(w) > 0) {
+        pass_on_signal(w);
+        note_changes(w, timeout_ms);
+        if (kill_rest_now(w)) {
+            for (int i = 0; i < w->n; i++) {
+                struct rank_proc *p = &w->procs[i];
+                if (p->state == RANK_ENDED) continue;
+                log_error("launch: rank %d (pid %d) is still there %s; killing it", i, (int)p->pid,
+                          p->state == RANK_STOPPED ? "and stopped" : "after the others failed");
+                kill(p->pid, SIGKILL);
+            }
+            w->kill_at = INT64_MAX;
+        }
+        if (ranks_left(w) > 0) sleep_ms(WATCH_MS);
+    }
+    return w->first_failed < 0 ? 0 : exit_status_of(&w->procs[w->first_failed]);
+}
+
+/* A fresh rendezvous folder for this launch: output_dir/rendezvous/<pid>. */
+static int make_store_dir(const struct trainer_launch *l, char *dir, size_t cap, struct smelt_error *err) {
+    char name[32];
+    snprintf(name, sizeof name, "rendezvous/%d", (int)getpid());
+    TRY(path_join(dir, cap, l->output_dir, name, err));
+    TRY(dir_remove_all(dir, err));
+    return dir_create_all(dir, err);
+}
+
+static void catch_signals(void) {
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+int trainer_launch_ranks(const struct trainer_launch *l, int *exit_status, struct smelt_error *err) {
+    if (l->ranks < 2 || l->ranks > TRAINER_MAX_RANKS)
+        return error_set(err, SMELT_EINVAL, "--ranks: %d is not between 2 and %d", l->ranks, TRAINER_MAX_RANKS);
+    char dir[JOB_PATH_BYTES + 64], store[JOB_PATH_BYTES + 80];
+    TRY(make_store_dir(l, dir, sizeof dir, err));
+    snprintf(store, sizeof store, "file:%s", dir);
+    struct rank_proc *procs = calloc((size_t)l->ranks, sizeof *procs);
+    if (!procs) return error_set(err, SMELT_ENOMEM, "launch: out of memory");
+    catch_signals();
+    struct watch w = {.procs = procs, .n = 0, .first_failed = -1, .kill_at = INT64_MAX};
+    int rc = SMELT_OK;
+    for (int r = 0; r < l->ranks && !rc; r++) {
+        rc = start_rank(l, r, store, &procs[r], err);
+        if (!rc) w.n++;
+    }
+    if (rc)
+        for (int i = 0; i < w.n; i++) kill(procs[i].pid, SIGKILL);
+    else log_info("launch: %d ranks started (pids %d..%d), rendezvous %s", l->ranks, (int)procs[0].pid,
+                  (int)procs[l->ranks - 1].pid, store);
+    int64_t timeout = l->comm_timeout_ms > 0 ? l->comm_timeout_ms : TRAINER_DEFAULT_COMM_TIMEOUT_MS;
+    int status = watch_ranks(&w, timeout);
+    free(procs);
+    struct smelt_error ignore = {0};
+    dir_remove_all(dir, &ignore);
+    if (rc) return rc;
+    *exit_status = status;
+    return SMELT_OK;
+}
