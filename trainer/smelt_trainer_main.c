@@ -2,6 +2,11 @@
  * checkpoint after the current step so the job can resume).
  *
  *   smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]
+ *                 [--rank R --ranks N --rendezvous file:DIR [--run-id ID] [--comm-timeout-ms MS]]
+ *
+ * With --ranks N > 1 this is one of N data-parallel ranks of the job (docs/distributed.md),
+ * every one started by someone else with the same arguments but --rank. Rank 0 writes the
+ * job directory and takes its lock; the others write nothing and log only errors.
  *
  * Exit status: 0 finished (or stopped cleanly), 1 the job failed on its input (spec, data,
  * model: running it again cannot help), 2 bad usage, 3 the run failed against its
@@ -20,8 +25,10 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]\n"
+               "                     [--rank R --ranks N --rendezvous file:DIR [--run-id ID] [--comm-timeout-ms MS]]\n"
                "  runs an SFT, DPO, reward-model or GRPO job (its \"type\"; docs/job-spec.md); metrics go\n"
-               "  to stdout and OUTPUT_DIR/metrics.jsonl\n");
+               "  to stdout and OUTPUT_DIR/metrics.jsonl. --ranks N > 1: this process is rank R of N\n"
+               "  data-parallel ranks meeting through the rendezvous (docs/distributed.md)\n");
 }
 
 /* The exit status of a failed run, by its error's code (common/error.h): I/O and device
@@ -30,9 +37,66 @@ static int failure_status(int code) {
     return code == SMELT_EIO || code == SMELT_EBACKEND ? 3 : 1;
 }
 
+static bool is_rank_option(const char *a) {
+    return strcmp(a, "--rank") == 0 || strcmp(a, "--ranks") == 0 || strcmp(a, "--rendezvous") == 0 ||
+           strcmp(a, "--run-id") == 0 || strcmp(a, "--comm-timeout-ms") == 0;
+}
+
+/* --rank, --ranks, --rendezvous, --run-id, --comm-timeout-ms. */
+static int rank_option(const char *a, const char *value, struct trainer_options *o, struct smelt_error *err) {
+    int64_t n;
+    if (strcmp(a, "--rendezvous") == 0) {
+        o->rendezvous = value;
+    } else if (strcmp(a, "--run-id") == 0) {
+        o->run_id = value;
+    } else if (strcmp(a, "--rank") == 0) {
+        TRY(args_int(a, value, 0, 65535, &n, err));
+        o->rank = (int)n;
+    } else if (strcmp(a, "--ranks") == 0) {
+        TRY(args_int(a, value, 1, 65536, &n, err));
+        o->ranks = (int)n;
+    } else {
+        TRY(args_int(a, value, 1, INT32_MAX, &n, err));
+        o->comm_timeout_ms = (int)n;
+    }
+    return SMELT_OK;
+}
+
+/* The rank options together: what can be told before the spec is read. */
+static int check_ranks(const struct trainer_options *o, struct smelt_error *err) {
+    int ranks = o->ranks > 0 ? o->ranks : 1;
+    if (o->rank >= ranks) return error_set(err, SMELT_EINVAL, "--rank %d: not below --ranks %d", o->rank, ranks);
+    if (ranks > 1 && !o->rendezvous)
+        return error_set(err, SMELT_EINVAL, "--ranks %d needs --rendezvous file:DIR (where the ranks meet)", ranks);
+    return SMELT_OK;
+}
+
 static void on_signal(int sig) {
     (void)sig;
     trainer_request_stop();
+}
+
+/* Takes output_dir/.lock (waiting for a previous run); *fd -2 when a signal ended the wait. */
+static int lock_job_dir(const char *output_dir, int *fd) {
+    struct smelt_error err = {0};
+    if (dir_create_all(output_dir, &err)) {
+        fprintf(stderr, "smelt-trainer: %s\n", err.message);
+        return -1;
+    }
+    char lock_path[JOB_PATH_BYTES + 16];
+    snprintf(lock_path, sizeof lock_path, "%s/.lock", output_dir);
+    *fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) {
+        fprintf(stderr, "smelt-trainer: %s: %s\n", lock_path, strerror(errno));
+        return -1;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    log_info("another run of this job (%s) is still running; waiting for it to exit", output_dir);
+    if (flock(*fd, LOCK_EX) == 0) return 0;
+    log_info("stopped while waiting for the previous run");
+    close(*fd);
+    *fd = -2;
+    return -1;
 }
 
 int main(int argc, char **argv) {
@@ -58,6 +122,11 @@ int main(int argc, char **argv) {
             o.stop_after_step = n;
         } else if (strcmp(a, "--quiet") == 0) {
             o.quiet = true;
+        } else if (is_rank_option(a) && i + 1 < argc) {
+            if (rank_option(a, argv[++i], &o, &err)) {
+                fprintf(stderr, "smelt-trainer: %s\n", err.message);
+                return 2;
+            }
         } else {
             fprintf(stderr, "smelt-trainer: unknown or incomplete argument \"%s\"\n", a);
             usage(stderr);
@@ -68,6 +137,11 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (check_ranks(&o, &err)) {
+        fprintf(stderr, "smelt-trainer: %s\n", err.message);
+        return 2;
+    }
+    if (o.rank > 0) log_set_level(LOG_LEVEL_ERROR); /* rank 0 reports for all */
     o.resume = resume;
     struct job_spec spec;
     if (job_spec_load(spec_path, &spec, &err)) {
@@ -79,28 +153,12 @@ int main(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    /* One run per job directory at a time: a retry started while the previous worker is
-     * still writing its last checkpoint waits for it to exit (the kernel drops the lock
-     * when a process ends, however it ends). */
-    if (dir_create_all(spec.output_dir, &err)) {
-        fprintf(stderr, "smelt-trainer: %s\n", err.message);
-        return 1;
-    }
-    char lock_path[JOB_PATH_BYTES + 16];
-    snprintf(lock_path, sizeof lock_path, "%s/.lock", spec.output_dir);
-    int lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd < 0) {
-        fprintf(stderr, "smelt-trainer: %s: %s\n", lock_path, strerror(errno));
-        return 1;
-    }
-    if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        log_info("another run of this job (%s) is still running; waiting for it to exit", spec.output_dir);
-        if (flock(lock_fd, LOCK_EX) != 0) {
-            log_info("stopped while waiting for the previous run");
-            close(lock_fd);
-            return 0;
-        }
-    }
+    /* One run per job directory at a time (rank 0's lock: the other ranks write nothing
+     * there): a retry started while the previous worker is still writing its last
+     * checkpoint waits for it to exit (the kernel drops the lock when a process ends,
+     * however it ends). */
+    int lock_fd = -1;
+    if (o.rank == 0 && lock_job_dir(spec.output_dir, &lock_fd) != 0) return lock_fd == -2 ? 0 : 1;
     struct trainer_result res;
     int rc = trainer_run(&spec, &o, &res, &err);
     if (rc) {
@@ -111,6 +169,7 @@ int main(int argc, char **argv) {
         log_info("stopped at step %lld", (long long)res.steps);
         return 0;
     }
+    if (o.rank > 0) return 0;
     if (res.accuracy_examples > 0)
         printf("accuracy: %.4f (%lld held-out examples, greedy exact match)\n", res.accuracy,
                (long long)res.accuracy_examples);
