@@ -7,13 +7,15 @@ for SFT (full and LoRA), DPO and a reward model, within a relative 1e-5 (the ran
 the micro-batches' gradients and metric sums in another order than one process does;
 measured differences are around 1e-8); the AdamW moments per rank shrink as 1/N from
 stage 1 on (the start line's rank_optimizer_bytes); a checkpoint written by 4 ranks
-resumes on 2 and then on 1 with the losses of an uninterrupted run; bad rank options
-and specs are refused by name."""
+resumes on 2 and then on 1 with the losses of an uninterrupted run (and one of a single
+process on 2); bad rank options and specs are refused by name; a killed rank makes the
+other exit 3 naming it."""
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -211,3 +213,29 @@ def test_bad_rank_options_and_specs(work):
     with open(path, "w") as f:
         json.dump(grpo, f)
     refused(["--rank", "0", "--ranks", "2", "--rendezvous", rdv], path, 1, "ranks: a grpo job runs on one trainer rank")
+
+
+def test_a_killed_rank_fails_the_others_naming_it(work):
+    spec, out = make_spec(work, "killed", "sft", max_steps=400)
+    rdv = tempfile.mkdtemp(prefix="smelt-rdv-")
+    procs = [subprocess.Popen([TRAINER, "--spec", spec, "--quiet", "--rank", str(r), "--ranks", "2",
+                               "--rendezvous", "file:" + rdv, "--comm-timeout-ms", "3000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+             for r in range(2)]
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not os.path.exists(os.path.join(out, "metrics.jsonl")):
+            time.sleep(0.05)
+        while time.time() < deadline and not lines(out, "train"):
+            time.sleep(0.05)
+        assert lines(out, "train"), "no step trained"
+        procs[1].kill()
+        _, err = procs[0].communicate(timeout=30)
+        assert procs[0].returncode == 3, (procs[0].returncode, err)
+        assert "rank 1" in err, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        shutil.rmtree(rdv, ignore_errors=True)
