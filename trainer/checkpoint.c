@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "common/common.h"
 
 #define CKPT_PATH_BYTES (JOB_PATH_BYTES + 128)
@@ -27,6 +28,9 @@ static int training_spec(const struct job_spec *spec, json_t **out, struct smelt
     static const char *const ignored[] = {"eval", "checkpoint", "output_dir", "save_merged",
                                           "save_dtype", "log_every_steps"};
     for (size_t i = 0; i < sizeof ignored / sizeof *ignored; i++) json_object_del(j, ignored[i]);
+    /* The stage changes where the moments live, not the numbers: a checkpoint resumes
+     * at any stage, on any number of ranks (the shard table, world.json). */
+    json_object_del(json_object_get(j, "hyperparameters"), "zero_stage");
     *out = j;
     return SMELT_OK;
 }
@@ -151,13 +155,33 @@ static int prune(const struct trainer_run *r, const char *dir, struct smelt_erro
     return rc;
 }
 
-int run_checkpoint_save(struct trainer_run *r, struct smelt_error *err) {
-    char dir[CKPT_PATH_BYTES], tmp[CKPT_PATH_BYTES], final[CKPT_PATH_BYTES], p[CKPT_PATH_BYTES + 64];
-    TRY(checkpoints_dir(r->spec, dir, sizeof dir, err));
-    TRY(fmt_path(tmp, sizeof tmp, err, "%s/.step-%lld.tmp", dir, (long long)r->step));
-    TRY(fmt_path(final, sizeof final, err, "%s/step-%lld", dir, (long long)r->step));
-    TRY(dir_remove_all(tmp, err));
-    TRY(dir_create_all(tmp, err));
+/* world.json: the ranks and stage that wrote the checkpoint and its table of optimizer
+ * shards (offset and length in the flat buffer, and the file). */
+static int write_world(const struct trainer_run *r, const char *path, struct smelt_error *err) {
+    const struct dist *d = &r->dist;
+    int64_t total = r->opt.total;
+    json_t *shards = json_array();
+    for (int k = 0; shards && k < (dist_sharded(d) ? d->ranks : 1); k++) {
+        size_t off = 0, len = (size_t)total;
+        char file[64];
+        if (dist_sharded(d)) comm_shard((size_t)total, d->ranks, k, &off, &len);
+        if (dist_sharded(d)) snprintf(file, sizeof file, "optimizer-rank-%d.safetensors", k);
+        else snprintf(file, sizeof file, "optimizer.safetensors");
+        json_array_append_new(shards, json_pack("{s:i, s:I, s:I, s:s}", "rank", k, "offset", (json_int_t)off, "len",
+                                                (json_int_t)len, "file", file));
+    }
+    json_t *root = json_pack("{s:i, s:I, s:I, s:o}", "ranks", d->ranks, "zero_stage", (json_int_t)d->stage,
+                             "total", (json_int_t)total, "shards", shards);
+    if (!root) return error_set(err, SMELT_ENOMEM, "world.json: out of memory");
+    int rc = json_save_atomic(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER, path, err);
+    json_decref(root);
+    return rc;
+}
+
+/* What rank 0 writes: the weights, the whole moments (unsharded), the algorithm's state,
+ * world.json (several ranks) and trainer_state.json last. */
+static int write_rank0(struct trainer_run *r, const char *tmp, struct smelt_error *err) {
+    char p[CKPT_PATH_BYTES + 64];
     if (r->lora) {
         snprintf(p, sizeof p, "%s/adapter", tmp);
         TRY(lora_save(r->lora, p, r->base_path, err));
@@ -165,17 +189,56 @@ int run_checkpoint_save(struct trainer_run *r, struct smelt_error *err) {
         snprintf(p, sizeof p, "%s/model", tmp);
         TRY(model_save(r->model, p, false, err));
     }
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
-    TRY(optimizer_save(&r->opt, p, err));
+    if (!dist_sharded(&r->dist)) {
+        snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+        TRY(optimizer_save(&r->opt, p, err));
+    }
     if (r->algo->save_state) TRY(r->algo->save_state(r, tmp, err));
+    if (r->dist.ranks > 1) {
+        snprintf(p, sizeof p, "%s/world.json", tmp);
+        TRY(write_world(r, p, err));
+    }
     snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
-    TRY(write_state(r, p, err));
+    return write_state(r, p, err);
+}
+
+static int publish(struct trainer_run *r, const char *dir, const char *tmp, const char *final,
+                   struct smelt_error *err) {
     TRY(dir_remove_all(final, err)); /* a stale one from a run that died after it */
     if (rename(tmp, final) != 0) return error_set(err, SMELT_EIO, "%s: cannot rename into place: %s", final, strerror(errno));
     TRY(prune(r, dir, err));
     run_metrics_emit(r, json_pack("{s:s, s:I, s:o}", "type", "checkpoint", "step", (json_int_t)r->step,
                                   "path", json_sprintf("checkpoints/step-%lld", (long long)r->step)));
     return SMELT_OK;
+}
+
+/* Unsharded, rank 0 writes it all and the others go on. Sharded: rank 0 makes the
+ * temporary directory, each rank writes its moments into it, rank 0 the rest and renames
+ * it; barriers between, so no rank writes into a directory not there yet and none goes
+ * on before the checkpoint is in place. */
+int run_checkpoint_save(struct trainer_run *r, struct smelt_error *err) {
+    struct dist *d = &r->dist;
+    bool sharded = dist_sharded(d), lead = d->rank == 0;
+    if (!lead && !sharded) return SMELT_OK;
+    char dir[CKPT_PATH_BYTES], tmp[CKPT_PATH_BYTES], final[CKPT_PATH_BYTES], p[CKPT_PATH_BYTES + 64];
+    TRY(checkpoints_dir(r->spec, dir, sizeof dir, err));
+    TRY(fmt_path(tmp, sizeof tmp, err, "%s/.step-%lld.tmp", dir, (long long)r->step));
+    TRY(fmt_path(final, sizeof final, err, "%s/step-%lld", dir, (long long)r->step));
+    if (lead) {
+        TRY(dir_remove_all(tmp, err));
+        TRY(dir_create_all(tmp, err));
+    }
+    if (sharded) {
+        TRY(dist_barrier(d, err));
+        snprintf(p, sizeof p, "%s/optimizer-rank-%d.safetensors", tmp, d->rank);
+        TRY(optimizer_save(&r->opt, p, err));
+        TRY(dist_barrier(d, err));
+    }
+    if (lead) {
+        TRY(write_rank0(r, tmp, err));
+        TRY(publish(r, dir, tmp, final, err));
+    }
+    return sharded ? dist_barrier(d, err) : SMELT_OK;
 }
 
 static int restore_weights(struct trainer_run *r, const char *ckpt, struct smelt_error *err) {
@@ -199,6 +262,36 @@ static int restore_weights(struct trainer_run *r, const char *ckpt, struct smelt
                  ? tensor_copy(&r->model->weights, &saved->weights, err)
                  : error_set(err, SMELT_EINVAL, "%s: the model's layout differs from this job's", p);
     model_free(saved);
+    return rc;
+}
+
+/* This rank's moments from the checkpoint's shards, whatever the ranks and stage that
+ * wrote it: world.json's ranks (optimizer-rank-R.safetensors each, when it was sharded),
+ * else optimizer.safetensors. File names are made here, never read from the file. */
+static int restore_moments(struct trainer_run *r, const char *ckpt, struct smelt_error *err) {
+    char p[CKPT_PATH_BYTES + 64];
+    snprintf(p, sizeof p, "%s/world.json", ckpt);
+    json_int_t ranks = 1, stage = 0;
+    if (path_exists(p)) {
+        json_t *world;
+        TRY(json_load_path(p, &world, err));
+        int bad = json_unpack(world, "{s:I, s:I}", "ranks", &ranks, "zero_stage", &stage);
+        json_decref(world);
+        if (bad || ranks < 1 || ranks > 65536 || stage < 0)
+            return error_set(err, SMELT_EFORMAT, "%s: missing or mistyped ranks or zero_stage", p);
+    }
+    int n = ranks > 1 && stage >= 1 ? (int)ranks : 1;
+    char **paths = calloc((size_t)n, sizeof *paths);
+    int rc = paths ? SMELT_OK : error_set(err, SMELT_ENOMEM, "checkpoint: out of memory");
+    for (int k = 0; k < n && !rc; k++) {
+        paths[k] = malloc(CKPT_PATH_BYTES + 64);
+        if (!paths[k]) rc = error_set(err, SMELT_ENOMEM, "checkpoint: out of memory");
+        else if (n == 1) rc = fmt_path(paths[k], CKPT_PATH_BYTES + 64, err, "%s/optimizer.safetensors", ckpt);
+        else rc = fmt_path(paths[k], CKPT_PATH_BYTES + 64, err, "%s/optimizer-rank-%d.safetensors", ckpt, k);
+    }
+    if (!rc) rc = optimizer_load_shards(&r->opt, (const char *const *)paths, n, err);
+    for (int k = 0; paths && k < n; k++) free(paths[k]);
+    free(paths);
     return rc;
 }
 
@@ -228,8 +321,7 @@ int run_checkpoint_restore(struct trainer_run *r, const char *resume, int64_t *s
         return error_set(err, SMELT_EFORMAT, "%s: step %lld is outside this run's %lld steps", p, (long long)step,
                          (long long)r->total_steps);
     TRY(restore_weights(r, ckpt, err));
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", ckpt);
-    TRY(optimizer_load(&r->opt, p, err));
+    TRY(restore_moments(r, ckpt, err));
     if (r->algo->restore_state) TRY(r->algo->restore_state(r, ckpt, err));
     struct dataset_cursor c = {.epoch = epoch, .index = index};
     TRY(dataset_loader_seek(r->loader, &c, err));

@@ -214,7 +214,7 @@ int trainer_launch_ranks(const struct trainer_launch *l, int *exit_status, struc
         for (int i = 0; i < w.n; i++) kill(procs[i].pid, SIGKILL);
     else log_info("launch: %d ranks started (pids %d..%d), rendezvous %s", l->ranks, (int)procs[0].pid,
                   (int)procs[l->ranks - 1].pid, store);
-    int64_t timeout = l->comm_timeout_ms > 0 ? l->comm_timeout_ms : TRAINER_DEFAULT_COMM_TIMEOUT_MS;
+    int64_t timeout = l->comm_timeout_ms > 0 ? l->comm_timeout_ms : TRAINER_COMM_TIMEOUT_MS;
     int status = watch_ranks(&w, timeout);
     free(procs);
     struct smelt_error ignore = {0};

@@ -25,6 +25,20 @@ static json_t *totals_json(const struct pref_totals *t, const char *prefix, enum
     return obj;
 }
 
+/* The step's totals over every rank (each ran its own micro-batches): counts are exact in
+ * a double below 2^53. */
+static int sum_over_ranks(struct trainer_run *r, struct pref_totals *t, struct step_stats *st,
+                          struct smelt_error *err) {
+    double v[10] = {(double)t->pairs, t->loss, t->reward_chosen, t->reward_rejected, t->correct, t->margin,
+                    t->logp_chosen, t->logp_rejected, (double)st->tokens, (double)st->trained};
+    TRY(dist_sum(&r->dist, v, 10, err));
+    *t = (struct pref_totals){.pairs = (int64_t)v[0], .loss = v[1], .reward_chosen = v[2], .reward_rejected = v[3],
+                              .correct = v[4], .margin = v[5], .logp_chosen = v[6], .logp_rejected = v[7]};
+    st->tokens = (int64_t)v[8];
+    st->trained = (int64_t)v[9];
+    return SMELT_OK;
+}
+
 int pref_step(struct trainer_run *r, int64_t n_micro, pref_micro_fn fn, enum pref_metrics which,
               struct step_stats *st, struct smelt_error *err) {
     TRY(tensor_zero(r->grads, err));
@@ -32,12 +46,14 @@ int pref_step(struct trainer_run *r, int64_t n_micro, pref_micro_fn fn, enum pre
     for (int64_t i = 0; i < n_micro; i++) {
         const struct dataset_batch *b;
         TRY(dataset_loader_next(r->loader, &b, err));
+        r->micro_done++;
+        if (!dist_mine(&r->dist, i)) continue;
         if (r->lora) lora_set_dropout_seed(r->lora, run_dropout_seed(r, i));
         TRY(fn(r, b, true, &tot, err));
         st->tokens += b->n_tokens;
         st->trained += b->n_targets;
-        r->micro_done++;
     }
+    if (r->dist.ranks > 1) TRY(sum_over_ranks(r, &tot, st, err));
     if (tot.pairs == 0) return error_set(err, SMELT_EINVAL, "step %lld has no pair", (long long)r->step + 1);
     st->loss = tot.loss / (double)tot.pairs;
     /* The loss is the mean over the step's pairs: 1/pairs scales the summed gradients. */

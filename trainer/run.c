@@ -39,8 +39,10 @@ int run_optimizer_step(struct trainer_run *r, double grad_scale, struct step_sta
                        struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     st->lr = lr_at(&r->schedule, r->step + 1);
-    TRY(optimizer_step(&r->opt, r->params, r->grads, grad_scale, s->hp.max_grad_norm, st->lr, s->hp.beta1,
-                       s->hp.beta2, s->hp.eps, s->hp.weight_decay, &st->grad_norm, err));
+    struct adamw_step a = {.grad_scale = grad_scale, .max_norm = s->hp.max_grad_norm, .lr = st->lr,
+                           .beta1 = s->hp.beta1, .beta2 = s->hp.beta2, .eps = s->hp.eps,
+                           .weight_decay = s->hp.weight_decay};
+    TRY(dist_optimizer_step(&r->dist, &r->opt, r->params, r->grads, &a, &st->grad_norm, err));
     r->step++;
     r->tokens_done += st->tokens;
     return SMELT_OK;
@@ -144,8 +146,40 @@ static int finish(struct trainer_run *r, struct trainer_result *res, struct smel
     return SMELT_OK;
 }
 
+/* The start line: the run's size, its ranks and what this rank allocated. */
+static json_t *start_line(const struct trainer_run *r) {
+    const struct job_spec *s = r->spec;
+    struct dist_sizes z;
+    dist_sizes(&r->dist, r->params, r->grads, &r->opt, &z);
+    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:{s:s, s:s, s:i}}",
+                     "type", "start", "step", (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps,
+                     "trainable_params", (json_int_t)tensor_numel(r->params),
+                     "model_params", (json_int_t)r->model->n_weights, "train_examples", (json_int_t)r->train->n,
+                     "val_examples", (json_int_t)(r->val ? r->val->n : 0),
+                     "train_tokens", (json_int_t)r->train->report.n_tokens, "ranks", r->dist.ranks,
+                     "zero_stage", (json_int_t)s->hp.zero_stage, "rank_optimizer_bytes", (json_int_t)z.optimizer_bytes,
+                     "rank_param_bytes", (json_int_t)z.param_bytes, "rank_grad_bytes", (json_int_t)z.grad_bytes,
+                     "compute", "backend", backend_name(s->backend), "blas_kernels", backend_cpu_blas_kernels(),
+                     "cpu_threads", backend_cpu_threads());
+}
+
+/* spec.json, as this run reads it (rank 0, fresh starts). */
+static int save_spec(const struct job_spec *s, struct smelt_error *err) {
+    void *spec_json;
+    char p[JOB_PATH_BYTES + 64];
+    TRY(job_spec_to_json(s, &spec_json, err));
+    int rc = path_join(p, sizeof p, s->output_dir, "spec.json", err);
+    if (!rc) rc = json_save_atomic(spec_json, JSON_INDENT(2) | JSON_PRESERVE_ORDER, p, err);
+    json_decref(spec_json);
+    return rc;
+}
+
 static int start(struct trainer_run *r, const struct trainer_options *o, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
+    struct dist_config dc = {.rank = o->rank, .ranks = o->ranks, .stage = (int)s->hp.zero_stage,
+                             .rendezvous = o->rendezvous, .run_id = o->run_id, .timeout_ms = o->comm_timeout_ms};
+    TRY(dist_open(&r->dist, &dc, err));
+    bool lead = r->dist.rank == 0;
     TRY(dir_create_all(s->output_dir, err));
     char ckpt[JOB_PATH_BYTES + 128];
     struct smelt_error ignore = {0};
@@ -158,26 +192,13 @@ static int start(struct trainer_run *r, const struct trainer_options *o, struct 
     int64_t resumed = -1;
     if (o->resume) {
         TRY(run_checkpoint_restore(r, o->resume, &resumed, err));
-        log_info("resumed from step %lld of %lld", (long long)resumed, (long long)r->total_steps);
-    } else {
-        void *spec_json;
-        char p[JOB_PATH_BYTES + 64];
-        TRY(job_spec_to_json(s, &spec_json, err));
-        int rc = path_join(p, sizeof p, s->output_dir, "spec.json", err);
-        if (!rc) rc = json_save_atomic(spec_json, JSON_INDENT(2) | JSON_PRESERVE_ORDER, p, err);
-        json_decref(spec_json);
-        TRY(rc);
+        if (lead) log_info("resumed from step %lld of %lld", (long long)resumed, (long long)r->total_steps);
+    } else if (lead) {
+        TRY(save_spec(s, err));
     }
+    if (!lead) return SMELT_OK; /* only rank 0 writes the job directory's shared files */
     TRY(run_metrics_open(r, resumed, err));
-    run_metrics_emit(r, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:s, s:s, s:i}}", "type", "start",
-                                  "step", (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps,
-                                  "trainable_params", (json_int_t)tensor_numel(r->params),
-                                  "model_params", (json_int_t)r->model->n_weights,
-                                  "train_examples", (json_int_t)r->train->n,
-                                  "val_examples", (json_int_t)(r->val ? r->val->n : 0),
-                                  "train_tokens", (json_int_t)r->train->report.n_tokens,
-                                  "compute", "backend", backend_name(s->backend), "blas_kernels",
-                                  backend_cpu_blas_kernels(), "cpu_threads", backend_cpu_threads()));
+    run_metrics_emit(r, start_line(r));
     return SMELT_OK;
 }
 
@@ -211,6 +232,17 @@ static int timed_step(struct trainer_run *r, struct trainer_result *res, int64_t
     return SMELT_OK;
 }
 
+/* Stop after this step? A signal reaches the ranks at different times, so with several
+ * ranks they vote: any rank's request stops them all after the same step. */
+static int should_stop(struct trainer_run *r, const struct trainer_options *o, bool *stop, struct smelt_error *err) {
+    *stop = atomic_load(&stop_requested) || (o->stop_after_step > 0 && r->step >= o->stop_after_step);
+    if (r->dist.ranks <= 1) return SMELT_OK;
+    double votes = *stop ? 1 : 0;
+    TRY(dist_sum(&r->dist, &votes, 1, err));
+    *stop = votes > 0;
+    return SMELT_OK;
+}
+
 static int loop(struct trainer_run *r, const struct trainer_options *o, struct trainer_result *res,
                 struct smelt_error *err) {
     const struct job_spec *s = r->spec;
@@ -222,12 +254,15 @@ static int loop(struct trainer_run *r, const struct trainer_options *o, struct t
         TRY(timed_step(r, res, &since_tokens, &since_s, err));
         bool last = r->step == r->total_steps;
         saved_at_step = false;
-        if (!last && crossed(before, r->step, s->eval.every_steps)) TRY(evaluate(r, err));
+        /* Rank 0 validates alone; the others wait in their next collective. */
+        if (!last && r->dist.rank == 0 && crossed(before, r->step, s->eval.every_steps)) TRY(evaluate(r, err));
         if (!last && crossed(before, r->step, s->checkpoint.every_steps)) {
             TRY(run_checkpoint_save(r, err));
             saved_at_step = true;
         }
-        if (!last && (atomic_load(&stop_requested) || (o->stop_after_step > 0 && r->step >= o->stop_after_step))) {
+        bool stop = false;
+        if (!last) TRY(should_stop(r, o, &stop, err));
+        if (stop) {
             if (!saved_at_step) TRY(run_checkpoint_save(r, err));
             res->stopped = true;
             log_info("stopped after step %lld; continue with --resume", (long long)r->step);
@@ -250,10 +285,14 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
                                     : spec->type == JOB_PPO    ? &PPO_ALGO
                                                                : &SFT_ALGO};
     atomic_store(&stop_requested, 0);
-    int rc = start(&r, o, err);
+    int rc = dist_check(spec, o, err);
+    r.quiet |= o->rank > 0; /* rank 0 reports for all */
+    if (!rc) rc = start(&r, o, err);
     if (!rc) rc = loop(&r, o, result, err);
-    if (!rc && !result->stopped) rc = finish(&r, result, err);
+    /* The final validation and the outputs are rank 0's; the others are done. */
+    if (!rc && !result->stopped && r.dist.rank == 0) rc = finish(&r, result, err);
     result->steps = r.step;
     run_teardown(&r);
+    dist_close(&r.dist);
     return rc;
 }

@@ -231,7 +231,7 @@ static int setup_trainable(struct trainer_run *r, struct smelt_error *err) {
         r->params = &r->model->weights;
         r->grads = &r->model->grads;
     }
-    return optimizer_init(&r->opt, r->params, err);
+    return dist_optimizer_init(&r->dist, r->params, &r->opt, err);
 }
 
 /* rl.true_on_policy: the batch-invariant kernels for this process (the trainer's

@@ -7,7 +7,8 @@
 #include <jansson.h>
 
 /* dL/dlogprob = -1 on every trained token; the 1/N of the mean goes into the optimizer's
- * gradient scale, once N is known for the whole step. */
+ * gradient scale, once N is known for the whole step (over every rank: each runs its own
+ * micro-batches, dist_mine, and the sums are added before use). */
 static int sft_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st,
                     struct smelt_error *err) {
     TRY(tensor_zero(r->grads, err));
@@ -16,6 +17,8 @@ static int sft_step(struct trainer_run *r, int64_t n_micro, struct step_stats *s
     for (int64_t i = 0; i < n_micro; i++) {
         const struct dataset_batch *b;
         TRY(dataset_loader_next(r->loader, &b, err));
+        r->micro_done++;
+        if (!dist_mine(&r->dist, i)) continue;
         if (r->lora) lora_set_dropout_seed(r->lora, run_dropout_seed(r, i));
         double batch_nll;
         TRY(run_forward_batch(r, b, &batch_nll, err));
@@ -23,7 +26,13 @@ static int sft_step(struct trainer_run *r, int64_t n_micro, struct step_stats *s
         nll += batch_nll;
         targets += b->n_targets;
         tokens += b->n_tokens;
-        r->micro_done++;
+    }
+    if (r->dist.ranks > 1) {
+        double sums[3] = {nll, (double)targets, (double)tokens}; /* counts are exact below 2^53 */
+        TRY(dist_sum(&r->dist, sums, 3, err));
+        nll = sums[0];
+        targets = (int64_t)sums[1];
+        tokens = (int64_t)sums[2];
     }
     if (targets == 0) return error_set(err, SMELT_EINVAL, "step %lld has no trained token", (long long)r->step + 1);
     st->tokens = tokens;

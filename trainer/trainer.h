@@ -84,6 +84,9 @@ struct job_spec {
         bool precompute_ref;
         /* reward model only: TRL RewardTrainer's center_rewards_coefficient */
         double center_rewards_coefficient;
+        /* ZeRO with more than one rank: 0 replicated, 1 AdamW moments sharded, 2 and
+         * the reduced gradients (docs/distributed.md) */
+        int64_t zero_stage;
     } hp;
     /* GRPO and PPO (the spec's "rl" section: JOB_RL_FIELDS, plus reward and critic_model). */
     struct {
@@ -166,25 +169,51 @@ int job_spec_to_json(const struct job_spec *spec, void **out, struct smelt_error
 
 /* ---- the optimizer ---- */
 
-/* AdamW over one flat f32 parameter buffer (the whole model, or a LoRA adapter). */
+/* AdamW over one flat f32 parameter buffer (the whole model, or a LoRA adapter), or over
+ * one rank's shard of it (ZeRO stage >= 1): m and v hold the elements [offset, offset +
+ * numel(m)) of a buffer of total elements. */
 struct optimizer {
-    struct tensor m, v;     /* first and second moments, like the parameters */
+    struct tensor m, v;     /* first and second moments, like the parameters (or their shard) */
     int64_t step;           /* optimizer steps taken */
+    int64_t offset, total;  /* the shard's place in the flat buffer; 0 and its length unsharded */
 };
 
 int optimizer_init(struct optimizer *opt, const struct tensor *params, struct smelt_error *err);
+/* Moments for elements [offset, offset + len) of params only (len >= 1). */
+int optimizer_init_shard(struct optimizer *opt, const struct tensor *params, int64_t offset, int64_t len,
+                         struct smelt_error *err);
 void optimizer_free(struct optimizer *opt);
 
 /* One step: the gradient is grads * grad_scale, clipped to a global norm of max_norm
  * (0: no clipping; torch's clip_grad_norm_ rule, coefficient max_norm / (norm + 1e-6)).
- * *norm_out receives the norm before clipping. */
+ * *norm_out receives the norm before clipping. Unsharded optimizers only. */
 int optimizer_step(struct optimizer *opt, struct tensor *params, const struct tensor *grads,
                    double grad_scale, double max_norm, double lr, double beta1, double beta2,
                    double eps, double weight_decay, double *norm_out, struct smelt_error *err);
 
-/* optimizer.safetensors: "exp_avg", "exp_avg_sq" (f32 [n]) and the step in the metadata. */
+/* The hyperparameters of one step. */
+struct adamw_step {
+    double grad_scale, max_norm, lr, beta1, beta2, eps, weight_decay;
+};
+/* The step's clip and update given the sum of squares of the whole (unscaled) gradient,
+ * wherever it was computed: params is the whole flat buffer (the shard's elements are
+ * updated), grads holds just the optimizer's elements (numel(m) of them). *norm_out as
+ * optimizer_step's. optimizer_step is this with ops_sum_squares over all of grads. */
+int optimizer_apply(struct optimizer *opt, struct tensor *params, const struct tensor *grads, double sum_squares,
+                    const struct adamw_step *s, double *norm_out, struct smelt_error *err);
+/* A 1-d f32 view of elements [offset, offset + len) of t (borrowed memory). */
+struct tensor optimizer_view(const struct tensor *t, int64_t offset, int64_t len);
+
+/* optimizer.safetensors (or a rank's shard of it): "exp_avg", "exp_avg_sq" (f32, the
+ * optimizer's elements) and in the metadata the step, "offset" and "total" (the shard's
+ * place; files without them hold a whole buffer). */
 int optimizer_save(const struct optimizer *opt, const char *path, struct smelt_error *err);
 int optimizer_load(struct optimizer *opt, const char *path, struct smelt_error *err);
+/* Restores the moments of opt's elements from saved shards of any layout (paths[0 ..
+ * n_paths): every shard of one checkpoint, disjoint): each file's overlap with opt's
+ * range is copied. Refused when the files disagree on the step or the total, or do not
+ * cover opt's range. */
+int optimizer_load_shards(struct optimizer *opt, const char *const *paths, int n_paths, struct smelt_error *err);
 
 /* ---- running a job ---- */
 
@@ -193,7 +222,18 @@ struct trainer_options {
                                  "latest": the newest checkpoint; else a checkpoint dir */
     int64_t stop_after_step;  /* > 0: checkpoint and stop after this step (tests, pause) */
     bool quiet;               /* no metrics on stdout */
+    /* Data parallel ranks (docs/distributed.md): ranks > 1 runs this process as rank
+     * `rank` of one job whose every rank runs with the same spec and options but rank.
+     * 0/0 is one rank (no communicator: the single-process run). */
+    int rank, ranks;
+    const char *rendezvous;   /* comm_store_open's spec ("file:DIR"); required when ranks > 1 */
+    const char *run_id;       /* the communicator's name in the store; NULL: "world" */
+    int comm_timeout_ms;      /* per collective; 0: TRAINER_COMM_TIMEOUT_MS */
 };
+/* A collective's timeout when none is given: long enough for a checkpoint's write or a
+ * validation pass on rank 0 while the others wait in a collective (NCCL's default is of
+ * this order). */
+#define TRAINER_COMM_TIMEOUT_MS 600000
 
 struct trainer_result {
     int64_t steps;            /* optimizer steps done in total */
@@ -213,9 +253,6 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
 /* ---- several ranks on this machine (launch.c) ---- */
 
 #define TRAINER_MAX_RANKS 64
-/* A collective's timeout when none is given: long enough for a checkpoint's write on one
- * rank while the others wait in a barrier (NCCL's default is of this order). */
-#define TRAINER_DEFAULT_COMM_TIMEOUT_MS 600000
 
 /* smelt-trainer --ranks N without --rank: the ranks of one job started on this machine. */
 struct trainer_launch {

@@ -11,12 +11,26 @@
 #include "trainer/trainer.h"
 
 struct run_algo;
+struct comm;
+struct comm_store;
 struct dpo_state;
 struct reward_state;
 struct rl_state;
 
+/* dist.c: this process's place among the job's data-parallel ranks (docs/distributed.md).
+ * With one rank there is no communicator and every call below is the one-process
+ * behaviour. */
+struct dist {
+    int rank, ranks, stage;        /* stage: hyperparameters.zero_stage */
+    struct comm_store *store;      /* the rendezvous (owned); NULL with one rank */
+    struct comm *comm;             /* owned; NULL with one rank */
+    int64_t shard_off, shard_len;  /* stage >= 1: this rank's shard of the trainable buffer (comm_shard) */
+    struct tensor grad_shard;      /* stage 2: the shard's reduced gradients [shard_len] (owned) */
+};
+
 struct trainer_run {
     const struct job_spec *spec;
+    struct dist dist;
     const struct run_algo *algo;         /* SFT, DPO or reward model: what a step and an evaluation do */
     char base_path[JOB_PATH_BYTES];      /* the full model's directory ("" for random init) */
     char tokenizer_dir[JOB_PATH_BYTES];  /* where the tokenizer files came from */
@@ -444,6 +458,45 @@ int ppo_critic_minibatch(struct trainer_run *r, int a, int b, struct ppo_iterati
 /* critic/... and time/critic_s into m; with the KL in the reward, "kl" is that KL (the
  * policy loss has none). */
 void ppo_metrics(const struct ppo_iteration *pi, json_t *m);
+
+/* dist.c */
+/* The options' ranks against the spec: rank in range, a rendezvous, not an RL job, the
+ * CPU backend, no more ranks than grad_accum. Errors name the option ("rank", "ranks",
+ * "rendezvous"). */
+int dist_check(const struct job_spec *s, const struct trainer_options *o, struct smelt_error *err);
+struct dist_config {
+    int rank, ranks, stage;
+    const char *rendezvous, *run_id; /* comm_store_open's spec; the communicator's name (NULL: "world") */
+    int timeout_ms;                  /* 0: TRAINER_COMM_TIMEOUT_MS */
+};
+/* With ranks > 1: the store (job key "trainer") and the communicator, waiting up to the
+ * timeout for every rank. d is zeroed first; dist_close frees it (also after a failure). */
+int dist_open(struct dist *d, const struct dist_config *c, struct smelt_error *err);
+void dist_close(struct dist *d);
+/* More than one rank and stage >= 1: the moments (and at stage 2 the reduced gradients)
+ * are shard-sized. */
+bool dist_sharded(const struct dist *d);
+/* Whether micro-batch `micro` (0-based, of a step) is this rank's: micro % ranks == rank. */
+bool dist_mine(const struct dist *d, int64_t micro);
+/* vals[0 .. n) become their sums over the ranks, added in rank order on every rank (the
+ * same bits everywhere); with one rank they stay as they are. */
+int dist_sum(struct dist *d, double *vals, int n, struct smelt_error *err);
+int dist_barrier(struct dist *d, struct smelt_error *err);
+/* opt for params: whole (one rank, stage 0) or this rank's shard (dist_sharded). */
+int dist_optimizer_init(struct dist *d, const struct tensor *params, struct optimizer *opt, struct smelt_error *err);
+/* One optimizer step on every rank's summed gradients (each rank's grads hold its own
+ * micro-batches' sum; they are scratch afterwards): reduced by the stage's collective,
+ * the global norm clipped (torch's rule), AdamW on the whole buffer (stage 0) or the
+ * shard, the shards all-gathered. params end equal on every rank. */
+int dist_optimizer_step(struct dist *d, struct optimizer *opt, struct tensor *params, struct tensor *grads,
+                        const struct adamw_step *s, double *norm, struct smelt_error *err);
+/* Bytes this rank allocated for the trainable parameters, their gradients (the
+ * backward's full accumulation buffer, plus stage 2's shard) and the AdamW moments. */
+struct dist_sizes {
+    int64_t param_bytes, grad_bytes, optimizer_bytes;
+};
+void dist_sizes(const struct dist *d, const struct tensor *params, const struct tensor *grads,
+                const struct optimizer *opt, struct dist_sizes *out);
 
 /* setup.c */
 double run_flops_per_token(const struct model *m, double mean_len);

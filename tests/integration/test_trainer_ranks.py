@@ -1,0 +1,241 @@
+"""smelt-trainer as N data-parallel ranks (docs/distributed.md): N processes started
+here with --rank/--ranks on a file rendezvous, the tiny example model (random init; LoRA
+on a base saved by a one-step run), one OpenMP thread each.
+
+What must hold: 1, 2 and 4 ranks give the same train losses at ZeRO stages 0, 1 and 2
+for SFT (full and LoRA), DPO and a reward model, within a relative 1e-5 (the ranks add
+the micro-batches' gradients and metric sums in another order than one process does;
+measured differences are around 1e-8); the AdamW moments per rank shrink as 1/N from
+stage 1 on (the start line's rank_optimizer_bytes); a checkpoint written by 4 ranks
+resumes on 2 and then on 1 with the losses of an uninterrupted run (and one of a single
+process on 2); bad rank options and specs are refused by name; a killed rank makes the
+other exit 3 naming it."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BUILD = os.path.join(ROOT, os.environ.get("SMELT_BUILD", "build-cpu"))
+TRAINER = os.path.join(BUILD, "smelt-trainer")
+TINY = os.path.join(ROOT, "examples", "tiny")
+REL = 1e-5
+STEPS = 3
+GRAD_ACCUM = 4
+
+
+@pytest.fixture(scope="module")
+def work():
+    tmp = tempfile.mkdtemp(prefix="smelt-ranks-")
+    data = os.path.join(ROOT, "examples", "data")
+    for src, dst, n in (("addition_train.jsonl", "sft.jsonl", 96), ("addition_val.jsonl", "sft_val.jsonl", 8),
+                        ("addition_pref_train.jsonl", "pref.jsonl", 64),
+                        ("addition_pref_val.jsonl", "pref_val.jsonl", 8)):
+        with open(os.path.join(data, src)) as f, open(os.path.join(tmp, dst), "w") as g:
+            for _ in range(n):
+                g.write(f.readline())
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def env():
+    return dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def make_spec(work, name, kind, stage=1, lora=False, model=None, **hp):
+    pref = kind in ("dpo", "reward_model")
+    spec = {
+        "type": kind,
+        "model": model or TINY,
+        "data": {"train": os.path.join(work, "pref.jsonl" if pref else "sft.jsonl"),
+                 "validation": os.path.join(work, "pref_val.jsonl" if pref else "sft_val.jsonl"),
+                 "max_seq_len": 32},
+        "hyperparameters": dict({"max_steps": STEPS, "batch_size": 4, "grad_accum": GRAD_ACCUM,
+                                 "learning_rate": 0.003, "zero_stage": stage, "max_grad_norm": 1.0}, **hp),
+        "output_dir": os.path.join(work, name),
+        "seed": 3,
+    }
+    if model is None:
+        spec["model_init"] = "random"
+    if lora:
+        spec["lora"] = {"rank": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
+    path = os.path.join(work, name + ".json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return path, spec["output_dir"]
+
+
+def launch(spec, ranks, extra=(), timeout=120):
+    """Runs every rank of one job; returns [(rc, stdout, stderr)] by rank."""
+    if ranks == 1:
+        p = subprocess.run([TRAINER, "--spec", spec, "--quiet"] + list(extra), capture_output=True, text=True,
+                           env=env(), timeout=timeout)
+        return [(p.returncode, p.stdout, p.stderr)]
+    rdv = tempfile.mkdtemp(prefix="smelt-rdv-")
+    procs = [subprocess.Popen([TRAINER, "--spec", spec, "--quiet", "--rank", str(r), "--ranks", str(ranks),
+                               "--rendezvous", "file:" + rdv, "--comm-timeout-ms", "60000"] + list(extra),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+             for r in range(ranks)]
+    try:
+        out = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(rdv, ignore_errors=True)
+    return [(p.returncode, o, e) for p, (o, e) in zip(procs, out)]
+
+
+def run_ok(spec, ranks, extra=()):
+    res = launch(spec, ranks, extra)
+    for r, (rc, _, err) in enumerate(res):
+        assert rc == 0, "rank %d of %d exited %d: %s" % (r, ranks, rc, err[-2000:])
+    for r, (_, out, err) in enumerate(res[1:], 1):
+        assert out == "" and err == "", "rank %d is not quiet: %r %r" % (r, out, err[-500:])
+
+
+def lines(out_dir, kind):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [j for j in map(json.loads, f) if j["type"] == kind]
+
+
+def losses(out_dir):
+    return {j["step"]: j["loss"] for j in lines(out_dir, "train")}
+
+
+def assert_same(got, want, what):
+    assert sorted(got) == sorted(want), "%s: steps %s, want %s" % (what, sorted(got), sorted(want))
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=REL), "%s step %d: %r, one rank %r" % (
+            what, step, got[step], want[step])
+
+
+@pytest.fixture(scope="module")
+def base(work):
+    """A pretrained base on disk for the LoRA jobs: one step of SFT from random weights."""
+    spec, out = make_spec(work, "base", "sft", max_steps=1, grad_accum=1, lr_schedule="constant")
+    run_ok(spec, 1)
+    return os.path.join(out, "output")
+
+
+# (kind, lora, [(ranks, stage)]): 4 ranks where the sharding is uneven and the moments
+# split four ways; every stage on 2 ranks.
+CASES = [
+    ("sft", False, [(2, 0), (2, 1), (2, 2), (4, 1), (4, 2)]),
+    ("sft", True, [(2, 0), (2, 1), (2, 2), (4, 2)]),
+    ("dpo", False, [(2, 0), (2, 1), (2, 2), (4, 1)]),
+    ("reward_model", False, [(2, 0), (2, 2), (4, 1)]),
+]
+
+
+@pytest.mark.parametrize("kind,lora,layouts", CASES, ids=["sft", "sft_lora", "dpo", "reward_model"])
+def test_ranks_match_one_process(work, base, kind, lora, layouts):
+    name = kind + ("_lora" if lora else "")
+    model = base if lora else None
+    spec, out = make_spec(work, name + "-1", kind, lora=lora, model=model)
+    run_ok(spec, 1)
+    want = losses(out)
+    assert len(want) == STEPS
+    one = lines(out, "start")[0]
+    n = one["trainable_params"]
+    assert one["ranks"] == 1 and one["rank_optimizer_bytes"] == 8 * n
+    for ranks, stage in layouts:
+        spec, out = make_spec(work, "%s-%d-%d" % (name, ranks, stage), kind, stage=stage, lora=lora, model=model)
+        run_ok(spec, ranks)
+        assert_same(losses(out), want, "%s on %d ranks, stage %d" % (name, ranks, stage))
+        start = lines(out, "start")[0]
+        assert start["ranks"] == ranks and start["zero_stage"] == stage
+        # Stage >= 1: rank 0 holds the first (largest) of N shards of the moments.
+        shard = -(-n // ranks) if stage >= 1 else n
+        assert start["rank_optimizer_bytes"] == 8 * shard, start
+        assert start["rank_param_bytes"] == 4 * n
+        assert start["rank_grad_bytes"] == 4 * n + (4 * shard if stage == 2 else 0)
+        assert os.path.isdir(os.path.join(out, "output")), "rank 0 saves the outputs"
+
+
+def test_checkpoint_of_4_ranks_resumes_on_2_then_1(work):
+    spec, out = make_spec(work, "straight", "sft", max_steps=6)
+    run_ok(spec, 1)
+    want = losses(out)
+    spec, out = make_spec(work, "resharded", "sft", stage=2, max_steps=6)
+    run_ok(spec, 4, ["--stop-after-step", "2"])
+    ckpt = os.path.join(out, "checkpoints", "step-2")
+    with open(os.path.join(ckpt, "world.json")) as f:
+        world = json.load(f)
+    assert world["ranks"] == 4 and world["zero_stage"] == 2 and len(world["shards"]) == 4
+    assert sum(s["len"] for s in world["shards"]) == world["total"]
+    for k in range(4):
+        assert os.path.exists(os.path.join(ckpt, "optimizer-rank-%d.safetensors" % k))
+    spec, _ = make_spec(work, "resharded", "sft", stage=1, max_steps=6)  # the stage may change too
+    run_ok(spec, 2, ["--resume", "--stop-after-step", "4"])
+    run_ok(spec, 1, ["--resume"])
+    assert_same(losses(out), want, "4 ranks -> 2 ranks -> 1 rank")
+
+
+def test_one_rank_checkpoint_resumes_on_two(work):
+    spec, out = make_spec(work, "straight2", "sft", max_steps=4)
+    run_ok(spec, 1)
+    want = losses(out)
+    spec, out = make_spec(work, "grow", "sft", max_steps=4)
+    run_ok(spec, 1, ["--stop-after-step", "2"])
+    run_ok(spec, 2, ["--resume"])
+    assert_same(losses(out), want, "1 rank -> 2 ranks")
+
+
+def refused(args, spec, want_rc, want_text):
+    p = subprocess.run([TRAINER, "--spec", spec] + args, capture_output=True, text=True, env=env(), timeout=60)
+    assert p.returncode == want_rc, (p.returncode, p.stderr)
+    assert want_text in p.stderr, p.stderr
+
+
+def test_bad_rank_options_and_specs(work):
+    spec, _ = make_spec(work, "bad", "sft")
+    rdv = "file:" + os.path.join(work, "rdv-bad")
+    refused(["--rank", "2", "--ranks", "2", "--rendezvous", rdv], spec, 2, "--rank 2: not below --ranks 2")
+    refused(["--rank", "0", "--ranks", "2"], spec, 2, "needs --rendezvous")
+    refused(["--ranks", "0"], spec, 2, "--ranks")
+    refused(["--rank", "0", "--ranks", "8", "--rendezvous", rdv], spec, 1, "raise hyperparameters.grad_accum")
+    spec3, _ = make_spec(work, "bad3", "sft", stage=3)
+    refused([], spec3, 1, "hyperparameters.zero_stage: stage 3 is not available yet")
+    with open(os.path.join(work, "prompts.jsonl"), "w") as f:
+        f.write('{"prompt": "1+1="}\n')
+    grpo = {"type": "grpo", "model": TINY, "model_init": "random", "data": {"train": os.path.join(work, "prompts.jsonl")},
+            "hyperparameters": {"batch_size": 1, "grad_accum": 2},
+            "rl": {"num_generations": 2, "max_new_tokens": 2, "max_iterations": 1,
+                   "reward": {"verifiers": [{"type": "exact_match"}]}},
+            "output_dir": os.path.join(work, "bad-grpo")}
+    path = os.path.join(work, "grpo.json")
+    with open(path, "w") as f:
+        json.dump(grpo, f)
+    refused(["--rank", "0", "--ranks", "2", "--rendezvous", rdv], path, 1, "ranks: a grpo job runs on one trainer rank")
+
+
+def test_a_killed_rank_fails_the_others_naming_it(work):
+    spec, out = make_spec(work, "killed", "sft", max_steps=400)
+    rdv = tempfile.mkdtemp(prefix="smelt-rdv-")
+    procs = [subprocess.Popen([TRAINER, "--spec", spec, "--quiet", "--rank", str(r), "--ranks", "2",
+                               "--rendezvous", "file:" + rdv, "--comm-timeout-ms", "3000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+             for r in range(2)]
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not os.path.exists(os.path.join(out, "metrics.jsonl")):
+            time.sleep(0.05)
+        while time.time() < deadline and not lines(out, "train"):
+            time.sleep(0.05)
+        assert lines(out, "train"), "no step trained"
+        procs[1].kill()
+        _, err = procs[0].communicate(timeout=30)
+        assert procs[0].returncode == 3, (procs[0].returncode, err)
+        assert "rank 1" in err, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        shutil.rmtree(rdv, ignore_errors=True)
