@@ -196,3 +196,62 @@ def sanitized():
     except OSError:  # not built: the fixtures say so
         return False
     return b"__asan_init" in binary or b"__tsan_init" in binary
+
+
+# ---- a job's processes, from /proc (Linux only, no psutil needed) ----
+
+PROGRAMS = ("smelt-trainer", "smelt-rollout")
+
+
+def processes():
+    """{pid: (program name, parent pid, working directory)} of every process of ours that
+    runs a smelt program of this build."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            exe = os.readlink("/proc/%d/exe" % pid)
+            with open("/proc/%d/stat" % pid) as f:
+                stat = f.read()
+            cwd = os.readlink("/proc/%d/cwd" % pid)
+        except OSError:  # gone, or not ours
+            continue
+        name = os.path.basename(exe)
+        if name in PROGRAMS and os.path.dirname(exe) == os.path.realpath(BUILD):
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            out[pid] = (name, ppid, cwd)
+    return out
+
+
+def job_processes(smeltd, job_id):
+    """{pid: (name, parent)} of the job's smelt processes: they run in its directory."""
+    job_dir = os.path.realpath(os.path.join(smeltd.data_dir, "jobs", job_id))
+    return {pid: (name, ppid) for pid, (name, ppid, cwd) in processes().items() if cwd == job_dir}
+
+
+def smelt_pid(pid):
+    """True while pid is a smelt program, running or a zombie not yet reaped (whose exe
+    and cwd can no longer be read, but whose stat still names it)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.index("(") + 1:stat.rindex(")")] in PROGRAMS
+
+
+def wait_gone(smeltd, job_id, pids, timeout=30):
+    """Until none of the job's smelt processes (nor the given pids) is left: a zombie
+    counts, so a worker its trainer never reaped shows."""
+    deadline = time.time() + timeout
+    left = None
+    while time.time() < deadline:
+        left = job_processes(smeltd, job_id)
+        left.update({p: ("zombie or running", None) for p in pids if smelt_pid(p)})
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError("processes of job %s left after it ended: %s" % (job_id, left))

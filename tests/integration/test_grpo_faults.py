@@ -14,7 +14,8 @@ import signal
 import time
 
 import pytest
-from conftest import BUILD, ROOT
+from conftest import ROOT
+from smeltd_harness import job_processes, processes, wait_gone
 
 J = "/v1/fine_tuning/jobs"
 PROMPTS_FILE = os.path.join(ROOT, "examples", "data", "addition_prompts_train.jsonl")
@@ -25,7 +26,6 @@ HYPERPARAMETERS = {"batch_size": 4, "num_generations": 4, "max_new_tokens": 8, "
                    "learning_rate_multiplier": 10, "kv_memory_mb": 4, "loss_type": "grpo", "beta": 0,
                    "placement": "split", "rollout_workers": 1}
 REWARD = {"verifiers": [{"type": "exact_match", "extract": {"type": "full"}}]}
-PROGRAMS = ("smelt-trainer", "smelt-rollout")
 
 
 @pytest.fixture
@@ -33,37 +33,6 @@ def smeltd(start_smeltd):
     """A server of 2 CPU slots: a split job with one rollout worker takes one for its
     trainer and one for the worker."""
     return start_smeltd(extra_args=("--cpu-slots", "2"))
-
-
-# ---- processes, from /proc ----
-
-def processes():
-    """{pid: (program name, parent pid, working directory)} of every process of ours that
-    runs a smelt program of this build."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            exe = os.readlink("/proc/%d/exe" % pid)
-            with open("/proc/%d/stat" % pid) as f:
-                stat = f.read()
-            cwd = os.readlink("/proc/%d/cwd" % pid)
-        except OSError:  # gone, or not ours
-            continue
-        name = os.path.basename(exe)
-        if name in PROGRAMS and os.path.dirname(exe) == os.path.realpath(BUILD):
-            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-            out[pid] = (name, ppid, cwd)
-    return out
-
-
-def job_processes(smeltd, job_id):
-    """{pid: (name, parent)} of the job's smelt processes: they run in its directory."""
-    job_dir = os.path.realpath(os.path.join(smeltd.data_dir, "jobs", job_id))
-    return {pid: (name, ppid) for pid, (name, ppid, cwd) in processes().items() if cwd == job_dir}
 
 
 def find_worker(smeltd, job_id, timeout=60):
@@ -78,31 +47,6 @@ def find_worker(smeltd, job_id, timeout=60):
             return workers[0]
         time.sleep(0.05)
     raise AssertionError("no smelt-rollout child of the job's trainer within %d s: %s" % (timeout, processes()))
-
-
-def smelt_pid(pid):
-    """True while pid is a smelt program, running or a zombie not yet reaped (whose exe
-    and cwd can no longer be read, but whose stat still names it)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.index("(") + 1:stat.rindex(")")] in PROGRAMS
-
-
-def wait_gone(smeltd, job_id, pids, timeout=30):
-    """Until none of the job's smelt processes (nor the given pids) is left: a zombie
-    counts, so a worker its trainer never reaped shows."""
-    deadline = time.time() + timeout
-    left = None
-    while time.time() < deadline:
-        left = job_processes(smeltd, job_id)
-        left.update({p: ("zombie or running", None) for p in pids if smelt_pid(p)})
-        if not left:
-            return
-        time.sleep(0.1)
-    raise AssertionError("processes of job %s left after it ended: %s" % (job_id, left))
 
 
 # ---- the job ----
