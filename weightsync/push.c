@@ -52,7 +52,8 @@ int weightsync_push(const struct weightsync_transport *t, const struct weightsyn
     }
     double t0 = now_seconds();
     int rc = t->begin(t->ctx, meta, err);
-    for (int64_t k = 0; !rc && k < meta->n_buckets; k++) {
+    if (!rc && t->stream) rc = t->stream(t->ctx, meta, source, err);
+    for (int64_t k = 0; !rc && !t->stream && k < meta->n_buckets; k++) {
         struct weightsync_bucket b = {.version = meta->version, .index = k, .bytes = weightsync_bucket_size(meta, k)};
         rc = bucket_bytes_of(meta, source, k, host, &b.data, err);
         if (!rc) {
