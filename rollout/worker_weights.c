@@ -202,11 +202,13 @@ static void on_end(struct worker *w, const struct msg *m) {
         send_error(w, m->route, m->route_len, weightsync_header_version(m), &err);
         return;
     }
+    enum weightsync_via via = w->rx.meta.via.kind;
     struct weightsync_ack ack = weightsync_receiver_done(&w->rx);
     w->weight_syncs++;
     w->weight_bytes += ack.bytes;
-    log_info("rollout worker: %s weights of version %lld in use: %lld bytes in %.3f s", weightsync_kind_name(ack.kind),
-             (long long)ack.version, (long long)ack.bytes, ack.seconds);
+    log_info("rollout worker: %s weights of version %lld in use (by %s): %lld bytes in %.3f s",
+             weightsync_kind_name(ack.kind), (long long)ack.version, weightsync_via_name(via), (long long)ack.bytes,
+             ack.seconds);
     worker_send(w, m->route, m->route_len, MSG_WEIGHTS_ACK, weightsync_ack_header(&ack), NULL, 0);
 }
 
