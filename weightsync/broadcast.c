@@ -3,7 +3,7 @@
  * communicator runs its operations on a thread of its own, in issue order). The
  * metadata, the end (which carries the sender's hashes) and the acks are the caller's:
  * they go over ZeroMQ like every other sync's. */
-#include "weightsync/weightsync.h"
+#include "weightsync/weightsync_internal.h"
 
 #include <stdlib.h>
 
@@ -27,36 +27,9 @@ static size_t elements(int64_t bytes) { return (size_t)bytes / sizeof(float); }
 
 /* ---- sending ---- */
 
-/* Bucket k of source: straight from a CPU source, through host (a bucket's room) from a
- * device. */
-static int bucket_of(const struct weightsync_meta *meta, const struct tensor *source, int64_t k, float *host,
-                     void **out, struct smelt_error *err) {
-    int64_t n = weightsync_bucket_size(meta, k) / (int64_t)sizeof(float);
-    float *base = (float *)source->data + k * meta->bucket_bytes / (int64_t)sizeof(float);
-    if (source->backend == BACKEND_CPU) {
-        *out = base;
-        return SMELT_OK;
-    }
-    struct tensor src = tensor_make(source->backend, DTYPE_F32, base, 1, &n);
-    struct tensor dst = tensor_f32(host, 1, &n);
-    TRY(tensor_copy(&dst, &src, err));
-    *out = host;
-    return SMELT_OK;
-}
-
-static int check_send(const struct weightsync_meta *meta, const struct tensor *source, struct smelt_error *err) {
-    if (source->dtype != DTYPE_F32 || (int64_t)tensor_nbytes(source) != meta->total_bytes)
-        return error_set(err, SMELT_EINVAL, "weightsync: the source holds %zu bytes of %s, the metadata says %lld of f32",
-                         tensor_nbytes(source), dtype_name(source->dtype), (long long)meta->total_bytes);
-    if (meta->bucket_bytes < 4 || meta->bucket_bytes % 4 != 0 || meta->bucket_bytes > WEIGHTSYNC_MAX_BUCKET_BYTES)
-        return error_set_field(err, SMELT_EINVAL, "bucket_bytes", "weightsync: bucket_bytes %lld is not a multiple "
-                               "of 4 in [4, %lld]", (long long)meta->bucket_bytes, (long long)WEIGHTSYNC_MAX_BUCKET_BYTES);
-    return SMELT_OK;
-}
-
 int weightsync_broadcast_send(struct comm *comm, int root, const struct weightsync_meta *meta,
                               const struct tensor *source, uint64_t *hashes, struct smelt_error *err) {
-    TRY(check_send(meta, source, err));
+    TRY(weightsync_check_source(meta, source, err));
     float *host[2] = {NULL, NULL};
     int64_t room = meta->total_bytes < meta->bucket_bytes ? meta->total_bytes : meta->bucket_bytes;
     for (int i = 0; source->backend != BACKEND_CPU && i < 2 && meta->n_buckets > 0; i++)
@@ -69,11 +42,12 @@ int weightsync_broadcast_send(struct comm *comm, int root, const struct weightsy
     for (int64_t k = 0; !rc && k < meta->n_buckets; k++) {
         int slot = (int)(k % 2);
         rc = wait_all(&reqs[slot], 1, rc, err); /* bucket k - 2 left this slot's buffer */
-        void *data = NULL;
-        if (!rc) rc = bucket_of(meta, source, k, host[slot], &data, err);
+        const void *data = NULL;
+        if (!rc) rc = weightsync_source_bucket(meta, source, k, host[slot], &data, err);
         int64_t bytes = weightsync_bucket_size(meta, k);
         if (!rc) hashes[k] = weightsync_hash(data, (size_t)bytes); /* while bucket k - 1 moves */
-        if (!rc) rc = comm_broadcast(comm, data, elements(bytes), COMM_F32, root, &reqs[slot], err);
+        /* The root's buffer is only read by a broadcast. */
+        if (!rc) rc = comm_broadcast(comm, (void *)data, elements(bytes), COMM_F32, root, &reqs[slot], err);
     }
     rc = wait_all(reqs, 2, rc, err);
     free(host[0]);
