@@ -680,7 +680,7 @@ static void drop_broken_comm(struct rollout_client *c) {
 
 /* The workers a failed collective names: comm's "rank R" / "ranks R, S" before "dead or
  * not answering" are group ranks, worker R - 1 here. */
-static void name_workers(const struct rollout_client *c, const char *msg, char *out, size_t cap) {
+static void name_workers(const struct rollout_client *c, const char *msg, char *out, size_t cap, bool *named) {
     out[0] = 0;
     const char *dead = strstr(msg, " dead or not answering"), *at = NULL;
     for (const char *p = msg; dead && (p = strstr(p, ": rank")) != NULL && p < dead; p++) at = p;
@@ -689,30 +689,38 @@ static void name_workers(const struct rollout_client *c, const char *msg, char *
         char *end;
         long r = strtol(p, &end, 10);
         if (end == p) break;
-        if (r >= 1 && r <= c->n_workers)
+        if (r >= 1 && r <= c->n_workers) {
             n += (size_t)snprintf(out + n, cap - n, "%srollout worker %ld (%s)", n ? ", " : "", r - 1,
                                   c->workers[r - 1].endpoint);
+            named[r - 1] = true;
+        }
         p = end + (*end == ',' ? 2 : 0);
         if (*end != ',') break;
     }
 }
 
+/* The workers at fault are failed here (their sockets reset), so that the end which
+ * follows waits only for the others' answers, not for a stopped worker's health timeout. */
 static int broadcast_failed(struct rollout_client *c, int rc, struct smelt_error *err) {
     char who[400] = "";
+    bool named[ROLLOUT_CLIENT_MAX_WORKERS] = {false};
     for (int k = 0; c->config.alive && k < c->n_workers; k++) /* a process known to be gone says most */
-        if (!c->config.alive(c->config.alive_ctx, k) && strlen(who) < 200)
+        if (!c->config.alive(c->config.alive_ctx, k) && (named[k] = true) && strlen(who) < 200)
             snprintf(who + strlen(who), sizeof who - strlen(who), "%srollout worker %d (%s) is gone", who[0] ? ", " : "",
                      k, c->workers[k].endpoint);
     if (!who[0]) {
-        char named[300];
-        name_workers(c, err->message, named, sizeof named);
-        if (named[0]) snprintf(who, sizeof who, "%s dead or not answering", named);
+        char listed[300];
+        name_workers(c, err->message, listed, sizeof listed, named);
+        if (listed[0]) snprintf(who, sizeof who, "%s dead or not answering", listed);
     }
     char cause[SMELT_ERROR_MESSAGE_BYTES];
     snprintf(cause, sizeof cause, "%s", err->message);
     drop_broken_comm(c);
-    return error_set(err, rc, "rollout client: weight sync by broadcast failed%s%s (group rank k + 1 is rollout worker "
-                     "k): %s", who[0] ? ": " : "", who, cause);
+    error_set(err, rc, "rollout client: weight sync by broadcast failed%s%s (group rank k + 1 is rollout worker k): %s",
+              who[0] ? ": " : "", who, cause);
+    for (int k = 0; k < c->n_workers; k++)
+        if (named[k] && c->workers[k].sync_owed) fail_worker(c, &c->workers[k], err);
+    return rc;
 }
 
 static int ensure_comm(struct rollout_client *c, const struct weightsync_meta *meta, struct smelt_error *err) {

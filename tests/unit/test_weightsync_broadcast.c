@@ -3,8 +3,8 @@
  * folder: full and LoRA syncs land byte for byte, in buckets whose last one is short,
  * and the workers' greedy outputs equal a local engine's on the trainer's weights; a
  * hash that does not match is refused naming "hash"; a worker started without the comm
- * flags refuses a broadcast begin naming "transport"; a worker killed (its own process)
- * fails the push within the comm timeout, naming it.
+ * flags refuses a broadcast begin naming "transport"; a worker killed or stopped (its own
+ * process) fails the push within the comm timeout and its naming grace, naming it.
  *
  * Every wait here is bounded by the client's or comm's timeouts, or msg_recv's. */
 #include "tests/unit/rollout_testutil.h"
@@ -263,9 +263,9 @@ static bool child_alive(void *ctx, int k) {
 }
 
 /* The worker in a process of its own (forked before this one has a ZeroMQ context or an
- * OpenMP pool), killed between two syncs: the next push fails at once, naming it. */
-Test(weightsync_broadcast, a_killed_worker_fails_the_push_naming_it, .init = store_setup,
-     .fini = test_tmp_teardown) {
+ * OpenMP pool), killed (or stopped) between two syncs: the next push fails within the
+ * comm timeout and its naming grace, naming it. */
+static void expect_push_fails_naming_the_worker(int sig) {
     char endpoint[128];
     cr_assert_lt(snprintf(endpoint, sizeof endpoint, "ipc://%s/worker.sock", test_tmp_dir), (int)sizeof endpoint);
     child_pid = fork();
@@ -289,19 +289,30 @@ Test(weightsync_broadcast, a_killed_worker_fails_the_push_naming_it, .init = sto
     struct smelt_error err = {0};
     TEST_OK(rollout_client_create(&cfg, &c, &err), &err);
     TEST_OK(rollout_client_push_model(c, trainer, 1, NULL, &err), &err);
-    kill(child_pid, SIGKILL);
+    kill(child_pid, sig);
     int64_t t0 = now_ms();
     int rc = rollout_client_push_model(c, trainer, 2, NULL, &err);
     int64_t took = now_ms() - t0;
-    fprintf(stderr, "weightsync_broadcast: a push to a killed worker failed after %lld ms: %s\n", (long long)took,
+    fprintf(stderr, "weightsync_broadcast: a push to a killed or stopped worker failed after %lld ms: %s\n", (long long)took,
             err.message);
     cr_expect_neq(rc, 0, "a push to a dead worker succeeded");
     cr_expect_lt(took, 2 * COMM_TIMEOUT_MS + 1000, "the dead worker was noticed after %lld ms", (long long)took);
     cr_expect(strstr(err.message, "rollout worker 0") && strstr(err.message, endpoint),
               "the error should name rollout worker 0 (%s): %s", endpoint, err.message);
     int status;
+    if (sig != SIGKILL) kill(child_pid, SIGKILL);
     waitpid(child_pid, &status, 0);
     rollout_client_free(c);
     zmq_ctx_term(ctx);
     model_free(trainer);
+}
+
+Test(weightsync_broadcast, a_killed_worker_fails_the_push_naming_it, .init = store_setup,
+     .fini = test_tmp_teardown) {
+    expect_push_fails_naming_the_worker(SIGKILL);
+}
+
+Test(weightsync_broadcast, a_stopped_worker_fails_the_push_naming_it, .init = store_setup,
+     .fini = test_tmp_teardown) {
+    expect_push_fails_naming_the_worker(SIGSTOP);
 }
