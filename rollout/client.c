@@ -16,6 +16,7 @@
 #include "common/json.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "comm/comm.h"
 #include "common/msg.h"
 #include "lora/lora.h"
 #include "weightsync/weightsync.h"
@@ -71,6 +72,15 @@ struct rollout_client {
     int64_t sync_deadline_ms;
     bool sync_failed, sync_begun, sync_ended;
     struct smelt_error sync_error;
+    /* The broadcast transport (config.weights_comm set): the store, the communicator
+     * (NULL until the first sync, and after a failed one), its name's generation, and the
+     * sync in progress's bucket hashes for weights.end. */
+    char comm_spec[ROLLOUT_CLIENT_ENDPOINT_BYTES], comm_job[WEIGHTSYNC_COMM_NAME_BYTES];
+    struct comm_store *store;
+    struct comm *comm;
+    int comm_generation;
+    uint64_t *hashes;
+    int64_t hashes_cap;
 };
 
 /* ---- sockets ---- */
@@ -645,6 +655,93 @@ static int transport_bucket(void *ctx, const struct weightsync_bucket *b, struct
     return send_all(c, MSG_WEIGHTS_BUCKET, weightsync_bucket_header(b), &bytes, 1, err);
 }
 
+/* ---- the broadcast transport: begin and end as above, the bytes through comm/ ---- */
+
+static const uint64_t *broadcast_hashes(const struct rollout_client *c, const struct weightsync_meta *meta) {
+    return meta->via.kind == WEIGHTSYNC_VIA_BROADCAST ? c->hashes : NULL;
+}
+
+static void comm_name(const struct rollout_client *c, char *out, size_t cap) {
+    snprintf(out, cap, "sync-%d", c->comm_generation);
+}
+
+/* A broken communicator is dropped; the next sync makes one under a new name. */
+static void drop_broken_comm(struct rollout_client *c) {
+    if (c->comm && !comm_is_broken(c->comm, NULL)) return;
+    if (c->comm) c->comm_generation++;
+    comm_destroy(c->comm);
+    c->comm = NULL;
+}
+
+/* The workers a failed collective names: comm's "rank R" / "ranks R, S" before "dead or
+ * not answering" are group ranks, worker R - 1 here. */
+static void name_workers(const struct rollout_client *c, const char *msg, char *out, size_t cap, bool *named) {
+    out[0] = 0;
+    const char *dead = strstr(msg, " dead or not answering"), *at = NULL;
+    for (const char *p = msg; dead && (p = strstr(p, ": rank")) != NULL && p < dead; p++) at = p;
+    size_t n = 0;
+    for (const char *p = at ? at + 6 + (at[6] == 's') : NULL; p && p < dead && n < cap;) {
+        char *end;
+        long r = strtol(p, &end, 10);
+        if (end == p) break;
+        if (r >= 1 && r <= c->n_workers) {
+            n += (size_t)snprintf(out + n, cap - n, "%srollout worker %ld (%s)", n ? ", " : "", r - 1,
+                                  c->workers[r - 1].endpoint);
+            named[r - 1] = true;
+        }
+        p = end + (*end == ',' ? 2 : 0);
+        if (*end != ',') break;
+    }
+}
+
+/* The workers at fault are failed here (their sockets reset), so that the end which
+ * follows waits only for the others' answers, not for a stopped worker's health timeout. */
+static int broadcast_failed(struct rollout_client *c, int rc, struct smelt_error *err) {
+    char who[400] = "";
+    bool named[ROLLOUT_CLIENT_MAX_WORKERS] = {false};
+    for (int k = 0; c->config.alive && k < c->n_workers; k++) /* a process known to be gone says most */
+        if (!c->config.alive(c->config.alive_ctx, k) && (named[k] = true) && strlen(who) < 200)
+            snprintf(who + strlen(who), sizeof who - strlen(who), "%srollout worker %d (%s) is gone", who[0] ? ", " : "",
+                     k, c->workers[k].endpoint);
+    if (!who[0]) {
+        char listed[300];
+        name_workers(c, err->message, listed, sizeof listed, named);
+        if (listed[0]) snprintf(who, sizeof who, "%s dead or not answering", listed);
+    }
+    char cause[SMELT_ERROR_MESSAGE_BYTES];
+    snprintf(cause, sizeof cause, "%s", err->message);
+    drop_broken_comm(c);
+    error_set(err, rc, "rollout client: weight sync by broadcast failed%s%s (group rank k + 1 is rollout worker k): %s",
+              who[0] ? ": " : "", who, cause);
+    for (int k = 0; k < c->n_workers; k++)
+        if (named[k] && c->workers[k].sync_owed) fail_worker(c, &c->workers[k], err);
+    return rc;
+}
+
+static int ensure_comm(struct rollout_client *c, const struct weightsync_meta *meta, struct smelt_error *err) {
+    if (c->comm) return SMELT_OK;
+    if (!c->store) TRY(comm_store_open(c->comm_spec, c->comm_job, &c->store, err));
+    struct comm_options o = {.rank = 0, .size = c->n_workers + 1, .name = meta->via.comm,
+                             .timeout_ms = meta->via.timeout_ms, .backend = COMM_BACKEND_GLOO};
+    int rc = comm_create(c->store, &o, &c->comm, err);
+    if (rc) c->comm_generation++; /* its keys may be half written: never reused */
+    return rc;
+}
+
+static int transport_stream(void *ctx, const struct weightsync_meta *meta, const struct tensor *source,
+                            struct smelt_error *err) {
+    struct rollout_client *c = ctx;
+    if (meta->n_buckets > c->hashes_cap) {
+        uint64_t *h = realloc(c->hashes, (size_t)meta->n_buckets * sizeof *h);
+        if (!h) return error_set(err, SMELT_ENOMEM, "rollout client: out of memory");
+        c->hashes = h;
+        c->hashes_cap = meta->n_buckets;
+    }
+    int rc = ensure_comm(c, meta, err);
+    if (!rc) rc = weightsync_broadcast_send(c->comm, 0, meta, source, c->hashes, err);
+    return rc ? broadcast_failed(c, rc, err) : SMELT_OK;
+}
+
 static bool sync_answered(const struct rollout_client *c) {
     for (int k = 0; k < c->n_workers; k++)
         if (c->workers[k].sync_owed) return false;
@@ -655,7 +752,7 @@ static int transport_finish(void *ctx, const struct weightsync_meta *meta, struc
                             struct smelt_error *err) {
     struct rollout_client *c = ctx;
     c->sync_ended = true;
-    TRY(send_all(c, MSG_WEIGHTS_END, weightsync_end_header(meta), NULL, 0, err));
+    TRY(send_all(c, MSG_WEIGHTS_END, weightsync_end_header(meta, broadcast_hashes(c, meta)), NULL, 0, err));
     TRY(pump(c, c->sync_deadline_ms, sync_answered, NULL, err));
     if (c->sync_failed) {
         *err = c->sync_error;
@@ -675,10 +772,18 @@ static int transport_finish(void *ctx, const struct weightsync_meta *meta, struc
     return SMELT_OK;
 }
 
-int rollout_client_push(struct rollout_client *c, const struct weightsync_meta *meta, const struct tensor *source,
+int rollout_client_push(struct rollout_client *c, const struct weightsync_meta *given, const struct tensor *source,
                         struct weightsync_report *report, struct smelt_error *err) {
     struct weightsync_report ignored;
     if (!report) report = &ignored;
+    struct weightsync_meta copy = *given, *meta = &copy; /* shares the tensor table: not freed here */
+    memset(&copy.via, 0, sizeof copy.via); /* WEIGHTSYNC_VIA_ZMQ */
+    if (c->comm_spec[0]) {
+        drop_broken_comm(c);
+        copy.via.kind = WEIGHTSYNC_VIA_BROADCAST;
+        copy.via.timeout_ms = (int)c->config.comm_timeout_ms;
+        comm_name(c, copy.via.comm, sizeof copy.via.comm);
+    }
     c->sync_version = meta->version;
     c->sync_deadline_ms = mono_ms() + c->config.timeout_ms;
     c->sync_failed = false;
@@ -688,7 +793,8 @@ int rollout_client_push(struct rollout_client *c, const struct weightsync_meta *
         c->workers[k].ack = (struct weightsync_ack){.version = -1};
     }
     struct weightsync_transport t = {.ctx = c, .begin = transport_begin, .bucket = transport_bucket,
-                                     .finish = transport_finish};
+                                     .finish = transport_finish,
+                                     .stream = c->comm_spec[0] ? transport_stream : NULL};
     c->sync_begun = c->sync_ended = false;
     int rc = weightsync_push(&t, meta, source, report, err);
     if (rc && c->sync_begun && !sync_answered(c)) {
@@ -697,7 +803,7 @@ int rollout_client_push(struct rollout_client *c, const struct weightsync_meta *
          * a later push's place. Workers still silent at the deadline get new sockets,
          * for the same reason. */
         struct smelt_error ignore = {0};
-        if (!c->sync_ended) send_all(c, MSG_WEIGHTS_END, weightsync_end_header(meta), NULL, 0, &ignore);
+        if (!c->sync_ended) send_all(c, MSG_WEIGHTS_END, weightsync_end_header(meta, NULL), NULL, 0, &ignore);
         if (pump(c, c->sync_deadline_ms, sync_answered, NULL, &ignore))
             for (int k = 0; k < c->n_workers; k++)
                 if (c->workers[k].sync_owed) reset_worker(c, &c->workers[k]);
@@ -732,6 +838,9 @@ void rollout_client_free(struct rollout_client *c) {
     for (int k = 0; k < c->n_workers; k++)
         if (c->workers[k].socket) zmq_close(c->workers[k].socket);
     free(c->workers);
+    comm_destroy(c->comm);
+    comm_store_close(c->store);
+    free(c->hashes);
     if (c->own_ctx && c->ctx)
         while (zmq_ctx_term(c->ctx) != 0 && zmq_errno() == EINTR) {
         }
@@ -748,6 +857,14 @@ static int check_config(const struct rollout_client_config *cfg, struct smelt_er
                                    "than %d bytes", k, ROLLOUT_CLIENT_ENDPOINT_BYTES - 1);
     if (cfg->timeout_ms < 0 || cfg->quiet_ms < 0 || cfg->health_timeout_ms < 0)
         return error_set(err, SMELT_EINVAL, "rollout client: timeouts must be >= 0 (0: the default)");
+    if (cfg->comm_timeout_ms < 0 || cfg->comm_timeout_ms > INT32_MAX)
+        return error_set_field(err, SMELT_EINVAL, "comm_timeout_ms", "rollout client: comm_timeout_ms must be in "
+                               "[0, %d] (0: the default)", INT32_MAX);
+    if (cfg->weights_comm && (strlen(cfg->weights_comm) >= ROLLOUT_CLIENT_ENDPOINT_BYTES || !cfg->weights_comm_name ||
+                              strlen(cfg->weights_comm_name) >= WEIGHTSYNC_COMM_NAME_BYTES))
+        return error_set_field(err, SMELT_EINVAL, "weights_comm", "rollout client: weights_comm needs a store spec "
+                               "under %d bytes and a weights_comm_name under %d", ROLLOUT_CLIENT_ENDPOINT_BYTES,
+                               WEIGHTSYNC_COMM_NAME_BYTES);
     int64_t b = cfg->bucket_bytes;
     if (b && (b < 4 || b % 4 != 0 || b > WEIGHTSYNC_MAX_BUCKET_BYTES))
         return error_set_field(err, SMELT_EINVAL, "bucket_bytes", "rollout client: bucket_bytes %lld is not a "
@@ -764,7 +881,13 @@ int rollout_client_create(const struct rollout_client_config *config, struct rol
     if (!c->config.timeout_ms) c->config.timeout_ms = ROLLOUT_CLIENT_DEFAULT_TIMEOUT_MS;
     if (!c->config.quiet_ms) c->config.quiet_ms = ROLLOUT_CLIENT_DEFAULT_QUIET_MS;
     if (!c->config.health_timeout_ms) c->config.health_timeout_ms = ROLLOUT_CLIENT_DEFAULT_HEALTH_TIMEOUT_MS;
+    if (!c->config.comm_timeout_ms) c->config.comm_timeout_ms = ROLLOUT_CLIENT_DEFAULT_COMM_TIMEOUT_MS;
+    if (config->weights_comm) {
+        snprintf(c->comm_spec, sizeof c->comm_spec, "%s", config->weights_comm);
+        snprintf(c->comm_job, sizeof c->comm_job, "%s", config->weights_comm_name);
+    }
     c->config.endpoints = NULL;
+    c->config.weights_comm = c->config.weights_comm_name = NULL; /* the copies above */
     c->n_workers = config->n_endpoints;
     c->workers = calloc((size_t)c->n_workers, sizeof *c->workers);
     c->ctx = config->zmq_ctx;

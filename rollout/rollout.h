@@ -178,6 +178,13 @@ struct rollout_worker_setup {
                                     "lora" syncs are refused */
     void *router;
     const atomic_int *stop;
+    /* Broadcast syncs (weights.begin with "transport": "broadcast"): the rendezvous store
+     * spec ("file:DIR"), the job id in it, this worker's group rank (>= 1; the trainer is
+     * 0) and the group's size. weights_comm NULL: such syncs are refused (field
+     * "transport"). The communicator is made at the first broadcast sync, and again when
+     * a begin names another one. */
+    const char *weights_comm, *weights_comm_name;
+    int weights_comm_rank, weights_comm_size;
 };
 
 int rollout_worker_run(const struct rollout_worker_setup *setup, struct smelt_error *err);
@@ -221,6 +228,9 @@ int rollout_worker_serve(struct rollout_engine *engine, const struct model *mode
 #define ROLLOUT_CLIENT_DEFAULT_TIMEOUT_MS 600000
 #define ROLLOUT_CLIENT_DEFAULT_QUIET_MS 5000
 #define ROLLOUT_CLIENT_DEFAULT_HEALTH_TIMEOUT_MS 60000
+/* A broadcast waits for a worker to finish its engine step before it joins: allow for
+ * the longest one, as health_timeout_ms does. */
+#define ROLLOUT_CLIENT_DEFAULT_COMM_TIMEOUT_MS 60000
 
 struct rollout_client_config {
     const char *const *endpoints; /* [n_endpoints]: the workers' ROUTER endpoints */
@@ -236,6 +246,14 @@ struct rollout_client_config {
      * it owes fails at once instead of after the health timeout. NULL: health checks only. */
     bool (*alive)(void *ctx, int worker);
     void *alive_ctx;
+    /* Weight syncs by broadcast (weightsync's broadcast transport) when weights_comm is
+     * set: the rendezvous store spec ("file:DIR") and the job id in it that the workers
+     * were started with (smelt-rollout --weights-comm / --weights-comm-name, worker k as
+     * group rank k + 1 of n_endpoints + 1; this client is rank 0). The communicator is
+     * made at the first sync and again, under a new name, after a failed one. NULL: the
+     * bytes go as weights.bucket messages. */
+    const char *weights_comm, *weights_comm_name;
+    int64_t comm_timeout_ms;      /* every broadcast and the connection; 0: ROLLOUT_CLIENT_DEFAULT_COMM_TIMEOUT_MS */
 };
 
 /* Where a batch's samples land: n_samples = the sum of the requests' n slots. */
@@ -276,7 +294,10 @@ int rollout_client_generate(struct rollout_client *client, const struct rollout_
                             struct smelt_error *err);
 
 /* Pushes source (f32, laid out as meta says, on any backend) to every worker as policy
- * version meta->version and waits for every ack. report (may be NULL) gets the bytes
+ * version meta->version and waits for every ack; by broadcast when the client was made
+ * with weights_comm (meta->via is then the client's, whatever the caller set). A broadcast
+ * that fails names the worker at fault ("rollout worker K (endpoint)": comm's group rank
+ * K + 1), within the comm timeout for a dead or stopped one. report (may be NULL) gets the bytes
  * moved and the times. */
 int rollout_client_push(struct rollout_client *client, const struct weightsync_meta *meta,
                         const struct tensor *source, struct weightsync_report *report,

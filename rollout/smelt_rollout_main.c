@@ -6,6 +6,8 @@
  *   smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]
  *                 [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N]
  *                 [--prefill-chunk N] [--backend cpu|cuda|auto] [--batch-invariant]
+ *                 [--weights-comm file:DIR --weights-comm-name ID --weights-comm-rank R
+ *                  --weights-comm-size N]
  *
  * Prints "smelt-rollout: serving on ENDPOINT" to stderr once bound (the real port when
  * --bind asks for tcp://HOST:*). SIGTERM / SIGINT stop it: requests still in flight get
@@ -36,6 +38,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: smelt-rollout --model DIR [--adapter DIR] [--tokenizer PATH] [--bind ENDPOINT]\n"
                "         [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N] [--prefill-chunk N]\n"
                "         [--backend cpu|cuda|auto] [--batch-invariant]\n"
+               "         [--weights-comm file:DIR --weights-comm-name ID --weights-comm-rank R\n"
+               "          --weights-comm-size N]\n"
                "  --adapter      a PEFT LoRA adapter directory, applied without merging (and the one\n"
                "                 that \"lora\" weight syncs update)\n"
                "  --tokenizer    tokenizer.json or its folder (default: the model's, when it has one;\n"
@@ -47,12 +51,18 @@ static void usage(FILE *f) {
                "                 --prefill-chunk prompt tokens of one sequence per step (default 512)\n"
                "  --batch-invariant  logprobs with the bits the trainer computes for the same tokens\n"
                "                 (ops_set_batch_invariant; CPU backend only: refused on cuda)\n"
+               "  --weights-comm the rendezvous store of weight syncs by broadcast (comm/: Gloo); with\n"
+               "                 --weights-comm-name (the job id in it), --weights-comm-rank (this worker's\n"
+               "                 group rank, 1..N-1; the trainer is 0) and --weights-comm-size (N). Without\n"
+               "                 them, syncs by broadcast are refused (field \"transport\")\n"
                "  protocol: common/msg.h (gen.request, gen.abort, health.request, stats.request,\n"
                "            weights.begin / weights.bucket / weights.end)\n");
 }
 
 struct options {
     const char *model_dir, *adapter_dir, *tokenizer, *bind;
+    const char *comm, *comm_name;  /* --weights-comm, --weights-comm-name */
+    int64_t comm_rank, comm_size;
     enum backend backend;
     bool batch_invariant;
     struct rollout_config engine;
@@ -89,12 +99,23 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
             if (!(rc = args_int(a, v, 1, 65536, &n, err))) o->engine.max_seqs = (int)n;
         } else if (strcmp(a, "--prefill-chunk") == 0) {
             if (!(rc = args_int(a, v, 1, 1 << 24, &n, err))) o->engine.prefill_chunk = n;
-        } else
+        } else if (strcmp(a, "--weights-comm") == 0) o->comm = v;
+        else if (strcmp(a, "--weights-comm-name") == 0) o->comm_name = v;
+        else if (strcmp(a, "--weights-comm-rank") == 0) rc = args_int(a, v, 1, 65535, &o->comm_rank, err);
+        else if (strcmp(a, "--weights-comm-size") == 0) rc = args_int(a, v, 2, 65536, &o->comm_size, err);
+        else
             return error_set(err, SMELT_EINVAL, "unknown option %s", a);
         if (rc) return rc;
     }
     if (!o->model_dir) return error_set(err, SMELT_EINVAL, "--model is required");
     if (!o->bind[0]) return error_set(err, SMELT_EINVAL, "--bind: empty endpoint");
+    bool any = o->comm || o->comm_name || o->comm_rank || o->comm_size;
+    if (any && (!o->comm || !o->comm_name || !o->comm_rank || !o->comm_size))
+        return error_set(err, SMELT_EINVAL, "--weights-comm, --weights-comm-name, --weights-comm-rank and "
+                         "--weights-comm-size go together");
+    if (any && o->comm_rank >= o->comm_size)
+        return error_set(err, SMELT_EINVAL, "--weights-comm-rank %lld is not below --weights-comm-size %lld",
+                         (long long)o->comm_rank, (long long)o->comm_size);
     TRY(error_wrap(err, backend_from_name(backend, &o->backend, err), "--backend"));
     /* Process-wide, before the model exists: every op of this worker runs in the mode.
      * A backend without it (CUDA) refuses, and that is bad usage. */
@@ -184,7 +205,10 @@ static int serve(const struct options *o, struct smelt_error *err) {
                  ROLLOUT_KV_BLOCK_TOKENS, (long long)o->engine.max_batch_tokens, o->engine.max_seqs);
         fprintf(stderr, "smelt-rollout: serving on %s\n", bound);
         struct rollout_worker_setup setup = {.engine = engine, .model = m, .tok = tok, .adapter = adapter,
-                                             .router = router, .stop = &stop_requested};
+                                             .router = router, .stop = &stop_requested, .weights_comm = o->comm,
+                                             .weights_comm_name = o->comm_name,
+                                             .weights_comm_rank = (int)o->comm_rank,
+                                             .weights_comm_size = (int)o->comm_size};
         rc = rollout_worker_run(&setup, err);
     }
     if (router) zmq_close(router);

@@ -358,7 +358,11 @@ int rollout_worker_run(const struct rollout_worker_setup *setup, struct smelt_er
     int mandatory = 1;
     if (zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory))
         return error_set(err, SMELT_EIO, "rollout worker: ZMQ_ROUTER_MANDATORY: %s", zmq_strerror(zmq_errno()));
-    struct worker w = {.engine = s->engine, .socket = s->router, .adapter = s->adapter,
+    if (s->weights_comm && (!s->weights_comm_name || s->weights_comm_size < 2 || s->weights_comm_rank < 1 ||
+                            s->weights_comm_rank >= s->weights_comm_size))
+        return error_set_field(err, SMELT_EINVAL, "weights_comm", "rollout_worker_run: weights_comm needs a name, a "
+                               "size >= 2 and a rank in 1..size-1 (rank 0 is the trainer)");
+    struct worker w = {.engine = s->engine, .socket = s->router, .adapter = s->adapter, .setup = s,
                        .limits = {.model = s->model, .tok = s->tok,
                                   .pool_tokens = rollout_engine_stats(s->engine).n_blocks * ROLLOUT_KV_BLOCK_TOKENS}};
     eos_ids(s->model, s->tok, &w.limits);
@@ -375,6 +379,7 @@ int rollout_worker_run(const struct rollout_worker_setup *setup, struct smelt_er
     fail_all(&w, rc ? "the worker's socket failed; the request did not finish"
                     : "the worker is stopping; the request did not finish");
     free(w.reqs);
+    worker_weights_free(&w);
     weightsync_receiver_free(&w.rx);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "common/msg.h"
 #include "rollout/rollout.h"
 #include "weightsync/weightsync.h"
@@ -73,6 +74,15 @@ struct worker {
     char sync_route[MSG_ROUTE_BYTES];
     size_t sync_route_len;
     int64_t weight_syncs, weight_bytes; /* applied, and their payload */
+    /* Broadcast syncs (rollout_worker_setup's weights_comm*; store NULL until the first
+     * one): the communicator named by the last broadcast begin, and the hashes of what
+     * landed in the sync in progress, checked against weights.end's. */
+    const struct rollout_worker_setup *setup;
+    struct comm_store *store;
+    struct comm *comm;
+    char comm_name[WEIGHTSYNC_COMM_NAME_BYTES];
+    uint64_t *landed;              /* [landed_cap] */
+    int64_t landed_cap;
 };
 
 /* Sends and releases header (NULL: it could not be built). When the client cannot take
@@ -87,5 +97,7 @@ bool worker_weights_message(const char *type);
 void worker_on_weights(struct worker *w, const struct msg *m);
 /* A sync still in progress when the worker stops is answered with weights.error (why). */
 void worker_weights_stop(struct worker *w, const char *why);
+/* Frees the broadcast transport's communicator, store and hashes. */
+void worker_weights_free(struct worker *w);
 
 #endif

@@ -872,8 +872,9 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     put(m, "time/score_s", it.t_score);
     put(m, "time/reference_s", it.t_reference);
     put(m, "time/update_s", it.t_update);
-    put(m, "time/sync_s", it.t_sync);
+    put(m, "time/sync_s", it.t_sync); /* the sync's time (the sync_ms), begin to the last ack */
     json_object_set_new(m, "sync_bytes", json_integer(it.sync_bytes));
+    json_object_set_new(m, "sync_transport", json_string(rl->workers ? rl_workers_transport(rl->workers) : "none"));
     put(m, "generate_tokens_per_s", it.t_generate > 0 ? (double)it.gen_tokens / it.t_generate : NAN);
     if (rl->critic) ppo_metrics(&tot.ppo, m);
     st->metrics = m;

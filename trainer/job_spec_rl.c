@@ -25,6 +25,25 @@ static int placement_parse(const char *name, void *value, struct smelt_error *er
 
 static const char *placement_format(const void *value) { return rl_placement_name(*(const enum rl_placement *)value); }
 
+static const char *const WEIGHT_SYNC_NAMES[] = {[RL_WEIGHT_SYNC_AUTO] = "auto",
+                                                 [RL_WEIGHT_SYNC_BROADCAST] = "broadcast",
+                                                 [RL_WEIGHT_SYNC_ZMQ] = "zmq"};
+
+const char *rl_weight_sync_name(enum rl_weight_sync w) { return WEIGHT_SYNC_NAMES[w]; }
+
+static int weight_sync_parse(const char *name, void *value, struct smelt_error *err) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, WEIGHT_SYNC_NAMES[i]) == 0) {
+            *(enum rl_weight_sync *)value = (enum rl_weight_sync)i;
+            return SMELT_OK;
+        }
+    return error_set(err, SMELT_EINVAL, "\"%s\" is not a weight sync transport (auto, broadcast, zmq)", name);
+}
+
+static const char *weight_sync_format(const void *value) {
+    return rl_weight_sync_name(*(const enum rl_weight_sync *)value);
+}
+
 /* loss_agg: "auto" (-1) or an aggregation. */
 static int agg_parse(const char *name, void *value, struct smelt_error *err) {
     if (strcmp(name, "auto") == 0) {
@@ -88,6 +107,7 @@ const struct job_hp_field JOB_RL_FIELDS[] = {
     RL_NAME(tis_mode, enum rl_tis_mode, "truncate", rl_tis_mode_from_name, rl_tis_mode_to_name),
     RL_NAME(placement, enum rl_placement, "colocated", placement_parse, placement_format),
     RL_INT(rollout_workers, 1, 1, 64),
+    RL_NAME(weight_sync, enum rl_weight_sync, "auto", weight_sync_parse, weight_sync_format),
     RL_INT(kv_memory_mb, 256, 1, 1 << 20),
     RL_INT(max_staleness, 0, 0, 1),
     RL_BOOL(true_on_policy, false),
@@ -236,6 +256,11 @@ static int check_rl(struct job_spec *s, const char *w, struct smelt_error *err) 
         return error_set_field(err, SMELT_EINVAL, "rollout_workers",
                                "%s.rollout_workers: %lld workers need \"placement\": \"split\"; colocated runs one "
                                "engine in the trainer's process", w, (long long)s->rl.rollout_workers);
+    if (s->rl.placement == RL_PLACEMENT_COLOCATED && s->rl.weight_sync != RL_WEIGHT_SYNC_AUTO)
+        return error_set_field(err, SMELT_EINVAL, "weight_sync",
+                               "%s.weight_sync: \"%s\" needs \"placement\": \"split\"; colocated, the trainer and "
+                               "the engine share the weights and nothing moves", w,
+                               rl_weight_sync_name(s->rl.weight_sync));
     if (s->rl.max_staleness > 0 && s->rl.placement != RL_PLACEMENT_SPLIT)
         return error_set_field(err, SMELT_EINVAL, "max_staleness",
                                "%s.max_staleness: generating the next batch during the update needs \"placement\": "

@@ -73,6 +73,9 @@ struct rl_worker {
 
 struct rl_workers {
     int n;
+    /* Broadcast syncs: the rendezvous folder (output_dir/weightsync-rendezvous, removed at
+     * stop) and this trainer start's id in it; store[0] 0: syncs by ZeroMQ messages. */
+    char store[JOB_PATH_BYTES + 40], store_dir[JOB_PATH_BYTES + 40], store_id[48];
     struct rl_worker *w;          /* [n] */
     struct rollout_client *client;
     int64_t version;              /* the policy version every worker holds */
@@ -159,9 +162,9 @@ static void drop_model_copy(const struct trainer_run *r) {
 
 /* ---- starting them ---- */
 
-/* Every worker's argv (the same for all: each binds a port of its own). */
+/* Every worker's argv (the same for all but the group rank: each binds a port of its own). */
 struct spawn_args {
-    const char *argv[24];
+    const char *argv[32];
 };
 
 static int spawn(const struct spawn_args *a, char **envp, int i, struct rl_worker *w, struct smelt_error *err) {
@@ -277,9 +280,42 @@ static int wait_serving(struct rl_workers *ws, struct smelt_error *err) {
     }
 }
 
-/* The argv of every worker (the same: each binds a port of its own). */
-static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_args *p, char (*text)[JOB_PATH_BYTES],
-                   struct smelt_error *err) {
+/* ---- the broadcast group: trainer rank 0, worker i rank i + 1 ---- */
+
+static bool by_broadcast(const struct trainer_run *r) { return r->spec->rl.weight_sync != RL_WEIGHT_SYNC_ZMQ; }
+
+/* A fresh rendezvous for this trainer start: the folder emptied, an id no earlier start
+ * used (a killed worker of an earlier start can never join this group). */
+static int rendezvous(struct trainer_run *r, struct rl_workers *ws, struct smelt_error *err) {
+    if (!by_broadcast(r)) return SMELT_OK;
+    TRY(fresh_dir(r, "weightsync-rendezvous", ws->store_dir, sizeof ws->store_dir, err));
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(ws->store_id, sizeof ws->store_id, "t%d-%lld-%09ld", (int)getpid(), (long long)ts.tv_sec, ts.tv_nsec);
+    int n = snprintf(ws->store, sizeof ws->store, "file:%s", ws->store_dir);
+    if (n < 0 || (size_t)n >= sizeof ws->store) return error_set(err, SMELT_EINVAL, "rl: output_dir is too long");
+    return SMELT_OK;
+}
+
+/* --weights-comm and its companions; text[7] holds the rank (set per worker by
+ * start_all), text[8] the size. Returns the new argc. */
+static int comm_args(const struct rl_workers *ws, struct spawn_args *p, int n, char (*text)[JOB_PATH_BYTES]) {
+    if (!ws->store[0]) return n;
+    snprintf(text[8], JOB_PATH_BYTES, "%d", ws->n + 1);
+    const char *more[] = {"--weights-comm", ws->store, "--weights-comm-name", ws->store_id, "--weights-comm-rank",
+                          text[7], "--weights-comm-size", text[8]};
+    for (size_t k = 0; k < sizeof more / sizeof *more; k++) p->argv[n++] = more[k];
+    return n;
+}
+
+const char *rl_workers_transport(const struct rl_workers *ws) {
+    return weightsync_via_name(ws->store[0] ? WEIGHTSYNC_VIA_BROADCAST : WEIGHTSYNC_VIA_ZMQ);
+}
+
+/* The argv of every worker (the same but for the group rank: each binds a port of its own). */
+static int plan_of(struct trainer_run *r, const struct rl_workers *ws, struct spawn_args *p,
+                   char (*text)[JOB_PATH_BYTES], struct smelt_error *err) {
+    int64_t cap = ws->cap;
     const struct job_spec *s = r->spec;
     struct rollout_config ec;
     rl_engine_config(r, r->train, cap, &ec);
@@ -299,6 +335,7 @@ static int plan_of(struct trainer_run *r, int64_t cap, struct spawn_args *p, cha
         p->argv[n++] = text[2];
     }
     if (s->rl.true_on_policy) p->argv[n++] = "--batch-invariant";
+    n = comm_args(ws, p, n, text);
     p->argv[n] = NULL;
     return SMELT_OK;
 }
@@ -323,7 +360,8 @@ static int connect_client(struct rl_workers *ws, struct smelt_error *err) {
     const char *endpoints[ROLLOUT_CLIENT_MAX_WORKERS];
     for (int i = 0; i < ws->n; i++) endpoints[i] = ws->w[i].endpoint;
     struct rollout_client_config cc = {.endpoints = endpoints, .n_endpoints = ws->n, .alive = worker_alive,
-                                       .alive_ctx = ws};
+                                       .alive_ctx = ws, .weights_comm = ws->store[0] ? ws->store : NULL,
+                                       .weights_comm_name = ws->store_id};
     return error_wrap(err, rollout_client_create(&cc, &ws->client, err), "rl: connecting to the rollout workers");
 }
 
@@ -338,14 +376,15 @@ static int client_failure(struct rl_workers *ws, int rc, const char *during, str
 }
 
 static int start_all(struct trainer_run *r, struct rl_workers *ws, struct smelt_error *err) {
-    char text[7][JOB_PATH_BYTES];
+    char text[9][JOB_PATH_BYTES];
     struct spawn_args plan = {0};
-    int rc = plan_of(r, ws->cap, &plan, text, err);
+    int rc = plan_of(r, ws, &plan, text, err);
     for (int i = 0; !rc && i < ws->n; i++) {
         struct rl_worker *w = &ws->w[i];
         char name[32];
         snprintf(name, sizeof name, "rollout-%d.log", i);
         rc = path_join(w->log, sizeof w->log, r->spec->output_dir, name, err);
+        snprintf(text[7], JOB_PATH_BYTES, "%d", i + 1); /* its group rank (comm_args) */
         /* The agent lists the trainer's device first, then one per worker. */
         char **envp = rc ? NULL : spawn_envp_for_device(1 + i, backend_cpu_blas_kernels());
         if (!rc && !envp) rc = error_set(err, SMELT_ENOMEM, "rl: out of memory");
@@ -366,6 +405,7 @@ int rl_workers_start(struct trainer_run *r, int64_t cap, struct rl_workers **out
     ws->w = calloc((size_t)ws->n, sizeof *ws->w);
     if (!ws->w) return error_set(err, SMELT_ENOMEM, "rl: out of memory");
     TRY(alloc_results(ws, cap, s->rl.max_new_tokens, err));
+    TRY(rendezvous(r, ws, err));
     TRY(start_all(r, ws, err));
     TRY(wait_serving(ws, err));
     drop_model_copy(r);
@@ -484,6 +524,9 @@ void rl_workers_stop(struct rl_workers *ws) {
         w->pid = 0;
     }
     rollout_client_free(ws->client);
+    struct smelt_error e = {0};
+    if (ws->store_dir[0] && dir_remove_all(ws->store_dir, &e))
+        log_warn("rl: the weight sync's rendezvous folder stays: %s", e.message);
     free(ws->w);
     free(ws->ids);
     free(ws->logprobs);

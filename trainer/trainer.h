@@ -51,6 +51,9 @@ static inline bool job_type_is_rl(enum job_type type) { return type == JOB_GRPO 
  * smelt-rollout workers that receive the weights after every update. */
 enum rl_placement { RL_PLACEMENT_COLOCATED, RL_PLACEMENT_SPLIT };
 const char *rl_placement_name(enum rl_placement p);
+/* rl.weight_sync: how the split placement's syncs move the bytes. auto: broadcast. */
+enum rl_weight_sync { RL_WEIGHT_SYNC_AUTO, RL_WEIGHT_SYNC_BROADCAST, RL_WEIGHT_SYNC_ZMQ };
+const char *rl_weight_sync_name(enum rl_weight_sync w);
 
 #define JOB_REWARD_SPEC_BYTES 65536 /* a python grader's source is most of it */
 
@@ -105,6 +108,7 @@ struct job_spec {
         enum rl_tis_mode tis_mode;
         enum rl_placement placement;
         int64_t rollout_workers;             /* split: smelt-rollout processes the trainer starts */
+        enum rl_weight_sync weight_sync;     /* split: broadcast (comm/, Gloo) or ZeroMQ bucket messages */
         int64_t kv_memory_mb;                /* the rollout engine's KV cache */
         /* PPO only (a grpo job refuses any but their defaults): the critic and GAE. */
         double critic_learning_rate, gamma, lambda, value_clip;

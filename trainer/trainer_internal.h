@@ -356,6 +356,8 @@ int rl_workers_sync(struct rl_workers *ws, struct trainer_run *r, int64_t versio
 /* SIGTERM to every worker, SIGKILL to those still there after a grace period, each
  * reaped; then the connection and ws are freed. NULL: nothing. */
 void rl_workers_stop(struct rl_workers *ws);
+/* How its syncs move the bytes: "broadcast" or "zmq" (rl.weight_sync). */
+const char *rl_workers_transport(const struct rl_workers *ws);
 /* The smelt-rollout program to run instead of the one next to this executable (NULL:
  * that one again): for tests, whose executable lives elsewhere. */
 void rl_workers_set_program(const char *path);

@@ -20,6 +20,15 @@ static json_t *tensor_json(const struct weightsync_tensor *t) {
                      "offset", (json_int_t)t->offset_bytes, "bytes", (json_int_t)t->bytes);
 }
 
+/* "transport" is written only for a broadcast: a begin without it is the ZeroMQ sync
+ * every worker understands. */
+static int via_json(json_t *h, const struct weightsync_meta *m) {
+    if (m->via.kind == WEIGHTSYNC_VIA_ZMQ) return 0;
+    return json_object_set_new(h, "transport", json_string(weightsync_via_name(m->via.kind))) ||
+           json_object_set_new(h, "comm", json_string(m->via.comm)) ||
+           json_object_set_new(h, "comm_timeout_ms", json_integer(m->via.timeout_ms));
+}
+
 json_t *weightsync_begin_header(const struct weightsync_meta *m) {
     json_t *tensors = json_array();
     for (int i = 0; tensors && i < m->n_tensors; i++)
@@ -31,6 +40,10 @@ json_t *weightsync_begin_header(const struct weightsync_meta *m) {
     json_t *h = json_pack("{s:I, s:s, s:I, s:I, s:I, s:o}", "version", (json_int_t)m->version, "kind",
                           weightsync_kind_name(m->kind), "total_bytes", (json_int_t)m->total_bytes, "bucket_bytes",
                           (json_int_t)m->bucket_bytes, "n_buckets", (json_int_t)m->n_buckets, "tensors", tensors);
+    if (h && via_json(h, m)) {
+        json_decref(h);
+        return NULL;
+    }
     if (h && m->kind == WEIGHTSYNC_LORA &&
         json_object_set_new(h, "lora", json_pack("{s:i, s:f, s:b}", "r", m->lora.rank, "lora_alpha",
                                                  (double)m->lora.alpha, "use_rslora", m->lora.use_rslora))) {
@@ -121,9 +134,33 @@ static int read_lora(const json_t *h, struct weightsync_meta *out, struct smelt_
     return error_in_field(err, rc, "lora");
 }
 
+static int read_via(const json_t *h, struct weightsync_meta *out, struct smelt_error *err) {
+    const char *where = "weights.begin", *via, *comm;
+    TRY(json_field_string(h, "transport", false, "zmq", &via, where, err));
+    if (strcmp(via, "zmq") == 0) {
+        if (json_object_get(h, "comm") || json_object_get(h, "comm_timeout_ms"))
+            return error_set_field(err, SMELT_EINVAL, "comm", "%s: 'comm' and 'comm_timeout_ms' belong to "
+                                   "\"transport\": \"broadcast\"", where);
+        return SMELT_OK;
+    }
+    if (strcmp(via, "broadcast") != 0)
+        return error_set_field(err, SMELT_EINVAL, "transport", "%s: field 'transport' must be \"zmq\" or "
+                               "\"broadcast\"", where);
+    out->via.kind = WEIGHTSYNC_VIA_BROADCAST;
+    int64_t timeout;
+    TRY(json_field_string(h, "comm", true, NULL, &comm, where, err));
+    if (!comm[0] || strlen(comm) >= sizeof out->via.comm)
+        return error_set_field(err, SMELT_EINVAL, "comm", "%s: field 'comm' must be 1..%zu bytes", where,
+                               sizeof out->via.comm - 1);
+    snprintf(out->via.comm, sizeof out->via.comm, "%s", comm);
+    TRY(json_field_int(h, "comm_timeout_ms", true, 0, 1, INT32_MAX, &timeout, where, err));
+    out->via.timeout_ms = (int)timeout;
+    return SMELT_OK;
+}
+
 int weightsync_begin_read(const struct msg *m, struct weightsync_meta *out, struct smelt_error *err) {
     static const char *const known[] = {"v", "version", "kind", "total_bytes", "bucket_bytes", "n_buckets",
-                                        "tensors", "lora", NULL};
+                                        "tensors", "lora", "transport", "comm", "comm_timeout_ms", NULL};
     const char *where = "weights.begin", *kind;
     const json_t *h = m->header;
     memset(out, 0, sizeof *out);
@@ -137,6 +174,7 @@ int weightsync_begin_read(const struct msg *m, struct weightsync_meta *out, stru
     if (!rc) rc = json_field_int(h, "bucket_bytes", true, 0, 1, MAX_BYTES, &out->bucket_bytes, where, err);
     if (!rc) rc = json_field_int(h, "n_buckets", true, 0, 0, MAX_BYTES, &out->n_buckets, where, err);
     if (!rc) rc = read_lora(h, out, err);
+    if (!rc) rc = read_via(h, out, err);
     if (!rc) rc = read_tensors(h, out, err);
     if (!rc && m->n_arrays)
         rc = error_set_field(err, SMELT_EINVAL, "frames", "%s: %d array frames; none expected", where, m->n_arrays);
@@ -155,19 +193,24 @@ json_t *weightsync_bucket_header(const struct weightsync_bucket *b) {
 
 static int hex_digit(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; }
 
-static int read_hash(const json_t *h, uint64_t *out, struct smelt_error *err) {
-    const char *s;
-    TRY(json_field_string(h, "hash", true, NULL, &s, "weights.bucket", err));
-    bool ok = strlen(s) == 16;
+/* 16 lower-case hex digits into *out; false when s is not that. */
+static bool parse_hash(const char *s, uint64_t *out) {
+    bool ok = s && strlen(s) == 16;
     uint64_t v = 0;
     for (int i = 0; ok && i < 16; i++) {
         ok = hex_digit(s[i]) >= 0;
         v = v << 4 | (uint64_t)(ok ? hex_digit(s[i]) : 0);
     }
-    if (!ok)
+    *out = v;
+    return ok;
+}
+
+static int read_hash(const json_t *h, uint64_t *out, struct smelt_error *err) {
+    const char *s;
+    TRY(json_field_string(h, "hash", true, NULL, &s, "weights.bucket", err));
+    if (!parse_hash(s, out))
         return error_set_field(err, SMELT_EINVAL, "hash", "weights.bucket: field 'hash' must be 16 lower-case hex "
                                "digits (XXH64)");
-    *out = v;
     return SMELT_OK;
 }
 
@@ -189,14 +232,44 @@ int weightsync_bucket_read(const struct msg *m, struct weightsync_bucket *out, s
 
 /* ---- weights.end, weights.ack ---- */
 
-json_t *weightsync_end_header(const struct weightsync_meta *m) {
-    return json_pack("{s:I, s:I, s:I}", "version", (json_int_t)m->version, "n_buckets", (json_int_t)m->n_buckets,
-                     "total_bytes", (json_int_t)m->total_bytes);
+static json_t *hashes_json(const uint64_t *hashes, int64_t n) {
+    json_t *a = json_array();
+    for (int64_t k = 0; a && k < n; k++) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016" PRIx64, hashes[k]);
+        if (json_array_append_new(a, json_string(hex))) {
+            json_decref(a);
+            a = NULL;
+        }
+    }
+    return a;
+}
+
+json_t *weightsync_end_header(const struct weightsync_meta *m, const uint64_t *hashes) {
+    json_t *h = json_pack("{s:I, s:I, s:I}", "version", (json_int_t)m->version, "n_buckets",
+                          (json_int_t)m->n_buckets, "total_bytes", (json_int_t)m->total_bytes);
+    if (h && hashes && json_object_set_new(h, "hashes", hashes_json(hashes, m->n_buckets))) {
+        json_decref(h);
+        return NULL;
+    }
+    return h;
+}
+
+int weightsync_end_hashes(const struct msg *m, int64_t n_buckets, uint64_t *out, struct smelt_error *err) {
+    json_t *a = json_object_get(m->header, "hashes");
+    if (!json_is_array(a) || (int64_t)json_array_size(a) != n_buckets)
+        return error_set_field(err, SMELT_EINVAL, "hashes", "weights.end: field 'hashes' must be an array of the "
+                               "%lld buckets' XXH64s (a broadcast sync)", (long long)n_buckets);
+    for (int64_t k = 0; k < n_buckets; k++)
+        if (!parse_hash(json_string_value(json_array_get(a, (size_t)k)), &out[k]))
+            return error_set_field(err, SMELT_EINVAL, "hashes", "weights.end: hashes[%lld] must be 16 lower-case "
+                                   "hex digits (XXH64)", (long long)k);
+    return SMELT_OK;
 }
 
 int weightsync_end_read(const struct msg *m, int64_t *version, int64_t *n_buckets, int64_t *total_bytes,
                         struct smelt_error *err) {
-    static const char *const known[] = {"v", "version", "n_buckets", "total_bytes", NULL};
+    static const char *const known[] = {"v", "version", "n_buckets", "total_bytes", "hashes", NULL};
     const char *where = "weights.end";
     TRY(json_check_keys(m->header, known, where, err));
     TRY(json_field_int(m->header, "version", true, 0, 0, INT64_MAX, version, where, err));

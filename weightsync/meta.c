@@ -9,6 +9,8 @@
 
 const char *weightsync_kind_name(enum weightsync_kind kind) { return kind == WEIGHTSYNC_LORA ? "lora" : "full"; }
 
+const char *weightsync_via_name(enum weightsync_via via) { return via == WEIGHTSYNC_VIA_BROADCAST ? "broadcast" : "zmq"; }
+
 static int check_bucket_bytes(int64_t *bucket_bytes, struct smelt_error *err) {
     if (*bucket_bytes == 0) *bucket_bytes = WEIGHTSYNC_DEFAULT_BUCKET_BYTES;
     if (*bucket_bytes < 4 || *bucket_bytes > WEIGHTSYNC_MAX_BUCKET_BYTES || *bucket_bytes % 4 != 0)

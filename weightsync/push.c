@@ -1,7 +1,7 @@
 /* The sender: metadata, every bucket back to back, the end. Nothing here waits for a
  * receiver between buckets; a transport that queues (ZeroMQ's I/O thread) sends bucket k
  * while the next is packed, and the receiver copies k while k + 1 is on the wire. */
-#include "weightsync/weightsync.h"
+#include "weightsync/weightsync_internal.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -14,8 +14,8 @@ static double now_seconds(void) {
 
 /* Bucket index of the stream in host memory: a pointer into source on the CPU, else a
  * copy into host (one bucket's worth, reused). */
-static int bucket_bytes_of(const struct weightsync_meta *meta, const struct tensor *source, int64_t index,
-                           float *host, const void **out, struct smelt_error *err) {
+int weightsync_source_bucket(const struct weightsync_meta *meta, const struct tensor *source, int64_t index,
+                             float *host, const void **out, struct smelt_error *err) {
     int64_t start = index * meta->bucket_bytes / (int64_t)sizeof(float);
     int64_t n = weightsync_bucket_size(meta, index) / (int64_t)sizeof(float);
     const float *base = (const float *)source->data + start;
@@ -30,7 +30,7 @@ static int bucket_bytes_of(const struct weightsync_meta *meta, const struct tens
     return SMELT_OK;
 }
 
-static int check_source(const struct weightsync_meta *meta, const struct tensor *source, struct smelt_error *err) {
+int weightsync_check_source(const struct weightsync_meta *meta, const struct tensor *source, struct smelt_error *err) {
     if (source->dtype != DTYPE_F32 || (int64_t)tensor_nbytes(source) != meta->total_bytes)
         return error_set(err, SMELT_EINVAL, "weightsync: the source holds %zu bytes of %s, the metadata says %lld of f32",
                          tensor_nbytes(source), dtype_name(source->dtype), (long long)meta->total_bytes);
@@ -42,7 +42,7 @@ static int check_source(const struct weightsync_meta *meta, const struct tensor 
 
 int weightsync_push(const struct weightsync_transport *t, const struct weightsync_meta *meta,
                     const struct tensor *source, struct weightsync_report *report, struct smelt_error *err) {
-    TRY(check_source(meta, source, err));
+    TRY(weightsync_check_source(meta, source, err));
     *report = (struct weightsync_report){.version = meta->version, .kind = meta->kind, .bytes = meta->total_bytes,
                                          .buckets = meta->n_buckets};
     float *host = NULL;
@@ -52,9 +52,10 @@ int weightsync_push(const struct weightsync_transport *t, const struct weightsyn
     }
     double t0 = now_seconds();
     int rc = t->begin(t->ctx, meta, err);
-    for (int64_t k = 0; !rc && k < meta->n_buckets; k++) {
+    if (!rc && t->stream) rc = t->stream(t->ctx, meta, source, err);
+    for (int64_t k = 0; !rc && !t->stream && k < meta->n_buckets; k++) {
         struct weightsync_bucket b = {.version = meta->version, .index = k, .bytes = weightsync_bucket_size(meta, k)};
-        rc = bucket_bytes_of(meta, source, k, host, &b.data, err);
+        rc = weightsync_source_bucket(meta, source, k, host, &b.data, err);
         if (!rc) {
             b.hash = weightsync_hash(b.data, (size_t)b.bytes);
             rc = t->bucket(t->ctx, &b, err);

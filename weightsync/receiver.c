@@ -216,11 +216,18 @@ int weightsync_receiver_landed(struct weightsync_receiver *rx, int64_t version, 
     void *dst;
     int64_t bytes;
     TRY(weightsync_receiver_bucket_dst(rx, version, index, &dst, &bytes, err));
-    uint64_t got = weightsync_hash(dst, (size_t)bytes);
-    if (got != hash)
+    return weightsync_receiver_landed_hashed(rx, version, index, weightsync_hash(dst, (size_t)bytes), hash, err);
+}
+
+int weightsync_receiver_landed_hashed(struct weightsync_receiver *rx, int64_t version, int64_t index, uint64_t got,
+                                      uint64_t want, struct smelt_error *err) {
+    void *dst;
+    int64_t bytes;
+    TRY(weightsync_receiver_bucket_dst(rx, version, index, &dst, &bytes, err));
+    if (got != want)
         return refuse(rx, version, error_set_field(err, SMELT_EINVAL, "hash", "hash: bucket %lld's bytes hash to "
                                                    "%016llx, the sender's is %016llx", (long long)index,
-                                                   (unsigned long long)got, (unsigned long long)hash));
+                                                   (unsigned long long)got, (unsigned long long)want));
     rx->arrived[index] = 1;
     rx->n_arrived++;
     rx->bytes_arrived += bytes;

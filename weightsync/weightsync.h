@@ -44,6 +44,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "common/error.h"
 #include "common/msg.h"
 #include "kernels/ops.h"
@@ -61,6 +62,13 @@ enum weightsync_kind { WEIGHTSYNC_FULL, WEIGHTSYNC_LORA };
 
 const char *weightsync_kind_name(enum weightsync_kind kind); /* "full", "lora" */
 
+/* How the bytes move: as weights.bucket messages (the metadata, the end and the acks go
+ * over ZeroMQ either way), or by a comm_broadcast from the sender (group rank 0) to the
+ * receivers (ranks 1..N). NCCL and CUDA IPC would be further values. */
+enum weightsync_via { WEIGHTSYNC_VIA_ZMQ, WEIGHTSYNC_VIA_BROADCAST };
+const char *weightsync_via_name(enum weightsync_via via); /* "zmq", "broadcast" */
+#define WEIGHTSYNC_COMM_NAME_BYTES 65 /* a comm_options.name, NUL included */
+
 /* One tensor: a byte range [offset_bytes, offset_bytes + bytes) of the packed stream. */
 struct weightsync_tensor {
     char name[WEIGHTSYNC_NAME_BYTES];
@@ -77,6 +85,10 @@ struct weightsync_meta {
     int64_t bucket_bytes;        /* every bucket but the last holds this many */
     int64_t n_buckets;           /* ceil(total_bytes / bucket_bytes) */
     struct { int rank; float alpha; bool use_rslora; } lora; /* kind lora only */
+    /* The transport of the bytes (WEIGHTSYNC_VIA_ZMQ unless the sender sets it); for a
+     * broadcast, the communicator the receivers join (its comm_options.name in the store
+     * they were started with: a new name after a failure) and its timeout. */
+    struct { enum weightsync_via kind; char comm[WEIGHTSYNC_COMM_NAME_BYTES]; int timeout_ms; } via;
     struct weightsync_tensor *tensors; /* [n_tensors], owned */
     int n_tensors;
 };
@@ -135,6 +147,10 @@ struct weightsync_transport {
     void *ctx;
     int (*begin)(void *ctx, const struct weightsync_meta *meta, struct smelt_error *err);
     int (*bucket)(void *ctx, const struct weightsync_bucket *bucket, struct smelt_error *err);
+    /* Optional: a transport that moves the whole stream itself (a broadcast) sets stream,
+     * called in place of bucket for every bucket, with the source as weightsync_push got it. */
+    int (*stream)(void *ctx, const struct weightsync_meta *meta, const struct tensor *source,
+                  struct smelt_error *err);
     /* Ends the sync and waits for every receiver: fills receivers, bytes_sent and
      * receiver_seconds of report; an error names the receiver that refused or died. */
     int (*finish)(void *ctx, const struct weightsync_meta *meta, struct weightsync_report *report,
@@ -196,6 +212,10 @@ int weightsync_receiver_bucket_dst(struct weightsync_receiver *rx, int64_t versi
                                    void **dst, int64_t *bytes, struct smelt_error *err);
 int weightsync_receiver_landed(struct weightsync_receiver *rx, int64_t version, int64_t index,
                                uint64_t hash, struct smelt_error *err);
+/* landed for a transport that hashed the bytes itself as they landed (got) and learns the
+ * sender's hash (want) only later (a broadcast: the hashes come in weights.end). */
+int weightsync_receiver_landed_hashed(struct weightsync_receiver *rx, int64_t version, int64_t index,
+                                      uint64_t got, uint64_t want, struct smelt_error *err);
 /* The end: every bucket must have arrived. On success the sync is COMPLETE and
  * weightsync_receiver_stream gives the bytes to apply; then call
  * weightsync_receiver_done, whether applying worked or not. */
@@ -222,13 +242,34 @@ json_t *weightsync_begin_header(const struct weightsync_meta *meta);
 int weightsync_begin_read(const struct msg *m, struct weightsync_meta *out, struct smelt_error *err);
 json_t *weightsync_bucket_header(const struct weightsync_bucket *bucket);
 int weightsync_bucket_read(const struct msg *m, struct weightsync_bucket *out, struct smelt_error *err);
-json_t *weightsync_end_header(const struct weightsync_meta *meta);
+/* hashes: NULL, or (a broadcast sync) every bucket's XXH64, [meta->n_buckets]. */
+json_t *weightsync_end_header(const struct weightsync_meta *meta, const uint64_t *hashes);
 int weightsync_end_read(const struct msg *m, int64_t *version, int64_t *n_buckets, int64_t *total_bytes,
                         struct smelt_error *err);
+/* The hashes of a weights.end already read (n_buckets of them): SMELT_EINVAL naming
+ * "hashes" when they are missing or not n_buckets XXH64s. */
+int weightsync_end_hashes(const struct msg *m, int64_t n_buckets, uint64_t *out, struct smelt_error *err);
 json_t *weightsync_ack_header(const struct weightsync_ack *ack);
 int weightsync_ack_read(const struct msg *m, struct weightsync_ack *out, struct smelt_error *err);
 /* The "version" of any weights.* header, when it has an integer one (else -1): how a
  * reply is matched to its sync. */
 int64_t weightsync_header_version(const struct msg *m);
+
+/* ---- the broadcast transport's bytes (broadcast.c) ----
+ *
+ * Both sides walk the buckets of meta in order, one comm_broadcast each from group rank
+ * root, double-buffered: bucket k + 1 is in flight (the communicator's thread) while
+ * bucket k is hashed. The sender reads source (f32, meta->total_bytes; a device source is
+ * copied through two host buckets, so at most two buckets of host memory) and fills
+ * hashes[k] (XXH64) for weights.end. The receiver writes each bucket straight into rx's
+ * staging buffer (weightsync_receiver_bucket_dst) when rx is receiving meta's version;
+ * when it is not (rx refused the begin), it still takes part — into a scratch bucket,
+ * thrown away — so the group's collectives stay in step; got[k] is the hash of what
+ * landed, for weightsync_receiver_landed_hashed once weights.end brings the sender's.
+ * A failed broadcast returns comm's error (the communicator is broken after it). */
+int weightsync_broadcast_send(struct comm *comm, int root, const struct weightsync_meta *meta,
+                              const struct tensor *source, uint64_t *hashes, struct smelt_error *err);
+int weightsync_broadcast_receive(struct comm *comm, int root, struct weightsync_receiver *rx,
+                                 const struct weightsync_meta *meta, uint64_t *got, struct smelt_error *err);
 
 #endif

@@ -93,11 +93,22 @@ def test_grpo_job_runs_and_reports_rewards(smeltd):
     assert finished and "validation reward=" in finished[0], finished
 
 
-def test_grpo_job_in_split_placement_syncs_its_workers(smeltd):
+def train_lines(smeltd, job_id):
+    with open(os.path.join(smeltd.data_dir, "jobs", job_id, "metrics.jsonl"), encoding="utf-8") as f:
+        return [line for line in map(json.loads, f) if line.get("type") == "train"]
+
+
+@pytest.mark.parametrize("weight_sync", [None, "zmq"])
+def test_grpo_job_in_split_placement_syncs_its_workers(smeltd, weight_sync):
+    """The default transport is the broadcast (comm/'s Gloo group of the trainer and its
+    workers); "zmq" sends the buckets as messages. Either way every iteration moves the
+    model, and the train lines say how and how long it took."""
     train = upload(smeltd, prompts_rows(TRAIN_FILE, 16), "grpo_split_train.jsonl")
     val = upload(smeltd, prompts_rows(VAL_FILE, 4), "grpo_split_val.jsonl")
     hp = {"batch_size": 4, "num_generations": 4, "max_new_tokens": 4, "max_iterations": 3,
           "learning_rate_multiplier": 10, "kv_memory_mb": 4}
+    if weight_sync:
+        hp["weight_sync"] = weight_sync
     body = grpo_request(train, val, hp=hp)
     body["resources"] = {"trainer": {"devices": 1}, "rollout": {"devices": 2}}
     status, job = smeltd.request("POST", J, body)
@@ -123,6 +134,16 @@ def test_grpo_job_in_split_placement_syncs_its_workers(smeltd):
         assert d["sync_bytes"] > 0 and d["time/sync_s"] > 0, d
         assert d["policy_version"] == d["step"] and d["samples"] == 16, d
         assert d["rollout/logprob_diff_mean"] < 1e-3, d
+    transport = weight_sync or "broadcast"
+    lines = train_lines(smeltd, job["id"])
+    assert [line["sync_transport"] for line in lines] == [transport] * 3, lines
+    assert all(line["sync_bytes"] > 0 and line["time/sync_s"] > 0 for line in lines), lines
+    print("GRPO split, weight sync by %s: %s bytes per worker in %s ms" % (
+        transport, lines[0]["sync_bytes"], ", ".join("%.1f" % (1000 * line["time/sync_s"]) for line in lines)))
+    for i in range(2):
+        with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-%d.log" % i), encoding="utf-8") as f:
+            assert f.read().count("in use (by %s)" % transport) == 3, i
+    assert not os.path.exists(os.path.join(smeltd.data_dir, "jobs", job["id"], "weightsync-rendezvous"))
 
 
 def test_ppo_job_runs_with_its_critic(smeltd):

@@ -303,6 +303,10 @@ def test_adapter_output_equals_the_merged_models(tmp_path):
     (["--kv-memory-mb"], "--kv-memory-mb"),
     (["--backend", "tpu"], "--backend"),
     ([], "--model"),
+    (["--weights-comm", "file:/tmp/x"], "go together"),
+    (["--weights-comm", "file:/tmp/x", "--weights-comm-name", "j", "--weights-comm-rank", "2",
+      "--weights-comm-size", "2"], "--weights-comm-rank 2 is not below"),
+    (["--weights-comm-size", "1"], "--weights-comm-size"),
 ])
 def test_bad_flags_exit_2(model_dir, args, says):
     full = (["--model", model_dir] if says != "--model" else []) + args

@@ -110,9 +110,10 @@ static inline void *rollout_test_worker_main(void *arg) {
     return NULL;
 }
 
-/* The worker's engine: rollout_test_engine(m, NULL, 1024, 256, max_seqs, 256). */
-static inline void rollout_test_serve(struct rollout_test_worker *s, void *ctx, const char *endpoint,
-                                      struct model *m, struct lora *adapter, int max_seqs) {
+/* rollout_test_serve in two halves, for a test that sets more of s->setup (the broadcast
+ * transport's fields) before the thread starts. */
+static inline void rollout_test_prepare(struct rollout_test_worker *s, void *ctx, const char *endpoint,
+                                        struct model *m, struct lora *adapter, int max_seqs) {
     memset(s, 0, sizeof *s);
     s->engine = rollout_test_engine(m, NULL, 1024, 256, max_seqs, 256);
     s->router = zmq_socket(ctx, ZMQ_ROUTER);
@@ -121,8 +122,18 @@ static inline void rollout_test_serve(struct rollout_test_worker *s, void *ctx, 
     cr_assert_eq(zmq_bind(s->router, endpoint), 0, "bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
     s->setup = (struct rollout_worker_setup){.engine = s->engine, .model = m, .adapter = adapter,
                                              .router = s->router, .stop = &s->stop};
+}
+
+static inline void rollout_test_start(struct rollout_test_worker *s) {
     cr_assert_eq(pthread_create(&s->thread, NULL, rollout_test_worker_main, s), 0);
     s->running = true;
+}
+
+/* The worker's engine: rollout_test_engine(m, NULL, 1024, 256, max_seqs, 256). */
+static inline void rollout_test_serve(struct rollout_test_worker *s, void *ctx, const char *endpoint,
+                                      struct model *m, struct lora *adapter, int max_seqs) {
+    rollout_test_prepare(s, ctx, endpoint, m, adapter, max_seqs);
+    rollout_test_start(s);
 }
 
 /* A worker of its own model (the parity Llama), freed with the worker. */

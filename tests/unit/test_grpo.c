@@ -185,6 +185,10 @@ Test(grpo, spec_refusals_name_the_field) {
          "rl.rollout_workers", "rl: field 'rollout_workers'"},
         {"grpo", "\"rl\":{\"rollout_workers\":2," RL_TEST_REWARD_MIXED "},", "rl.rollout_workers",
          "rl.rollout_workers"},
+        {"grpo", "\"rl\":{\"placement\":\"split\",\"weight_sync\":\"nccl\"," RL_TEST_REWARD_MIXED "},",
+         "rl.weight_sync", "auto, broadcast, zmq"},
+        {"grpo", "\"rl\":{\"weight_sync\":\"broadcast\"," RL_TEST_REWARD_MIXED "},", "rl.weight_sync",
+         "needs \"placement\": \"split\""},
         {"grpo", "\"rl\":{\"epsilon\":1," RL_TEST_REWARD_MIXED "},", "rl.epsilon", "rl: field 'epsilon'"},
         {"grpo", "\"rl\":{\"num_generations\":1," RL_TEST_REWARD_MIXED "},", "rl.num_generations",
          "rl: field 'num_generations'"},
@@ -937,9 +941,36 @@ static void expect_syncs(const char *out, int iterations, double bytes) {
     }
 }
 
+/* Every train line names the transport, and the worker's log says each sync came by it;
+ * the broadcast's rendezvous folder is gone after the run. */
+static void expect_transport(const char *out, int iterations, const char *transport) {
+    json_t *lines[16];
+    int n = test_read_lines(out, "train", lines, 16);
+    cr_expect_eq(n, iterations);
+    for (int i = 0; i < n; i++) {
+        const char *t = json_string_value(json_object_get(lines[i], "sync_transport"));
+        cr_expect(t && strcmp(t, transport) == 0, "iteration %d: sync_transport %s, expected %s", i + 1,
+                  t ? t : "(none)", transport);
+    }
+    test_free_lines(lines, n);
+    char path[700], *text = NULL, want[64];
+    size_t len;
+    struct smelt_error err = {0};
+    snprintf(path, sizeof path, "%s/rollout-0.log", out);
+    TEST_OK(file_read_all(path, &text, &len, &err), &err);
+    snprintf(want, sizeof want, "in use (by %s)", transport);
+    int syncs = 0;
+    for (const char *p = text; (p = strstr(p, want)) != NULL; p++) syncs++;
+    cr_expect_eq(syncs, iterations, "%s: %d syncs %s, expected %d", path, syncs, want, iterations);
+    free(text);
+    snprintf(path, sizeof path, "%s/weightsync-rendezvous", out);
+    cr_expect(!path_exists(path), "%s is left behind", path);
+}
+
 /* One worker schedules as the colocated engine does (rl_engine_config), on the same
  * weights and GEMM kernels: the same samples and logprobs, so the same run. The worker
- * loads the model directory the trainer loaded, and every full sync moves the model. */
+ * loads the model directory the trainer loaded, and every full sync moves the model —
+ * by broadcast (rl.weight_sync "auto") and by ZeroMQ messages ("zmq") alike. */
 Test(grpo, a_split_run_is_the_colocated_run_bit_for_bit) {
     struct test_run_paths p;
     rl_test_setup(&p, 6);
@@ -956,9 +987,14 @@ Test(grpo, a_split_run_is_the_colocated_run_bit_for_bit) {
     cr_assert_eq(test_read_metric(split, "start", "model_params", &params, NULL, 1), 1);
     expect_syncs(split, 3, 4 * params);
     expect_syncs(p.out, 3, 0);
-    char log[700];
-    snprintf(log, sizeof log, "%s/rollout-0.log", split);
-    cr_expect(path_exists(log), "no %s", log);
+    expect_transport(split, 3, "broadcast");
+    char zmq[600];
+    snprintf(zmq, sizeof zmq, "%s-zmq", p.out);
+    run_grpo(&p, zmq, SHORT_RUN_WITH("\"placement\":\"split\",\"weight_sync\":\"zmq\","), &quiet, &res);
+    expect_no_rollout_children("after the zmq run");
+    expect_same_run(p.out, zmq, 3);
+    expect_syncs(zmq, 3, 4 * params);
+    expect_transport(zmq, 3, "zmq");
     test_tmp_teardown();
 }
 
@@ -991,6 +1027,7 @@ Test(grpo, a_split_lora_run_syncs_only_the_adapter) {
     model_free(m);
     cr_expect(bytes > 0 && bytes < model_bytes / 10, "adapter %.0f bytes, model %.0f", bytes, model_bytes);
     expect_syncs(split, 3, bytes);
+    expect_transport(split, 3, "broadcast");
     test_tmp_teardown();
 }
 

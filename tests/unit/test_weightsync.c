@@ -705,7 +705,7 @@ static void send_sync(void *d, const struct weightsync_meta *meta, const uint8_t
     send_header(d, MSG_WEIGHTS_BEGIN, weightsync_begin_header(meta), NULL, 0);
     for (int64_t k = 0; k < meta->n_buckets; k++)
         if (k != skip) send_bucket(d, meta, stream, k, 0, 0);
-    send_header(d, MSG_WEIGHTS_END, weightsync_end_header(meta), NULL, 0);
+    send_header(d, MSG_WEIGHTS_END, weightsync_end_header(meta, NULL), NULL, 0);
 }
 
 static void recv_one(void *d, struct msg *m) {
@@ -759,13 +759,13 @@ Test(weightsync, bad_syncs_are_refused_and_the_old_weights_stay) {
     send_bucket(d, &meta, stream, 0, 0, 0);
     send_bucket(d, &meta, stream, 1, -4, 0);
     for (int64_t k = 2; k < meta.n_buckets; k++) send_bucket(d, &meta, stream, k, 0, 0);
-    send_header(d, MSG_WEIGHTS_END, weightsync_end_header(&meta), NULL, 0);
+    send_header(d, MSG_WEIGHTS_END, weightsync_end_header(&meta, NULL), NULL, 0);
     expect_refused(d, 4, "bytes", "a bucket of the wrong size");
     expect_version(d, 0, "after a short bucket (its sync's later messages are dropped)");
 
     send_header(d, MSG_WEIGHTS_BEGIN, weightsync_begin_header(&meta), NULL, 0);
     for (int64_t k = 0; k < meta.n_buckets; k++) send_bucket(d, &meta, stream, k, 0, k == 2 ? 1 : 0);
-    send_header(d, MSG_WEIGHTS_END, weightsync_end_header(&meta), NULL, 0);
+    send_header(d, MSG_WEIGHTS_END, weightsync_end_header(&meta, NULL), NULL, 0);
     expect_refused(d, 4, "hash", "a wrong checksum");
     expect_version(d, 0, "after a wrong checksum");
 
