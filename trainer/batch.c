@@ -41,6 +41,7 @@ int run_backward_tokens(struct trainer_run *r, const struct dataset_batch *b, co
     int64_t T = b->n_tokens;
     struct tensor host = tensor_f32((float *)dlogp, 1, &T);
     struct tensor dev = tensor_make(r->dlogprobs.backend, DTYPE_F32, r->dlogprobs.data, 1, &T);
-    TRY(tensor_copy(&dev, &host, err));
+    /* A stage-3 padding pass adds nothing: zero dL/dlogprob, so zero gradients. */
+    TRY(r->pad_pass ? tensor_zero(&dev, err) : tensor_copy(&dev, &host, err));
     return model_backward(r->model, r->acts, &dev, NULL, err);
 }

@@ -167,6 +167,13 @@ static int write_world(const struct trainer_run *r, const char *path, struct sme
         if (dist_sharded(d)) comm_shard((size_t)total, d->ranks, k, &off, &len);
         if (dist_sharded(d)) snprintf(file, sizeof file, "optimizer-rank-%d.safetensors", k);
         else snprintf(file, sizeof file, "optimizer.safetensors");
+        if (r->opt.n_pieces) { /* stage 3, full: a piece of every parameter unit */
+            int64_t plen;
+            json_t *pieces = zero3_run_pieces(r, k, &plen);
+            json_array_append_new(shards, json_pack("{s:i, s:o, s:I, s:s}", "rank", k, "pieces", pieces, "len",
+                                                    (json_int_t)plen, "file", file));
+            continue;
+        }
         json_array_append_new(shards, json_pack("{s:i, s:I, s:I, s:s}", "rank", k, "offset", (json_int_t)off, "len",
                                                 (json_int_t)len, "file", file));
     }
@@ -234,10 +241,20 @@ int run_checkpoint_save(struct trainer_run *r, struct smelt_error *err) {
         TRY(optimizer_save(&r->opt, p, err));
         TRY(dist_barrier(d, err));
     }
+    /* Stage 3, full: rank 0 writes the whole weights (model/, as one process does, so
+     * any layout resumes from them), which every rank's pieces make up. */
+    bool gather = r->zero3 && !r->lora;
+    if (gather) TRY(zero3_unshard(r->zero3, lead, err));
+    int rc = SMELT_OK;
     if (lead) {
-        TRY(write_rank0(r, tmp, err));
-        TRY(publish(r, dir, tmp, final, err));
+        rc = write_rank0(r, tmp, err);
+        if (!rc) rc = publish(r, dir, tmp, final, err);
     }
+    if (gather) {
+        int rrc = zero3_reshard(r->zero3, rc ? &(struct smelt_error){0} : err);
+        if (!rc) rc = rrc;
+    }
+    TRY(rc);
     return sharded ? dist_barrier(d, err) : SMELT_OK;
 }
 
@@ -258,9 +275,10 @@ static int restore_weights(struct trainer_run *r, const char *ckpt, struct smelt
      * exceed its memory. */
     struct model *saved;
     TRY(model_load(p, BACKEND_CPU, &saved, err));
-    int rc = saved->n_weights == r->model->n_weights
-                 ? tensor_copy(&r->model->weights, &saved->weights, err)
-                 : error_set(err, SMELT_EINVAL, "%s: the model's layout differs from this job's", p);
+    int rc = saved->n_weights != r->model->n_weights
+                 ? error_set(err, SMELT_EINVAL, "%s: the model's layout differs from this job's", p)
+             : r->zero3 ? zero3_set_params(r->zero3, saved->weights.data, err) /* this rank's pieces */
+                        : tensor_copy(&r->model->weights, &saved->weights, err);
     model_free(saved);
     return rc;
 }

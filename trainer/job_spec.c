@@ -144,7 +144,6 @@ const struct job_hp_field JOB_HP_FIELDS[] = {
     HP_BOOL(precompute_ref, true),
     /* Reward model (TRL RewardTrainer; 0 = off, TRL's None). */
     HP_NUMBER(center_rewards_coefficient, 0.0, 0.0, 1000.0),
-    /* Any job; stage 3 (parameters sharded) is refused by check_zero until it exists. */
     HP_INT(zero_stage, 1, 0, 3),
 };
 #define N_HP_FIELDS ((int)(sizeof JOB_HP_FIELDS / sizeof JOB_HP_FIELDS[0]))
@@ -339,10 +338,6 @@ static int parse_sections(const json_t *root, const char *where, struct job_spec
         return error_set_field(err, SMELT_EINVAL, "hyperparameters.batch_tokens",
                                "%s: hyperparameters.batch_tokens: %lld is below data.max_seq_len %lld", where,
                                (long long)s->hp.batch_tokens, (long long)s->data.max_seq_len);
-    /* Stage 3 (parameters sharded, gathered layer by layer) needs the model's hooks. */
-    if (s->hp.zero_stage == 3)
-        return error_set_field(err, SMELT_EINVAL, "hyperparameters.zero_stage",
-                               "%s: hyperparameters.zero_stage: stage 3 is not available yet (0, 1 or 2)", where);
     TRY(parse_section(root, "rl", where, s, job_parse_rl, err));
     if (job_type_is_rl(s->type) && s->hp.max_steps > 0)
         return error_set_field(err, SMELT_EINVAL, "hyperparameters.max_steps",

@@ -39,12 +39,24 @@ static int sum_over_ranks(struct trainer_run *r, struct pref_totals *t, struct s
     return SMELT_OK;
 }
 
+struct micro_call {
+    pref_micro_fn fn;
+    struct pref_totals tot;
+};
+
+/* A training micro-batch through fn (zero3_run_pad's padding passes). */
+static int train_micro(struct trainer_run *r, const struct dataset_batch *b, void *ctx, struct smelt_error *err) {
+    struct micro_call *c = ctx;
+    return c->fn(r, b, true, &c->tot, err);
+}
+
 int pref_step(struct trainer_run *r, int64_t n_micro, pref_micro_fn fn, enum pref_metrics which,
               struct step_stats *st, struct smelt_error *err) {
     TRY(tensor_zero(r->grads, err));
     struct pref_totals tot = {0};
+    const struct dataset_batch *b = NULL;
+    int64_t done = 0;
     for (int64_t i = 0; i < n_micro; i++) {
-        const struct dataset_batch *b;
         TRY(dataset_loader_next(r->loader, &b, err));
         r->micro_done++;
         if (!dist_mine(&r->dist, i)) continue;
@@ -52,7 +64,10 @@ int pref_step(struct trainer_run *r, int64_t n_micro, pref_micro_fn fn, enum pre
         TRY(fn(r, b, true, &tot, err));
         st->tokens += b->n_tokens;
         st->trained += b->n_targets;
+        done++;
     }
+    struct micro_call pad = {.fn = fn};
+    TRY(zero3_run_pad(r, n_micro, done, b, train_micro, &pad, err));
     if (r->dist.ranks > 1) TRY(sum_over_ranks(r, &tot, st, err));
     if (tot.pairs == 0) return error_set(err, SMELT_EINVAL, "step %lld has no pair", (long long)r->step + 1);
     st->loss = tot.loss / (double)tot.pairs;

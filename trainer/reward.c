@@ -92,23 +92,51 @@ static void pair_losses(struct trainer_run *r, const struct dataset *ds, const s
     }
 }
 
+/* The scores of b's sequences from the final hidden states into s->host. The head is
+ * read outside the model's passes: under a parameter provider (ZeRO-3) its unit is
+ * acquired around the read (no-ops without one). */
+static int score_forward(struct trainer_run *r, const struct model_batch *mb, const struct tensor *hidden,
+                         struct smelt_error *err) {
+    struct reward_state *s = r->reward;
+    int64_t head = model_unit_head(r->model), S = mb->n_seqs;
+    struct tensor scores = rows_of(&s->scores, S), host = tensor_f32(s->host, 1, &S);
+    TRY(model_unit_acquire(r->model, head, false, err));
+    int rc = model_score_forward(r->model, mb, hidden, &scores, err);
+    struct smelt_error rerr = {0};
+    int rrc = model_unit_release(r->model, head, rc ? &rerr : err);
+    TRY(rc ? rc : rrc);
+    return tensor_copy(&host, &scores, err);
+}
+
+/* The head's backward from dL/dscore (s->host), then the body's. The head's unit stays
+ * held across both: its gradient (a full fine-tune's score.weight) is in the unit the
+ * body's backward reduces once its final norm is done. */
+static int score_backward(struct trainer_run *r, const struct model_batch *mb, const struct tensor *hidden,
+                          struct smelt_error *err) {
+    struct reward_state *s = r->reward;
+    int64_t head = model_unit_head(r->model), S = mb->n_seqs;
+    struct tensor host = tensor_f32(s->host, 1, &S);
+    struct tensor dscores = rows_of(&s->dscores, S), dhidden = rows_of(&s->dhidden, mb->n_tokens);
+    /* A stage-3 padding pass adds nothing: zero dL/dscore, so zero gradients. */
+    TRY(r->pad_pass ? tensor_zero(&dscores, err) : tensor_copy(&dscores, &host, err));
+    struct tensor *dhead = r->lora ? &r->lora->score_grad : &r->model->g.score;
+    TRY(model_unit_acquire(r->model, head, true, err));
+    int rc = model_score_backward(r->model, mb, hidden, &dscores, dhead, &dhidden, err);
+    if (!rc) rc = model_backward(r->model, r->acts, NULL, &dhidden, err);
+    struct smelt_error rerr = {0};
+    int rrc = model_unit_release(r->model, head, rc ? &rerr : err);
+    return rc ? rc : rrc;
+}
+
 int reward_micro_batch(struct trainer_run *r, const struct dataset_batch *b, bool train,
                        struct pref_totals *tot, struct smelt_error *err) {
     struct reward_state *s = r->reward;
     struct model_batch mb = run_model_batch(b);
-    struct tensor hidden = rows_of(&s->hidden, b->n_tokens), scores = rows_of(&s->scores, b->n_seqs);
+    struct tensor hidden = rows_of(&s->hidden, b->n_tokens);
     TRY(model_forward(r->model, r->acts, &mb, NULL, NULL, &hidden, err));
-    TRY(model_score_forward(r->model, &mb, &hidden, &scores, err));
-    int64_t S = b->n_seqs;
-    struct tensor host = tensor_f32(s->host, 1, &S);
-    TRY(tensor_copy(&host, &scores, err));
+    TRY(score_forward(r, &mb, &hidden, err));
     pair_losses(r, train ? r->train : r->val, b, s->host, tot);
-    if (!train) return SMELT_OK;
-    struct tensor dscores = rows_of(&s->dscores, b->n_seqs), dhidden = rows_of(&s->dhidden, b->n_tokens);
-    TRY(tensor_copy(&dscores, &host, err));
-    struct tensor *dhead = r->lora ? &r->lora->score_grad : &r->model->g.score;
-    TRY(model_score_backward(r->model, &mb, &hidden, &dscores, dhead, &dhidden, err));
-    return model_backward(r->model, r->acts, NULL, &dhidden, err);
+    return train ? score_backward(r, &mb, &hidden, err) : SMELT_OK;
 }
 
 static int reward_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {

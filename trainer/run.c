@@ -42,7 +42,8 @@ int run_optimizer_step(struct trainer_run *r, double grad_scale, struct step_sta
     struct adamw_step a = {.grad_scale = grad_scale, .max_norm = s->hp.max_grad_norm, .lr = st->lr,
                            .beta1 = s->hp.beta1, .beta2 = s->hp.beta2, .eps = s->hp.eps,
                            .weight_decay = s->hp.weight_decay};
-    TRY(dist_optimizer_step(&r->dist, &r->opt, r->params, r->grads, &a, &st->grad_norm, err));
+    if (r->zero3 && !r->lora) TRY(zero3_run_optimizer_step(r, &a, &st->grad_norm, err));
+    else TRY(dist_optimizer_step(&r->dist, &r->opt, r->params, r->grads, &a, &st->grad_norm, err));
     r->step++;
     r->tokens_done += st->tokens;
     return SMELT_OK;
@@ -151,6 +152,7 @@ static json_t *start_line(const struct trainer_run *r) {
     const struct job_spec *s = r->spec;
     struct dist_sizes z;
     dist_sizes(&r->dist, r->params, r->grads, &r->opt, &z);
+    if (r->zero3) zero3_run_sizes(r, &z);
     return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:{s:s, s:s, s:i}}",
                      "type", "start", "step", (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps,
                      "trainable_params", (json_int_t)tensor_numel(r->params),
@@ -254,8 +256,10 @@ static int loop(struct trainer_run *r, const struct trainer_options *o, struct t
         TRY(timed_step(r, res, &since_tokens, &since_s, err));
         bool last = r->step == r->total_steps;
         saved_at_step = false;
-        /* Rank 0 validates alone; the others wait in their next collective. */
-        if (!last && r->dist.rank == 0 && crossed(before, r->step, s->eval.every_steps)) TRY(evaluate(r, err));
+        /* Rank 0 validates alone; the others wait in their next collective. At stage 3
+         * every pass gathers units, so every rank runs the validation (rank 0 reports). */
+        bool validates = r->dist.rank == 0 || r->zero3;
+        if (!last && validates && crossed(before, r->step, s->eval.every_steps)) TRY(evaluate(r, err));
         if (!last && crossed(before, r->step, s->checkpoint.every_steps)) {
             TRY(run_checkpoint_save(r, err));
             saved_at_step = true;
@@ -289,7 +293,9 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
     r.quiet |= o->rank > 0; /* rank 0 reports for all */
     if (!rc) rc = start(&r, o, err);
     if (!rc) rc = loop(&r, o, result, err);
-    /* The final validation and the outputs are rank 0's; the others are done. */
+    /* The final validation and the outputs are rank 0's; the others are done. At stage 3
+     * they first serve the gathers that give rank 0 the whole model (a transient copy). */
+    if (!rc && !result->stopped && r.zero3) rc = zero3_unshard(r.zero3, r.dist.rank == 0, err);
     if (!rc && !result->stopped && r.dist.rank == 0) rc = finish(&r, result, err);
     result->steps = r.step;
     run_teardown(&r);

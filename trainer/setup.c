@@ -219,6 +219,8 @@ static int plan(struct trainer_run *r, struct smelt_error *err) {
 
 static int setup_trainable(struct trainer_run *r, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
+    /* Stage 3 on one rank is the plain run: nothing to shard. */
+    bool stage3 = s->hp.zero_stage == 3 && r->dist.ranks > 1;
     if (s->has_lora) {
         TRY(lora_create(r->model, &s->lora, s->seed ^ 0x10aa1234u, &r->lora, err));
         TRY(lora_attach(r->lora, err));
@@ -227,10 +229,11 @@ static int setup_trainable(struct trainer_run *r, struct smelt_error *err) {
         r->grads = &r->lora->grads;
         TRY(run_hash_weights(&r->model->weights, &r->base_hash, err));
     } else {
-        TRY(model_grads_alloc(r->model, err));
+        if (!stage3) TRY(model_grads_alloc(r->model, err)); /* stage 3: the shard's, zero3.c */
         r->params = &r->model->weights;
         r->grads = &r->model->grads;
     }
+    if (stage3) return zero3_run_setup(r, err);
     return dist_optimizer_init(&r->dist, r->params, &r->opt, err);
 }
 
@@ -285,6 +288,7 @@ void run_teardown(struct trainer_run *r) {
     tensor_free(&r->dlogprobs);
     model_acts_free(r->acts);
     optimizer_free(&r->opt);
+    zero3_free(r->zero3); /* the model's provider: before the model and the comm go */
     lora_free(r->lora);
     dataset_loader_free(r->loader);
     dataset_free(r->train);

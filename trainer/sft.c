@@ -6,27 +6,43 @@
 
 #include <jansson.h>
 
-/* dL/dlogprob = -1 on every trained token; the 1/N of the mean goes into the optimizer's
- * gradient scale, once N is known for the whole step (over every rank: each runs its own
- * micro-batches, dist_mine, and the sums are added before use). */
+struct sft_sums {
+    double nll;
+    int64_t targets, tokens;
+};
+
+/* One micro-batch: forward, backward (dL/dlogprob = -1 on every trained token), sums. */
+static int sft_pass(struct trainer_run *r, const struct dataset_batch *b, void *ctx, struct smelt_error *err) {
+    struct sft_sums *sum = ctx;
+    double batch_nll;
+    TRY(run_forward_batch(r, b, &batch_nll, err));
+    TRY(run_backward_batch(r, b, NULL, err));
+    sum->nll += batch_nll;
+    sum->targets += b->n_targets;
+    sum->tokens += b->n_tokens;
+    return SMELT_OK;
+}
+
+/* The 1/N of the mean goes into the optimizer's gradient scale, once N is known for the
+ * whole step (over every rank: each runs its own micro-batches, dist_mine, and the sums
+ * are added before use). */
 static int sft_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st,
                     struct smelt_error *err) {
     TRY(tensor_zero(r->grads, err));
-    double nll = 0;
-    int64_t targets = 0, tokens = 0;
+    struct sft_sums sum = {0}, pad = {0};
+    const struct dataset_batch *b = NULL;
+    int64_t done = 0;
     for (int64_t i = 0; i < n_micro; i++) {
-        const struct dataset_batch *b;
         TRY(dataset_loader_next(r->loader, &b, err));
         r->micro_done++;
         if (!dist_mine(&r->dist, i)) continue;
         if (r->lora) lora_set_dropout_seed(r->lora, run_dropout_seed(r, i));
-        double batch_nll;
-        TRY(run_forward_batch(r, b, &batch_nll, err));
-        TRY(run_backward_batch(r, b, NULL, err));
-        nll += batch_nll;
-        targets += b->n_targets;
-        tokens += b->n_tokens;
+        TRY(sft_pass(r, b, &sum, err));
+        done++;
     }
+    TRY(zero3_run_pad(r, n_micro, done, b, sft_pass, &pad, err));
+    double nll = sum.nll;
+    int64_t targets = sum.targets, tokens = sum.tokens;
     if (r->dist.ranks > 1) {
         double sums[3] = {nll, (double)targets, (double)tokens}; /* counts are exact below 2^53 */
         TRY(dist_sum(&r->dist, sums, 3, err));

@@ -180,12 +180,22 @@ struct optimizer {
     struct tensor m, v;     /* first and second moments, like the parameters (or their shard) */
     int64_t step;           /* optimizer steps taken */
     int64_t offset, total;  /* the shard's place in the flat buffer; 0 and its length unsharded */
+    /* ZeRO stage 3 (optimizer_init_pieces): the moments are n_pieces flat ranges
+     * [piece_off[i], + piece_len[i]) back to back, and offset is 0 (params is the shard
+     * itself); 0 pieces: the one range above. Owned. */
+    int64_t n_pieces;
+    int64_t *piece_off, *piece_len;
 };
 
 int optimizer_init(struct optimizer *opt, const struct tensor *params, struct smelt_error *err);
 /* Moments for elements [offset, offset + len) of params only (len >= 1). */
 int optimizer_init_shard(struct optimizer *opt, const struct tensor *params, int64_t offset, int64_t len,
                          struct smelt_error *err);
+/* Moments for a shard made of pieces of a flat buffer of total elements (ZeRO stage 3):
+ * shard holds them back to back (numel(shard) = the sum of len[0 .. n)); off and len are
+ * copied. */
+int optimizer_init_pieces(struct optimizer *opt, const struct tensor *shard, int64_t total, int64_t n,
+                          const int64_t *off, const int64_t *len, struct smelt_error *err);
 void optimizer_free(struct optimizer *opt);
 
 /* One step: the gradient is grads * grad_scale, clipped to a global norm of max_norm
@@ -210,7 +220,8 @@ struct tensor optimizer_view(const struct tensor *t, int64_t offset, int64_t len
 
 /* optimizer.safetensors (or a rank's shard of it): "exp_avg", "exp_avg_sq" (f32, the
  * optimizer's elements) and in the metadata the step, "offset" and "total" (the shard's
- * place; files without them hold a whole buffer). */
+ * place; files without them hold a whole buffer) and, for a shard of pieces, "pieces"
+ * ("OFF+LEN,OFF+LEN,...": the flat ranges the elements hold, back to back). */
 int optimizer_save(const struct optimizer *opt, const char *path, struct smelt_error *err);
 int optimizer_load(struct optimizer *opt, const char *path, struct smelt_error *err);
 /* Restores the moments of opt's elements from saved shards of any layout (paths[0 ..

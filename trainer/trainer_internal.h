@@ -16,6 +16,7 @@ struct comm_store;
 struct dpo_state;
 struct reward_state;
 struct rl_state;
+struct zero3;
 
 /* dist.c: this process's place among the job's data-parallel ranks (docs/distributed.md).
  * With one rank there is no communicator and every call below is the one-process
@@ -62,6 +63,8 @@ struct trainer_run {
     struct dpo_state *dpo;               /* DPO: reference logprobs and per-batch scratch */
     struct reward_state *reward;         /* reward model: hidden states and scores */
     struct rl_state *rl;                 /* GRPO / PPO: samples, per-token arrays, the reward stage, the critic */
+    struct zero3 *zero3;                 /* ZeRO stage 3 on several ranks (zero3_run.c), else NULL */
+    bool pad_pass;                       /* stage 3: a pass that only keeps the ranks' collectives in step */
 };
 
 /* What one optimizer step reports. metrics: a jansson object of the algorithm's own
@@ -597,6 +600,43 @@ int zero3_gather(struct zero3 *z, float *flat, struct smelt_error *err);
  * as before zero3_create (no gradient buffer). Only zero3_free may follow. */
 int zero3_restore(struct zero3 *z, struct smelt_error *err);
 void zero3_bytes(const struct zero3 *z, struct zero3_bytes *out);
+/* The whole weights for a while (a checkpoint's weights, the outputs, greedy
+ * generation): every rank gathers every unit (collectives: all ranks call it). With
+ * keep, this rank's model gets them as its whole weights buffer and loses its provider
+ * — it runs and saves as an unsharded model — until zero3_reshard; without, the units
+ * pass through a work buffer and only serve the other ranks' gathers. */
+int zero3_unshard(struct zero3 *z, bool keep, struct smelt_error *err);
+/* Frees what zero3_unshard kept and puts the provider back (the shard is the truth: a
+ * change to the whole buffer meanwhile is lost). Nothing to do without keep. */
+int zero3_reshard(struct zero3 *z, struct smelt_error *err);
+/* This rank's pieces of a whole flat buffer (model->n_weights elements: a checkpoint's
+ * weights) into the parameter shard; no collective. */
+int zero3_set_params(struct zero3 *z, const float *flat, struct smelt_error *err);
+
+/* zero3_run.c: stage 3 in the run (docs/distributed.md). With zero_stage 3 and more than
+ * one rank, r->zero3 serves the model's units: a full fine-tune trains the rank's shard
+ * (r->params, r->grads are zero3's; AdamW over its pieces), LoRA trains its adapter
+ * whole as stage 2 does (dist_optimizer_step) over the sharded frozen base. One rank:
+ * no provider, the plain run. */
+/* After the adapter (if any) exists: the provider and the optimizer. */
+int zero3_run_setup(struct trainer_run *r, struct smelt_error *err);
+/* The full fine-tune's step over the shard: gradients complete (zero3_sync), the global
+ * norm from the shards' sums of squares (dist_sum), AdamW on the shard, no gather. */
+int zero3_run_optimizer_step(struct trainer_run *r, const struct adamw_step *s, double *norm,
+                             struct smelt_error *err);
+/* Every unit fetch is a collective, so every rank runs as many passes per step as rank
+ * 0 (the one with most micro-batches, dist_mine): after its own `done` micro-batches a
+ * rank runs fn on b (a batch of the step) until it has, with r->pad_pass set: the
+ * backward then gets zero gradients (run_backward_tokens, reward.c), and ctx should be
+ * scratch. Nothing without a provider. */
+int zero3_run_pad(struct trainer_run *r, int64_t n_micro, int64_t done, const struct dataset_batch *b,
+                  run_batch_fn fn, void *ctx, struct smelt_error *err);
+/* The start line's per-rank sizes at stage 3: shards and work buffers (LoRA: the
+ * adapter and the base's shard and work buffers). */
+void zero3_run_sizes(const struct trainer_run *r, struct dist_sizes *out);
+/* world.json's shard entry of rank k: its moments' flat pieces ([[offset, len], ...]),
+ * *len their sum (a full fine-tune at stage 3). */
+json_t *zero3_run_pieces(const struct trainer_run *r, int k, int64_t *len);
 /* ==== end of ZeRO stage 3 ============================================================ */
 
 #endif

@@ -343,6 +343,59 @@ int zero3_restore(struct zero3 *z, struct smelt_error *err) {
     return SMELT_OK;
 }
 
+/* No unit held, nothing in flight, nothing cached: the slots are free to reuse. */
+static int quiesce(struct zero3 *z, const char *what, struct smelt_error *err) {
+    for (int i = 0; i < ZERO3_SLOTS; i++)
+        if (z->slots[i].holds > 0)
+            return error_set(err, SMELT_EINVAL, "%s: unit %lld is still held", what, (long long)z->slots[i].unit);
+    TRY(zero3_sync(z, err));
+    for (int i = 0; i < ZERO3_SLOTS; i++) z->slots[i].unit = -1;
+    return SMELT_OK;
+}
+
+int zero3_unshard(struct zero3 *z, bool keep, struct smelt_error *err) {
+    TRY(quiesce(z, "zero3_unshard", err));
+    if (!keep) {
+        /* The units pass through a work buffer: this rank only serves the gathers. */
+        for (int64_t u = 0; u < z->n_units; u++) TRY(zero3_gather_unit(z, u, z->slots[0].w.data, err));
+        return SMELT_OK;
+    }
+    struct model *m = z->model;
+    struct tensor whole = {0};
+    TRY(host_buf(&whole, m->n_weights, err));
+    int rc = zero3_gather(z, whole.data, err);
+    if (rc) {
+        tensor_free(&whole);
+        return rc;
+    }
+    m->weights = whole;
+    model_set_param_provider(m, NULL, err);
+    for (int64_t u = 0; u < z->n_units; u++) {
+        int64_t off, n;
+        model_unit_range(m, u, &off, &n);
+        model_unit_bind(m, u, (float *)m->weights.data + off, NULL);
+    }
+    return SMELT_OK;
+}
+
+int zero3_reshard(struct zero3 *z, struct smelt_error *err) {
+    struct model *m = z->model;
+    if (m->provider == &z->provider) return SMELT_OK; /* not unsharded here (keep false) */
+    tensor_free(&m->weights);
+    for (int64_t u = 0; u < z->n_units; u++) model_unit_bind(m, u, NULL, NULL);
+    return model_set_param_provider(m, &z->provider, err);
+}
+
+int zero3_set_params(struct zero3 *z, const float *flat, struct smelt_error *err) {
+    TRY(quiesce(z, "zero3_set_params", err));
+    for (int64_t u = 0; u < z->n_units; u++) {
+        int64_t off, n, at;
+        zero3_piece(z, u, &off, &n, &at);
+        memcpy(shard_at(&z->shard_w, at), flat + off, (size_t)n * sizeof *flat);
+    }
+    return SMELT_OK;
+}
+
 void zero3_bytes(const struct zero3 *z, struct zero3_bytes *out) {
     int64_t f = (int64_t)sizeof(float);
     *out = (struct zero3_bytes){.shard_params = z->shard_numel * f,

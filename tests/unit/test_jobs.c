@@ -119,8 +119,7 @@ static int accepted_values(const struct job_hp_field *f, json_t **out) {
     switch (f->kind) {
     case JOB_FIELD_INT:
         out[0] = json_integer((json_int_t)f->def);
-        /* zero_stage's 3 is in the table but refused by name until stage 3 exists. */
-        out[1] = json_integer((json_int_t)f->max - (strcmp(f->name, "zero_stage") == 0));
+        out[1] = json_integer((json_int_t)f->max);
         out[2] = json_integer((json_int_t)f->min);
         return 3;
     case JOB_FIELD_NUMBER:
