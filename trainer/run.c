@@ -153,9 +153,11 @@ static json_t *start_line(const struct trainer_run *r) {
     struct dist_sizes z;
     dist_sizes(&r->dist, r->params, r->grads, &r->opt, &z);
     if (r->zero3) zero3_run_sizes(r, &z);
-    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:{s:s, s:s, s:i}}",
+    /* Stage 3 (full): params is the rank's shard; the count is the whole buffer's. */
+    int64_t trainable = r->zero3 && !r->lora ? r->model->n_weights : tensor_numel(r->params);
+    json_t *line = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:{s:s, s:s, s:i}}",
                      "type", "start", "step", (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps,
-                     "trainable_params", (json_int_t)tensor_numel(r->params),
+                     "trainable_params", (json_int_t)trainable,
                      "model_params", (json_int_t)r->model->n_weights, "train_examples", (json_int_t)r->train->n,
                      "val_examples", (json_int_t)(r->val ? r->val->n : 0),
                      "train_tokens", (json_int_t)r->train->report.n_tokens, "ranks", r->dist.ranks,
@@ -163,6 +165,8 @@ static json_t *start_line(const struct trainer_run *r) {
                      "rank_param_bytes", (json_int_t)z.param_bytes, "rank_grad_bytes", (json_int_t)z.grad_bytes,
                      "compute", "backend", backend_name(s->backend), "blas_kernels", backend_cpu_blas_kernels(),
                      "cpu_threads", backend_cpu_threads());
+    if (line && r->zero3) json_object_set_new(line, "zero3", zero3_run_bytes_json(r));
+    return line;
 }
 
 /* spec.json, as this run reads it (rank 0, fresh starts). */

@@ -634,6 +634,9 @@ int zero3_run_pad(struct trainer_run *r, int64_t n_micro, int64_t done, const st
 /* The start line's per-rank sizes at stage 3: shards and work buffers (LoRA: the
  * adapter and the base's shard and work buffers). */
 void zero3_run_sizes(const struct trainer_run *r, struct dist_sizes *out);
+/* The start line's "zero3": {shard_param_bytes, work_param_bytes, shard_grad_bytes,
+ * work_grad_bytes} (zero3_bytes), new. */
+json_t *zero3_run_bytes_json(const struct trainer_run *r);
 /* world.json's shard entry of rank k: its moments' flat pieces ([[offset, len], ...]),
  * *len their sum (a full fine-tune at stage 3). */
 json_t *zero3_run_pieces(const struct trainer_run *r, int k, int64_t *len);

@@ -77,6 +77,14 @@ void zero3_run_sizes(const struct trainer_run *r, struct dist_sizes *out) {
     out->grad_bytes = zb.shard_grads + zb.work_grads;
 }
 
+json_t *zero3_run_bytes_json(const struct trainer_run *r) {
+    struct zero3_bytes zb;
+    zero3_bytes(r->zero3, &zb);
+    return json_pack("{s:I, s:I, s:I, s:I}", "shard_param_bytes", (json_int_t)zb.shard_params, "work_param_bytes",
+                     (json_int_t)zb.work_params, "shard_grad_bytes", (json_int_t)zb.shard_grads, "work_grad_bytes",
+                     (json_int_t)zb.work_grads);
+}
+
 json_t *zero3_run_pieces(const struct trainer_run *r, int k, int64_t *len) {
     json_t *pieces = json_array();
     *len = 0;

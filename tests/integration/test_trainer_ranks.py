@@ -126,11 +126,29 @@ def base(work):
 # (kind, lora, [(ranks, stage)]): 4 ranks where the sharding is uneven and the moments
 # split four ways; every stage on 2 ranks.
 CASES = [
-    ("sft", False, [(2, 0), (2, 1), (2, 2), (4, 1), (4, 2)]),
-    ("sft", True, [(2, 0), (2, 1), (2, 2), (4, 2)]),
-    ("dpo", False, [(2, 0), (2, 1), (2, 2), (4, 1)]),
-    ("reward_model", False, [(2, 0), (2, 2), (4, 1)]),
+    ("sft", False, [(2, 0), (2, 1), (2, 2), (4, 1), (4, 2), (2, 3), (4, 3)]),
+    ("sft", True, [(2, 0), (2, 1), (2, 2), (4, 2), (2, 3), (4, 3)]),
+    ("dpo", False, [(2, 0), (2, 1), (2, 2), (4, 1), (2, 3), (4, 3)]),
+    ("reward_model", False, [(2, 0), (2, 2), (4, 1), (2, 3), (4, 3)]),
 ]
+
+
+def assert_stage3_sizes(start, ranks, model_params, adapter):
+    """Stage 3: rank 0 holds its pieces of every parameter unit (the first, largest, of N
+    per unit: 1/N of the whole, up to an element per unit) plus two gather buffers of the
+    largest unit; a full fine-tune's gradients likewise (plus the reduce-scatter's
+    receive buffers); LoRA adds its whole adapter to the base's shard."""
+    z = start["zero3"]
+    whole = 4 * model_params
+    assert abs(z["shard_param_bytes"] - whole / ranks) <= 4 * 64, (ranks, z, whole)
+    assert start["rank_param_bytes"] == 4 * adapter + z["shard_param_bytes"] + z["work_param_bytes"], start
+    assert z["work_param_bytes"] < whole / 2, z  # two units of several
+    if adapter:
+        assert z["shard_grad_bytes"] == 0 and z["work_grad_bytes"] == 0, z
+        return
+    assert z["shard_grad_bytes"] == z["shard_param_bytes"], z
+    assert start["rank_grad_bytes"] == z["shard_grad_bytes"] + z["work_grad_bytes"], start
+    assert abs(start["rank_optimizer_bytes"] - 2 * whole / ranks) <= 8 * 64, start
 
 
 @pytest.mark.parametrize("kind,lora,layouts", CASES, ids=["sft", "sft_lora", "dpo", "reward_model"])
@@ -150,12 +168,18 @@ def test_ranks_match_one_process(work, base, kind, lora, layouts):
         assert_same(losses(out), want, "%s on %d ranks, stage %d" % (name, ranks, stage))
         start = lines(out, "start")[0]
         assert start["ranks"] == ranks and start["zero_stage"] == stage
+        assert os.path.isdir(os.path.join(out, "output")), "rank 0 saves the outputs"
+        assert start["trainable_params"] == n
+        if stage == 3:
+            assert_stage3_sizes(start, ranks, one["model_params"], n if lora else 0)
+            if lora:  # the adapter's moments as at stage 2
+                assert start["rank_optimizer_bytes"] == 8 * -(-n // ranks), start
+            continue
         # Stage >= 1: rank 0 holds the first (largest) of N shards of the moments.
         shard = -(-n // ranks) if stage >= 1 else n
         assert start["rank_optimizer_bytes"] == 8 * shard, start
         assert start["rank_param_bytes"] == 4 * n
         assert start["rank_grad_bytes"] == 4 * n + (4 * shard if stage == 2 else 0)
-        assert os.path.isdir(os.path.join(out, "output")), "rank 0 saves the outputs"
 
 
 def test_checkpoint_of_4_ranks_resumes_on_2_then_1(work):
