@@ -211,7 +211,8 @@ struct adamw_step {
 };
 /* The step's clip and update given the sum of squares of the whole (unscaled) gradient,
  * wherever it was computed: params is the whole flat buffer (the shard's elements are
- * updated), grads holds just the optimizer's elements (numel(m) of them). *norm_out as
+ * updated) or, for a shard of pieces, the shard itself (offset 0); grads holds just the
+ * optimizer's elements (numel(m) of them). *norm_out as
  * optimizer_step's. optimizer_step is this with ops_sum_squares over all of grads. */
 int optimizer_apply(struct optimizer *opt, struct tensor *params, const struct tensor *grads, double sum_squares,
                     const struct adamw_step *s, double *norm_out, struct smelt_error *err);
