@@ -320,29 +320,6 @@ int zero3_gather(struct zero3 *z, float *flat, struct smelt_error *err) {
     return SMELT_OK;
 }
 
-int zero3_restore(struct zero3 *z, struct smelt_error *err) {
-    struct model *m = z->model;
-    for (int i = 0; i < ZERO3_SLOTS; i++)
-        if (z->slots[i].holds > 0)
-            return error_set(err, SMELT_EINVAL, "zero3_restore: unit %lld is still held", (long long)z->slots[i].unit);
-    TRY(zero3_sync(z, err));
-    struct tensor whole = {0};
-    TRY(host_buf(&whole, m->n_weights, err));
-    int rc = zero3_gather(z, whole.data, err);
-    if (rc) {
-        tensor_free(&whole);
-        return rc;
-    }
-    m->weights = whole;
-    model_set_param_provider(m, NULL, err);
-    for (int64_t u = 0; u < z->n_units; u++) {
-        int64_t off, n;
-        model_unit_range(m, u, &off, &n);
-        model_unit_bind(m, u, (float *)m->weights.data + off, NULL);
-    }
-    return SMELT_OK;
-}
-
 /* No unit held, nothing in flight, nothing cached: the slots are free to reuse. */
 static int quiesce(struct zero3 *z, const char *what, struct smelt_error *err) {
     for (int i = 0; i < ZERO3_SLOTS; i++)
@@ -377,6 +354,8 @@ int zero3_unshard(struct zero3 *z, bool keep, struct smelt_error *err) {
     }
     return SMELT_OK;
 }
+
+int zero3_restore(struct zero3 *z, struct smelt_error *err) { return zero3_unshard(z, true, err); }
 
 int zero3_reshard(struct zero3 *z, struct smelt_error *err) {
     struct model *m = z->model;

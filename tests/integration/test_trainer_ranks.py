@@ -185,22 +185,31 @@ def test_ranks_match_one_process(work, base, kind, lora, layouts):
         assert start["rank_grad_bytes"] == 4 * n + (4 * shard if stage == 2 else 0)
 
 
+def train_in_legs(work, name, legs, steps=6):
+    """One job run in legs [(ranks, stage)], each resuming the last's checkpoint, the
+    first two legs stopping after 2 and 4 steps; the output dir and the first
+    checkpoint's world.json."""
+    world = None
+    for i, (ranks, stage) in enumerate(legs):
+        spec, out = make_spec(work, name, "sft", stage=stage, max_steps=steps)
+        extra = (["--resume"] if i else []) + (["--stop-after-step", str(2 * (i + 1))] if i < 2 else [])
+        run_ok(spec, ranks, extra)
+        if i == 0:
+            with open(os.path.join(out, "checkpoints", "step-2", "world.json")) as f:
+                world = json.load(f)
+            assert world["ranks"] == ranks and world["zero_stage"] == stage and len(world["shards"]) == ranks
+            assert sum(s["len"] for s in world["shards"]) == world["total"]
+            for k in range(ranks):
+                assert os.path.exists(os.path.join(out, "checkpoints", "step-2", "optimizer-rank-%d.safetensors" % k))
+    return out, world
+
+
 def test_checkpoint_of_4_ranks_resumes_on_2_then_1(work):
     spec, out = make_spec(work, "straight", "sft", max_steps=6)
     run_ok(spec, 1)
     want = losses(out)
-    spec, out = make_spec(work, "resharded", "sft", stage=2, max_steps=6)
-    run_ok(spec, 4, ["--stop-after-step", "2"])
-    ckpt = os.path.join(out, "checkpoints", "step-2")
-    with open(os.path.join(ckpt, "world.json")) as f:
-        world = json.load(f)
-    assert world["ranks"] == 4 and world["zero_stage"] == 2 and len(world["shards"]) == 4
-    assert sum(s["len"] for s in world["shards"]) == world["total"]
-    for k in range(4):
-        assert os.path.exists(os.path.join(ckpt, "optimizer-rank-%d.safetensors" % k))
-    spec, _ = make_spec(work, "resharded", "sft", stage=1, max_steps=6)  # the stage may change too
-    run_ok(spec, 2, ["--resume", "--stop-after-step", "4"])
-    run_ok(spec, 1, ["--resume"])
+    # The stage may change too.
+    out, _ = train_in_legs(work, "resharded", [(4, 2), (2, 1), (1, 1)])
     assert_same(losses(out), want, "4 ranks -> 2 ranks -> 1 rank")
 
 
@@ -259,25 +268,10 @@ def test_stage3_checkpoint_reshards_and_output_is_one_process(work):
     spec, out = make_spec(work, "z3-straight", "sft", max_steps=6)
     run_ok(spec, 1)
     want = losses(out)
-    spec, out3 = make_spec(work, "z3-resharded", "sft", stage=3, max_steps=6)
-    run_ok(spec, 4, ["--stop-after-step", "2"])
-    ckpt = os.path.join(out3, "checkpoints", "step-2")
-    with open(os.path.join(ckpt, "world.json")) as f:
-        world = json.load(f)
-    assert world["ranks"] == 4 and world["zero_stage"] == 3 and len(world["shards"]) == 4
-    assert sum(s["len"] for s in world["shards"]) == world["total"]
+    out3, world = train_in_legs(work, "z3-resharded", [(4, 3), (2, 3), (1, 1)])
     assert all(len(s["pieces"]) > 2 for s in world["shards"]), world  # a piece of every unit
-    run_ok(spec, 2, ["--resume", "--stop-after-step", "4"])
-    spec1, _ = make_spec(work, "z3-resharded", "sft", stage=1, max_steps=6)
-    run_ok(spec1, 1, ["--resume"])
     assert_same(losses(out3), want, "4 ranks stage 3 -> 2 ranks stage 3 -> 1 rank")
-
-    spec, out2 = make_spec(work, "z3-grow", "sft", stage=1, max_steps=6)
-    run_ok(spec, 2, ["--stop-after-step", "2"])
-    spec, _ = make_spec(work, "z3-grow", "sft", stage=3, max_steps=6)
-    run_ok(spec, 2, ["--resume", "--stop-after-step", "4"])
-    spec, _ = make_spec(work, "z3-grow", "sft", stage=2, max_steps=6)
-    run_ok(spec, 3, ["--resume"])
+    out2, _ = train_in_legs(work, "z3-grow", [(2, 1), (2, 3), (3, 2)])
     assert_same(losses(out2), want, "2 ranks stage 1 -> 2 ranks stage 3 -> 3 ranks stage 2")
 
     spec, out4 = make_spec(work, "z3-output", "sft", stage=3, max_steps=6)
