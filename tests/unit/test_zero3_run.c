@@ -5,7 +5,8 @@
  *    at the end: one process's optimizer_step on the whole buffer, clipped and not;
  *  - moments saved by stage 3's per-unit pieces or by stages 1-2's contiguous shards (or
  *    one process), read back into the other layouts at other rank counts, and a
- *    malformed piece table refused. */
+ *    malformed piece table refused;
+ *  - an RL job refused at stage 3. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -314,5 +315,21 @@ Test(zero3_run, reshard_refuses_bad_piece_tables) {
         cr_expect_eq(optimizer_load(&opt, path, &err), SMELT_EFORMAT, "pieces \"%s\"", bad[i]);
         cr_expect(strstr(err.message, "pieces"), "%s", err.message);
         optimizer_free(&opt);
+    }
+}
+
+/* GRPO and PPO do not run at stage 3 on several ranks: refused by the field's name before
+ * anything is sharded. */
+Test(zero3_run, refuses_rl_jobs) {
+    static const enum job_type rl[] = {JOB_GRPO, JOB_PPO};
+    for (size_t i = 0; i < 2; i++) {
+        struct job_spec spec = {0};
+        spec.type = rl[i];
+        struct trainer_run r = {.spec = &spec, .dist = {.ranks = 2, .stage = 3}};
+        struct smelt_error err = {0};
+        cr_expect_eq(zero3_run_setup(&r, &err), SMELT_EINVAL);
+        cr_expect_str_eq(err.field, "hyperparameters.zero_stage");
+        cr_expect(strstr(err.message, job_type_name(rl[i])), "%s", err.message);
+        cr_expect_null(r.zero3);
     }
 }
