@@ -130,6 +130,7 @@ CASES = [
     ("sft", True, [(2, 0), (2, 1), (2, 2), (4, 2), (2, 3), (4, 3)]),
     ("dpo", False, [(2, 0), (2, 1), (2, 2), (4, 1), (2, 3), (4, 3)]),
     ("reward_model", False, [(2, 0), (2, 2), (4, 1), (2, 3), (4, 3)]),
+    ("reward_model", True, [(2, 3), (4, 3)]),  # the head in the adapter, the base sharded
 ]
 
 
@@ -151,7 +152,7 @@ def assert_stage3_sizes(start, ranks, model_params, adapter):
     assert abs(start["rank_optimizer_bytes"] - 2 * whole / ranks) <= 8 * 64, start
 
 
-@pytest.mark.parametrize("kind,lora,layouts", CASES, ids=["sft", "sft_lora", "dpo", "reward_model"])
+@pytest.mark.parametrize("kind,lora,layouts", CASES, ids=["sft", "sft_lora", "dpo", "reward_model", "reward_model_lora"])
 def test_ranks_match_one_process(work, base, kind, lora, layouts):
     name = kind + ("_lora" if lora else "")
     model = base if lora else None
