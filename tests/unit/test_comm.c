@@ -1,26 +1,23 @@
 /* comm/: collectives over Gloo between forked ranks on loopback, through a file store in
- * a temporary folder. Values are small integers so that every sum is exact in f32 and
- * bf16. A rank killed or stopped mid-operation must make the others fail, naming it,
- * within the timeout (plus the naming grace); no child outlives its test. */
+ * a temporary folder (tests/unit/comm_testutil.h). Values are small integers so that
+ * every sum is exact in f32 and bf16. A rank killed or stopped mid-operation must make
+ * the others fail, naming it, within the timeout (plus the naming grace); no child
+ * outlives its test. The NCCL backend's tests: tests/gpu/test_gpu_comm.c. */
 #include <criterion/criterion.h>
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "comm/comm.h"
 #include "comm/comm_internal.h"
-#include "common/file.h"
 #include "kernels/ops.h"
-#include "testutil.h"
+#include "tests/unit/comm_testutil.h"
 
-#define MAX_RANKS 4
 #define TIMEOUT_MS 1000
 
-typedef int (*rank_fn)(struct comm *comm, char *msg, size_t bytes);
+static const struct comm_test_setup GLOO = {.backend = COMM_BACKEND_GLOO,
+                                            .timeout_ms = TIMEOUT_MS};
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
@@ -37,89 +34,13 @@ static void *alloc_buf(size_t n, enum comm_dtype dt) {
     return calloc(n ? n : 1, dt == COMM_F32 ? 4 : 2);
 }
 
-/* Child body: connect as rank, run fn, write its message to DIR/out.<rank>, exit with
- * its code (never returns). */
-static _Noreturn void rank_main(int rank, int size, rank_fn fn) {
-    char msg[1024] = "";
-    struct smelt_error err = {0};
-    struct comm_store *store = NULL;
-    struct comm *comm = NULL;
-    char spec[128];
-    snprintf(spec, sizeof spec, "file:%s", test_tmp_dir);
-    int code = 0;
-    struct comm_options o = {.rank = rank, .size = size, .name = "world", .host = "127.0.0.1",
-                             .timeout_ms = TIMEOUT_MS};
-    if (comm_store_open(spec, "job-1", &store, &err) || comm_create(store, &o, &comm, &err)) {
-        snprintf(msg, sizeof msg, "setup: %s", err.message);
-        code = 10;
-    } else {
-        code = fn(comm, msg, sizeof msg);
-    }
-    comm_destroy(comm);
-    comm_store_close(store);
-    char path[256], name[32];
-    snprintf(name, sizeof name, "out.%d", rank);
-    test_tmp_path(path, sizeof path, name);
-    file_write_atomic(path, msg, strlen(msg), NULL);
-    _exit(code);
-}
-
-static void spawn(int size, rank_fn fn, pid_t *pids) {
-    for (int r = 0; r < size; r++) {
-        pids[r] = fork();
-        cr_assert(pids[r] >= 0, "fork: %s", strerror(errno));
-        if (pids[r] == 0) rank_main(r, size, fn);
-    }
-}
-
-/* Reaps pid within deadline_ms; kills it (and fails) past it. Returns its exit code. */
-static int reap(pid_t pid, int64_t deadline) {
-    int status;
-    for (;;) {
-        pid_t got = waitpid(pid, &status, WNOHANG);
-        if (got == pid) break;
-        if (comm_now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            cr_assert_fail("rank pid %d did not finish in time", (int)pid);
-            return -1;
-        }
-        comm_sleep_ms(5);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static void read_out(int rank, char *buf, size_t bytes) {
-    char path[256], name[32], *data = NULL;
-    size_t len;
-    snprintf(name, sizeof name, "out.%d", rank);
-    test_tmp_path(path, sizeof path, name);
-    buf[0] = '\0';
-    if (file_read_all(path, &data, &len, NULL) == 0) snprintf(buf, bytes, "%s", data);
-    free(data);
-}
-
-static void run_all_ok(int size, rank_fn fn) {
-    pid_t pids[MAX_RANKS];
-    spawn(size, fn, pids);
-    int64_t deadline = comm_now_ms() + 15000;
-    for (int r = 0; r < size; r++) {
-        int code = reap(pids[r], deadline);
-        char out[1024];
-        read_out(r, out, sizeof out);
-        cr_expect_eq(code, 0, "rank %d exited %d: %s", r, code, out);
-    }
+static void run_all_ok(int size, comm_test_fn fn) {
+    comm_test_run_all_ok(&GLOO, size, fn, 15000);
 }
 
 /* ---- every operation, values checked exactly ----------------------------------------- */
 
-#define CHECK(cond, ...)                                    \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            snprintf(msg, bytes, __VA_ARGS__);              \
-            return 1;                                       \
-        }                                                   \
-    } while (0)
+#define CHECK COMM_TEST_CHECK
 
 static int check_all_reduce(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
                             size_t bytes) {
@@ -262,70 +183,19 @@ Test(comm, async_overlap_out_of_order, .init = test_tmp_setup, .fini = test_tmp_
 #define VICTIM 2
 #define FAULT_RANKS 4
 
-/* Does msg ("...: ranks 1, 2 dead or not answering ...") name rank among the silent
- * ones? The dead rank is always among them; a healthy rank too slow to report on an
- * overloaded machine may be named beside it (comm/README.md). */
-static bool names_rank(const char *msg, int rank) {
-    const char *end = strstr(msg, " dead or not answering");
-    const char *p = end ? strstr(msg, ": rank") : NULL;
-    if (!p || p > end) return false;
-    for (p += strlen(": rank"); p < end; p++)
-        if (*p >= '0' && *p <= '9') {
-            char *next;
-            if (strtol(p, &next, 10) == rank) return true;
-            p = next - 1;
-        }
-    return false;
-}
-
-/* All-reduces until one fails; rank VICTIM marks the folder once it is in the loop.
- * Exits 0 when the failure names VICTIM and the communicator is broken after it. */
+/* All-reduces until one fails (comm_test_until_failure). */
 static int until_failure(struct comm *c, char *msg, size_t bytes) {
     enum { N = 1 << 18 };
     float *buf = calloc(N, sizeof *buf);
     CHECK(buf, "out of memory");
-    struct smelt_error err;
-    for (int iter = 0;; iter++) {
-        if (iter == 3 && comm_rank(c) == VICTIM) {
-            char path[256];
-            test_tmp_path(path, sizeof path, "victim-looping");
-            file_write_atomic(path, "", 0, NULL);
-        }
-        if (comm_all_reduce(c, buf, N, COMM_F32, COMM_SUM, NULL, &err)) break;
-    }
+    int rc = comm_test_until_failure(c, buf, N, VICTIM, msg, bytes);
     free(buf);
-    int64_t t0 = comm_now_ms();
-    struct smelt_error again;
-    int rc = comm_barrier(c, NULL, &again);
-    CHECK(rc != 0 && comm_is_broken(c, NULL) && comm_now_ms() - t0 < 100,
-          "not broken after: %s", err.message);
-    snprintf(msg, bytes, "%s", err.message);
-    return names_rank(err.message, VICTIM) ? 0 : 1;
+    return rc;
 }
 
+/* The timeout, the naming grace (as long) and slack for 2 busy cores. */
 static void fault(int sig) {
-    pid_t pids[FAULT_RANKS];
-    spawn(FAULT_RANKS, until_failure, pids);
-    char marker[256];
-    test_tmp_path(marker, sizeof marker, "victim-looping");
-    int64_t give_up = comm_now_ms() + 10000;
-    while (!path_exists(marker) && comm_now_ms() < give_up) comm_sleep_ms(2);
-    cr_assert(path_exists(marker), "the victim never started its loop");
-    kill(pids[VICTIM], sig);
-    int64_t t0 = comm_now_ms();
-    /* The timeout, the naming grace (as long) and slack for 2 busy cores. */
-    int64_t deadline = t0 + 2 * TIMEOUT_MS + 3000;
-    for (int r = 0; r < FAULT_RANKS; r++) {
-        if (r == VICTIM) continue;
-        int code = reap(pids[r], deadline);
-        char out[1024];
-        read_out(r, out, sizeof out);
-        cr_expect_eq(code, 0, "rank %d exited %d: %s", r, code, out);
-        cr_log_info("rank %d after %lld ms: %s", r, (long long)(comm_now_ms() - t0), out);
-    }
-    kill(pids[VICTIM], SIGKILL);
-    int status;
-    cr_assert_eq(waitpid(pids[VICTIM], &status, 0), pids[VICTIM]);
+    comm_test_fault(&GLOO, FAULT_RANKS, VICTIM, until_failure, sig, 3000);
 }
 
 Test(comm, killed_rank_is_named, .init = test_tmp_setup, .fini = test_tmp_teardown) {
@@ -405,4 +275,33 @@ Test(comm, bad_arguments_name_the_field, .init = test_tmp_setup, .fini = test_tm
     cr_expect_str_eq(err.field, "dtype");
     comm_destroy(comm);
     comm_store_close(store);
+}
+
+/* The NCCL backend exists only in builds with CUDA and NCCL; elsewhere it is refused by
+ * name, as an unknown backend is, before anything is connected. */
+Test(comm, backend_not_built_is_refused_by_name, .init = test_tmp_setup,
+     .fini = test_tmp_teardown) {
+    char spec[128];
+    snprintf(spec, sizeof spec, "file:%s", test_tmp_dir);
+    struct comm_store *store;
+    struct smelt_error err;
+    cr_assert_eq(comm_store_open(spec, "j", &store, &err), 0, "%s", err.message);
+    struct comm *comm = NULL;
+    struct comm_options o = {.rank = 0, .size = 1, .name = "w", .timeout_ms = 100,
+                             .backend = (enum comm_backend)7};
+    cr_expect_eq(comm_create(store, &o, &comm, &err), SMELT_EUNSUPPORTED);
+    cr_expect_str_eq(err.field, "backend");
+    cr_expect(strstr(err.message, "backend 7 (unknown)"), "%s", err.message);
+    o.backend = COMM_BACKEND_NCCL;
+#ifdef SMELT_NCCL
+    comm_store_close(store);
+    cr_skip_test("this build has NCCL: tests/gpu/test_gpu_comm.c tests that backend");
+#else
+    cr_expect_eq(comm_create(store, &o, &comm, &err), SMELT_EUNSUPPORTED);
+    cr_expect_str_eq(err.field, "backend");
+    cr_expect(strstr(err.message, "NCCL") && strstr(err.message, "not built"), "%s",
+              err.message);
+    cr_expect_null(comm);
+    comm_store_close(store);
+#endif
 }
