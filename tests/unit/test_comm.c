@@ -19,130 +19,29 @@
 static const struct comm_test_setup GLOO = {.backend = COMM_BACKEND_GLOO,
                                             .timeout_ms = TIMEOUT_MS};
 
-/* ---- helpers ---------------------------------------------------------------------- */
+/* ---- every operation, values checked exactly (tests/unit/comm_testutil.h) ------------- */
 
-static float get_val(const void *buf, enum comm_dtype dt, size_t i) {
-    return dt == COMM_F32 ? ((const float *)buf)[i] : bf16_to_f32(((const uint16_t *)buf)[i]);
+static void *host_put(const void *host, size_t bytes) {
+    void *buf = malloc(bytes);
+    if (buf) memcpy(buf, host, bytes);
+    return buf;
 }
 
-static void set_val(void *buf, enum comm_dtype dt, size_t i, float v) {
-    if (dt == COMM_F32) ((float *)buf)[i] = v;
-    else ((uint16_t *)buf)[i] = f32_to_bf16(v);
+static int host_get(void *host, const void *buf, size_t bytes) {
+    memcpy(host, buf, bytes);
+    return 0;
 }
 
-static void *alloc_buf(size_t n, enum comm_dtype dt) {
-    return calloc(n ? n : 1, dt == COMM_F32 ? 4 : 2);
-}
+static const struct comm_test_mem HOST = {host_put, host_get, free};
+
+#define CHECK COMM_TEST_CHECK
 
 static void run_all_ok(int size, comm_test_fn fn) {
     comm_test_run_all_ok(&GLOO, size, fn, 15000);
 }
 
-/* ---- every operation, values checked exactly ----------------------------------------- */
-
-#define CHECK COMM_TEST_CHECK
-
-static int check_all_reduce(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                            size_t bytes) {
-    int r = comm_rank(c), size = comm_size(c);
-    void *sum = alloc_buf(n, dt), *mx = alloc_buf(n, dt);
-    for (size_t i = 0; i < n; i++) {
-        set_val(sum, dt, i, (float)(r + 1 + (int)(i % 5)));
-        set_val(mx, dt, i, (float)((r * 7 + (int)i) % 11));
-    }
-    struct smelt_error err;
-    int rc = comm_all_reduce(c, sum, n, dt, COMM_SUM, NULL, &err);
-    if (!rc) rc = comm_all_reduce(c, mx, n, dt, COMM_MAX, NULL, &err);
-    for (size_t i = 0; !rc && i < n; i++) {
-        float want_sum = (float)(size * (size + 1) / 2 + size * (int)(i % 5)), want_max = 0;
-        for (int q = 0; q < size; q++)
-            if ((q * 7 + (int)i) % 11 > want_max) want_max = (float)((q * 7 + (int)i) % 11);
-        if (get_val(sum, dt, i) != want_sum || get_val(mx, dt, i) != want_max) {
-            snprintf(msg, bytes, "all_reduce dt %d n %zu [%zu]: sum %g (want %g) max %g (want %g)",
-                     dt, n, i, get_val(sum, dt, i), want_sum, get_val(mx, dt, i), want_max);
-            rc = 1;
-        }
-    }
-    if (rc > 1 || rc < 0) snprintf(msg, bytes, "all_reduce: %s", err.message);
-    free(sum);
-    free(mx);
-    return rc ? 1 : 0;
-}
-
-static int check_reduce_scatter(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                                size_t bytes) {
-    int r = comm_rank(c), size = comm_size(c);
-    size_t off, len;
-    comm_shard(n, size, r, &off, &len);
-    void *send = alloc_buf(n, dt), *recv = alloc_buf(len, dt);
-    for (size_t i = 0; i < n; i++) set_val(send, dt, i, (float)(r + (int)(i % 3)));
-    struct smelt_error err;
-    int rc = comm_reduce_scatter(c, send, recv, n, dt, COMM_SUM, NULL, &err);
-    if (rc) snprintf(msg, bytes, "reduce_scatter: %s", err.message);
-    for (size_t j = 0; !rc && j < len; j++) {
-        float want = (float)(size * (size - 1) / 2 + size * (int)((off + j) % 3));
-        if (get_val(recv, dt, j) != want) {
-            snprintf(msg, bytes, "reduce_scatter dt %d n %zu [%zu]: %g, want %g", dt, n, j,
-                     get_val(recv, dt, j), want);
-            rc = 1;
-        }
-    }
-    free(send);
-    free(recv);
-    return rc ? 1 : 0;
-}
-
-static int check_all_gather(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                            size_t bytes) {
-    size_t off, len;
-    comm_shard(n, comm_size(c), comm_rank(c), &off, &len);
-    void *send = alloc_buf(len, dt), *recv = alloc_buf(n, dt);
-    for (size_t j = 0; j < len; j++) set_val(send, dt, j, (float)((off + j) % 200));
-    struct smelt_error err;
-    int rc = comm_all_gather(c, send, recv, n, dt, NULL, &err);
-    if (rc) snprintf(msg, bytes, "all_gather: %s", err.message);
-    for (size_t i = 0; !rc && i < n; i++)
-        if (get_val(recv, dt, i) != (float)(i % 200)) {
-            snprintf(msg, bytes, "all_gather dt %d n %zu [%zu]: %g", dt, n, i,
-                     get_val(recv, dt, i));
-            rc = 1;
-        }
-    free(send);
-    free(recv);
-    return rc ? 1 : 0;
-}
-
-static int check_broadcast(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                           size_t bytes) {
-    int root = comm_size(c) - 1;
-    void *buf = alloc_buf(n, dt);
-    for (size_t i = 0; i < n; i++)
-        set_val(buf, dt, i, comm_rank(c) == root ? (float)(i % 100) : -1.0f);
-    struct smelt_error err;
-    int rc = comm_broadcast(c, buf, n, dt, root, NULL, &err);
-    if (rc) snprintf(msg, bytes, "broadcast: %s", err.message);
-    for (size_t i = 0; !rc && i < n; i++)
-        if (get_val(buf, dt, i) != (float)(i % 100)) {
-            snprintf(msg, bytes, "broadcast dt %d n %zu [%zu]: %g", dt, n, i, get_val(buf, dt, i));
-            rc = 1;
-        }
-    free(buf);
-    return rc ? 1 : 0;
-}
-
 static int every_op(struct comm *c, char *msg, size_t bytes) {
-    static const size_t SIZES[] = {1, 7, 1001, 70001};
-    for (int dt = COMM_F32; dt <= COMM_BF16; dt++)
-        for (size_t k = 0; k < sizeof SIZES / sizeof SIZES[0]; k++) {
-            size_t n = SIZES[k];
-            if (check_all_reduce(c, dt, n, msg, bytes) || check_reduce_scatter(c, dt, n, msg, bytes) ||
-                check_all_gather(c, dt, n, msg, bytes) || check_broadcast(c, dt, n, msg, bytes))
-                return 1;
-        }
-    struct smelt_error err;
-    CHECK(comm_barrier(c, NULL, &err) == 0, "barrier: %s", err.message);
-    CHECK(!comm_is_broken(c, NULL), "broken after success");
-    return 0;
+    return comm_test_every_op(&HOST, c, msg, bytes);
 }
 
 Test(comm, every_op_2_ranks, .init = test_tmp_setup, .fini = test_tmp_teardown) {
@@ -153,25 +52,8 @@ Test(comm, every_op_4_ranks, .init = test_tmp_setup, .fini = test_tmp_teardown) 
     run_all_ok(4, every_op);
 }
 
-/* Two operations in flight while the caller computes, waited for in reverse order. */
 static int overlap(struct comm *c, char *msg, size_t bytes) {
-    enum { N = 300001 };
-    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
-    CHECK(a && b, "out of memory");
-    for (int i = 0; i < N; i++) a[i] = 1, b[i] = (float)(i % 4);
-    struct comm_request *ra, *rb;
-    struct smelt_error err;
-    CHECK(comm_all_reduce(c, a, N, COMM_F32, COMM_SUM, &ra, &err) == 0, "issue a: %s", err.message);
-    CHECK(comm_all_reduce(c, b, N, COMM_F32, COMM_MAX, &rb, &err) == 0, "issue b: %s", err.message);
-    volatile double busy = 0; /* the caller's compute meanwhile */
-    for (int i = 0; i < 1000000; i++) busy += i * 0.5;
-    CHECK(comm_wait(rb, &err) == 0, "wait b: %s", err.message);
-    CHECK(comm_wait(ra, &err) == 0, "wait a: %s", err.message);
-    for (int i = 0; i < N; i++)
-        CHECK(a[i] == (float)comm_size(c) && b[i] == (float)(i % 4), "[%d]: %g %g", i, a[i], b[i]);
-    free(a);
-    free(b);
-    return 0;
+    return comm_test_overlap(&HOST, c, msg, bytes);
 }
 
 Test(comm, async_overlap_out_of_order, .init = test_tmp_setup, .fini = test_tmp_teardown) {
