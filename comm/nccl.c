@@ -187,59 +187,60 @@ static ncclDataType_t nccl_dtype(enum comm_dtype dtype) {
 static size_t dtype_bytes(enum comm_dtype dtype) { return dtype == COMM_BF16 ? 2 : 4; }
 
 /* Unequal shards (count % size != 0): NCCL's reduce_scatter and all_gather take equal
- * ones, so one reduce (all_gather: one broadcast) per shard to its owner, in a group. */
-static ncclResult_t reduce_scatter(struct nccl_ctx *ctx, const struct comm *comm,
-                                   const struct comm_request *req) {
-    ncclDataType_t dt = nccl_dtype(req->dtype);
-    ncclRedOp_t op = req->op == COMM_MAX ? ncclMax : ncclSum;
-    if (req->count % (size_t)comm->size == 0)
-        return ncclReduceScatter(req->send, req->recv, req->count / (size_t)comm->size, dt, op,
-                                 ctx->nc, ctx->stream);
+ * ones, so then one reduce (all_gather: one broadcast) per shard to (from) its owner, in
+ * a group. */
+typedef ncclResult_t (*shard_fn)(struct nccl_ctx *ctx, const struct comm *comm,
+                                 const struct comm_request *req, int owner, size_t off,
+                                 size_t len);
+
+static ncclResult_t per_shard(struct nccl_ctx *ctx, const struct comm *comm,
+                              const struct comm_request *req, shard_fn fn) {
     ncclResult_t first = ncclGroupStart();
     if (first != ncclSuccess) return first;
     for (int r = 0; r < comm->size; r++) {
         size_t off, len;
         comm_shard(req->count, comm->size, r, &off, &len);
-        if (!len) continue;
-        const char *send = (const char *)req->send + off * dtype_bytes(req->dtype);
-        /* Only root r writes its recvbuff; the others pass theirs, untouched. */
-        ncclResult_t x = ncclReduce(send, req->recv, len, dt, op, r, ctx->nc, ctx->stream);
+        ncclResult_t x = len ? fn(ctx, comm, req, r, off, len) : ncclSuccess;
         if (first == ncclSuccess) first = x;
     }
     ncclResult_t end = ncclGroupEnd();
     return first != ncclSuccess ? first : end;
 }
 
-static ncclResult_t all_gather(struct nccl_ctx *ctx, const struct comm *comm,
-                               const struct comm_request *req) {
-    ncclDataType_t dt = nccl_dtype(req->dtype);
-    if (req->count % (size_t)comm->size == 0)
-        return ncclAllGather(req->send, req->recv, req->count / (size_t)comm->size, dt, ctx->nc,
-                             ctx->stream);
-    ncclResult_t first = ncclGroupStart();
-    if (first != ncclSuccess) return first;
-    for (int r = 0; r < comm->size; r++) {
-        size_t off, len;
-        comm_shard(req->count, comm->size, r, &off, &len);
-        if (!len) continue;
-        char *dst = (char *)req->recv + off * dtype_bytes(req->dtype);
-        const void *src = r == comm->rank ? req->send : dst; /* read on the root only */
-        ncclResult_t x = ncclBroadcast(src, dst, len, dt, r, ctx->nc, ctx->stream);
-        if (first == ncclSuccess) first = x;
-    }
-    ncclResult_t end = ncclGroupEnd();
-    return first != ncclSuccess ? first : end;
+static ncclResult_t reduce_shard(struct nccl_ctx *ctx, const struct comm *comm,
+                                 const struct comm_request *req, int owner, size_t off,
+                                 size_t len) {
+    (void)comm;
+    const char *send = (const char *)req->send + off * dtype_bytes(req->dtype);
+    /* Only the owner writes its recvbuff; the others pass theirs, untouched. */
+    return ncclReduce(send, req->recv, len, nccl_dtype(req->dtype),
+                      req->op == COMM_MAX ? ncclMax : ncclSum, owner, ctx->nc, ctx->stream);
+}
+
+static ncclResult_t gather_shard(struct nccl_ctx *ctx, const struct comm *comm,
+                                 const struct comm_request *req, int owner, size_t off,
+                                 size_t len) {
+    char *dst = (char *)req->recv + off * dtype_bytes(req->dtype);
+    const void *src = owner == comm->rank ? req->send : dst; /* read on the owner only */
+    return ncclBroadcast(src, dst, len, nccl_dtype(req->dtype), owner, ctx->nc, ctx->stream);
 }
 
 static ncclResult_t launch(struct nccl_ctx *ctx, const struct comm *comm,
                            const struct comm_request *req) {
     ncclDataType_t dt = nccl_dtype(req->dtype);
     ncclRedOp_t op = req->op == COMM_MAX ? ncclMax : ncclSum;
+    bool equal = req->count % (size_t)comm->size == 0;
+    size_t shard = req->count / (size_t)comm->size;
     switch (req->kind) {
     case COMM_K_ALL_REDUCE:
         return ncclAllReduce(req->recv, req->recv, req->count, dt, op, ctx->nc, ctx->stream);
-    case COMM_K_REDUCE_SCATTER: return reduce_scatter(ctx, comm, req);
-    case COMM_K_ALL_GATHER: return all_gather(ctx, comm, req);
+    case COMM_K_REDUCE_SCATTER:
+        return equal ? ncclReduceScatter(req->send, req->recv, shard, dt, op, ctx->nc,
+                                         ctx->stream)
+                     : per_shard(ctx, comm, req, reduce_shard);
+    case COMM_K_ALL_GATHER:
+        return equal ? ncclAllGather(req->send, req->recv, shard, dt, ctx->nc, ctx->stream)
+                     : per_shard(ctx, comm, req, gather_shard);
     case COMM_K_BROADCAST:
         return ncclBroadcast(req->recv, req->recv, req->count, dt, req->root, ctx->nc,
                              ctx->stream);
