@@ -119,7 +119,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 BENCH_GPU_SRCS := $(wildcard bench/gpu/*.c)
 BENCH_GPU_BINS := $(BENCH_GPU_SRCS:bench/gpu/%.c=$(BUILD)/bench/gpu/%)
 
-.PHONY: all deps deps-test install-pkgs test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu run bench \
+.PHONY: all deps deps-test install-pkgs nccl-status test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu run bench \
         clean help cuda-check
 
 all: $(LIB) $(BINS) $(BENCH_BINS)
@@ -250,10 +250,14 @@ test-gpu: deps
 	$(MAKE) $(GPU_TEST_BIN)
 	sh tests/gpu/run.sh $(GPU_TEST_BIN)
 
-# Compiles every .cu file and links the library with them: CI's check on machines
-# without a GPU.
+# Compiles every .cu file (and comm/nccl.c when NCCL is found) and links the library
+# with them: CI's check on machines without a GPU.
 cuda-check:
 	$(MAKE) CUDA=1 $(LIB) $(GPU_TEST_BIN) $(BENCH_GPU_BINS)
+	@$(MAKE) -s --no-print-directory CUDA=1 nccl-status
+
+nccl-status:
+	@echo "NCCL backend (comm/nccl.c): $(if $(filter 1,$(NCCL)),built,not built: no nccl.h in $(NCCL_HOME)/include or /usr/include)"
 
 # Starts the service on http://127.0.0.1:8700 with its data in ./var (the admin key is
 # written to var/admin_key at the first start). The example model is offered as "tiny".
