@@ -860,6 +860,14 @@ static int produce(struct trainer_run *r, int64_t version, struct iteration *it,
     return SMELT_OK;
 }
 
+/* The split placement on several ranks: the outcome of a call to the workers, which only
+ * rank 0 has, goes to every rank, so that its failure (a worker that died) ends them all
+ * with its error rather than leaving them in their next collective. */
+static int lead_outcome(struct trainer_run *r, int rc, struct smelt_error *err) {
+    if (r->dist.ranks <= 1 || r->spec->rl.placement != RL_PLACEMENT_SPLIT) return rc;
+    return rl_dist_share(r, rc, NULL, 0, 0, err);
+}
+
 /* Several ranks, old logprobs taken from the update's own forward: each rank holds them
  * for its own micro-batches (those of the current version). They are summed over the
  * ranks from a buffer that is 0 elsewhere (x + 0 is exact), so every rank holds them all
@@ -908,13 +916,14 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     double t0 = now_s();
     TRY(before_update(r, n, &tot, err));
     it.t_reference = now_s() - t0;
-    TRY(submit_ahead(r, err));
+    TRY(lead_outcome(r, submit_ahead(r, err), err));
     t0 = now_s();
     TRY(update(r, n, &tot, st, err));
     if (tot.old_from_update) TRY(gather_old(r, n, err));
     it.t_update = now_s() - t0;
-    TRY(collect_ahead(r, &it, err));
-    if (rl->workers) TRY(sync_workers(r, version + 1, &it, err));
+    int rc = collect_ahead(r, &it, err);
+    if (!rc && rl->workers) rc = sync_workers(r, version + 1, &it, err);
+    TRY(lead_outcome(r, rc, err));
     struct rl_mismatch mm = {0};
     TRY(mismatch(rl, n, &mm, err));
 
@@ -955,7 +964,7 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
                                       (json_int_t)r->step, "file", r->train->path, "count",
                                       (json_int_t)(it.failed + it.zeroed), "failed", (json_int_t)it.failed, "zeroed",
                                       (json_int_t)it.zeroed, "errors", rl->errors));
-    int rc = check_rewards_work(rl, &it, err);
+    rc = check_rewards_work(rl, &it, err);
     if (rc) { /* the job ends here: no train line for this iteration */
         json_decref(st->metrics);
         st->metrics = NULL;

@@ -198,6 +198,10 @@ static int receive_outcome(struct trainer_run *r, void *iter, size_t iter_bytes,
         free(buf);
         return rc ? rc : SMELT_EINVAL;
     }
+    if (!rc && !iter) { /* the outcome alone */
+        free(buf);
+        return SMELT_OK;
+    }
     const void *it = rc ? NULL : take(&rd, h.iter);
     const char *errors = rc ? NULL : take(&rd, h.errors);
     if (!rc && (!it || h.iter != iter_bytes || !errors)) rc = malformed(err, "the iteration's record");

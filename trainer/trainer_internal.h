@@ -523,7 +523,8 @@ int dist_all_reduce_sum(struct dist *d, struct tensor *t, struct smelt_error *er
  * n_samples) with rl->errors are broadcast with it. The other ranks replace their samples
  * (ids, rollout logprobs, row, version, finish reason, reward, scores, failed), iter and
  * rl->errors with rank 0's, or, when rank 0 failed, return its code with its message and
- * field. One rank: returns rc. */
+ * field. iter NULL: the outcome alone (a step only rank 0 takes: the split placement's
+ * weight sync, its generation ahead), nothing else changes. One rank: returns rc. */
 int rl_dist_share(struct trainer_run *r, int rc, void *iter, size_t iter_bytes, int n_samples,
                   struct smelt_error *err);
 /* One optimizer step's policy-loss statistics, loss and token count summed over the
