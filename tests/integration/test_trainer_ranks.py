@@ -202,17 +202,7 @@ def test_bad_rank_options_and_specs(work):
     refused(["--rank", "0", "--ranks", "8", "--rendezvous", rdv], spec, 1, "raise hyperparameters.grad_accum")
     spec3, _ = make_spec(work, "bad3", "sft", stage=3)
     refused([], spec3, 1, "hyperparameters.zero_stage: stage 3 is not available yet")
-    with open(os.path.join(work, "prompts.jsonl"), "w") as f:
-        f.write('{"prompt": "1+1="}\n')
-    grpo = {"type": "grpo", "model": TINY, "model_init": "random", "data": {"train": os.path.join(work, "prompts.jsonl")},
-            "hyperparameters": {"batch_size": 1, "grad_accum": 2},
-            "rl": {"num_generations": 2, "max_new_tokens": 2, "max_iterations": 1,
-                   "reward": {"verifiers": [{"type": "exact_match"}]}},
-            "output_dir": os.path.join(work, "bad-grpo")}
-    path = os.path.join(work, "grpo.json")
-    with open(path, "w") as f:
-        json.dump(grpo, f)
-    refused(["--rank", "0", "--ranks", "2", "--rendezvous", rdv], path, 1, "ranks: a grpo job runs on one trainer rank")
+    # grpo / ppo on several ranks: test_trainer_ranks_rl.py
 
 
 def test_a_killed_rank_fails_the_others_naming_it(work):
