@@ -16,14 +16,12 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import tempfile
 import time
 
 import pytest
 
 from smeltd_harness import processes
-from test_trainer_ranks import ROOT, TINY, TRAINER, env, launch, lines
+from test_trainer_ranks import TINY, data_folder, launch, lines, start_ranks, stop_ranks
 
 REL, ABS = 1e-5, 1e-6
 ITERATIONS = 3
@@ -35,13 +33,8 @@ CRITIC = ["critic/vf_loss", "critic/grad_norm", "critic/vpred_mean", "critic/val
 
 @pytest.fixture(scope="module")
 def work():
-    tmp = tempfile.mkdtemp(prefix="smelt-ranks-rl-")
-    data = os.path.join(ROOT, "examples", "data")
-    for src, dst, n in (("addition_prompts_train.jsonl", "prompts.jsonl", 16),
-                        ("addition_prompts_val.jsonl", "prompts_val.jsonl", 4)):
-        with open(os.path.join(data, src)) as f, open(os.path.join(tmp, dst), "w") as g:
-            for _ in range(n):
-                g.write(f.readline())
+    tmp = data_folder("smelt-ranks-rl-", [("addition_prompts_train.jsonl", "prompts.jsonl", 16),
+                                          ("addition_prompts_val.jsonl", "prompts_val.jsonl", 4)])
     yield tmp
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -181,11 +174,7 @@ def test_rank_0_failing_in_generation_ends_every_rank_with_its_error(work):
     naming it, and the failure reaches rank 1 by the same broadcast that carries the
     samples, so it exits with the same error at once, not after the comm timeout (60 s)."""
     spec, out = make_spec(work, "grpo-worker-killed", stage=1, rl={"placement": "split", "max_iterations": 500})
-    rdv = tempfile.mkdtemp(prefix="smelt-rdv-")
-    procs = [subprocess.Popen([TRAINER, "--spec", spec, "--quiet", "--rank", str(r), "--ranks", "2",
-                               "--rendezvous", "file:" + rdv, "--comm-timeout-ms", "60000"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-             for r in range(2)]
+    procs, rdv = start_ranks(spec, 2)
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not (os.path.exists(os.path.join(out, "metrics.jsonl"))
@@ -201,11 +190,7 @@ def test_rank_0_failing_in_generation_ends_every_rank_with_its_error(work):
         errs = [p.communicate(timeout=45)[1] for p in procs]
         took = time.time() - t0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        shutil.rmtree(rdv, ignore_errors=True)
+        stop_ranks(procs, rdv)
     final = [[l for l in e.splitlines() if l.startswith("smelt-trainer:")] for e in errs]
     assert final[0] and final[1], errs
     assert "rollout worker 0" in final[0][-1], final[0]
