@@ -4,13 +4,14 @@ share of each optimizer step's micro-batches. The tiny example model (random ini
 addition prompts, one OpenMP thread per rank, one sample per micro-batch
 (batch_tokens = max_seq_len) so that every rank has work.
 
-What must hold: 1, 2 and 4 ranks give the same rewards (exactly: the same samples) and the
-same losses, gradient norms and loss metrics per iteration within a relative 1e-5 (or
-1e-6 absolute for values near 0: a policy loss is a sum of advantage-weighted terms that
-cancel) at ZeRO stages 0, 1 and 2; the same for the split placement on 2 ranks, for a
-one-step iteration (old logprobs from the update's own forward, gathered across ranks
-for the mismatch metrics) and for PPO (policy and critic); a reward that fails on every
-sample ends every rank with the same error, promptly."""
+What must hold: 1, 2 and 4 ranks give the same rewards (exactly: the same samples) and
+the same losses, gradient norms and loss metrics per iteration within a relative 1e-5
+(or 1e-6 absolute for values near 0: a policy loss is a sum of advantage-weighted terms
+that cancel) at ZeRO stages 0, 1 and 2; the same on 2 ranks for LoRA with dropout, the
+split placement, one-step iterations (old logprobs from the update's own forward,
+gathered across ranks for the mismatch metrics) and PPO (policy and critic); a reward
+that fails on every sample, and a rollout worker killed under rank 0, end every rank
+with the same error, promptly."""
 import json
 import os
 import shutil
@@ -39,11 +40,10 @@ def work():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def make_spec(work, name, kind="grpo", stage=1, rl=None, **hp):
+def make_spec(work, name, kind="grpo", stage=1, rl=None, model=None, lora=None, **hp):
     spec = {
         "type": kind,
-        "model": TINY,
-        "model_init": "random",
+        "model": model or TINY,
         "data": {"train": os.path.join(work, "prompts.jsonl"), "validation": os.path.join(work, "prompts_val.jsonl"),
                  "max_seq_len": 20},
         "hyperparameters": dict({"batch_size": 2, "learning_rate": 0.01, "zero_stage": stage, "batch_tokens": 20,
@@ -55,6 +55,10 @@ def make_spec(work, name, kind="grpo", stage=1, rl=None, **hp):
         "output_dir": os.path.join(work, name),
         "seed": 3,
     }
+    if model is None:
+        spec["model_init"] = "random"
+    if lora:
+        spec["lora"] = lora
     path = os.path.join(work, name + ".json")
     with open(path, "w") as f:
         json.dump(spec, f)
@@ -107,6 +111,19 @@ def test_grpo_ranks_match_one_process(work, one_rank, ranks, stage):
     start = lines(out, "start")[0]
     assert start["ranks"] == ranks and start["zero_stage"] == stage
     assert os.path.isdir(os.path.join(out, "output")), "rank 0 saves the outputs"
+
+
+def test_grpo_lora_on_two_ranks(work, one_rank):
+    """LoRA with dropout (masks seeded by the global micro-batch index) on the one-rank run's output as base;
+    the reference is the base with the adapter off, on every rank."""
+    lora = {"rank": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
+    base = os.path.join(one_rank, "output")
+    runs = []
+    for ranks, stage in ((1, 0), (2, 1)):
+        spec, out = make_spec(work, "grpo-lora-%d" % ranks, stage=stage, model=base, lora=lora)
+        run_ok(spec, ranks)
+        runs.append(out)
+    assert_same_run(runs[1], runs[0], "grpo with LoRA on 2 ranks")
 
 
 def test_grpo_split_placement_on_two_ranks(work, one_rank):
