@@ -1,7 +1,7 @@
 /* trainer/rl_dist.c and dist.c's byte helpers over 2 and 3 forked ranks (a file store in
  * a temporary folder, loopback Gloo): rank 0's samples, iteration record and reward
  * errors arrive on every rank byte for byte; rank 0's failure arrives as the same code,
- * message and field; byte broadcasts and gathers of odd sizes; an optimizer step's policy
+ * message and field, also as an outcome alone; byte broadcasts and gathers of odd sizes; an optimizer step's policy
  * statistics summed in rank order (max / min kept); dist_check for RL jobs. */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -29,7 +29,7 @@ struct fake_iteration {
     int64_t failed;
 };
 
-enum scenario { SHARE_OK, SHARE_FAILED, BYTES, TOTALS };
+enum scenario { SHARE_OK, SHARE_FAILED, STATUS, BYTES, TOTALS };
 
 static void fill_sample(struct rl_sample *s, int i) {
     s->row = i % 3;
@@ -87,6 +87,17 @@ static int share(struct trainer_run *r, bool fail, struct smelt_error *err) {
     if (!e || strcmp(e, "grader: no letter") != 0 || json_array_size(rl->errors) != 1)
         return error_set(err, SMELT_EINVAL, "the errors differ from rank 0's");
     return check_samples(rl->samples, err);
+}
+
+/* The outcome alone (iter NULL): a success leaves the other ranks' samples as they are,
+ * a failure reaches them as rank 0's error. */
+static int status(struct trainer_run *r, struct smelt_error *err) {
+    fill_sample(&r->rl->samples[0], 2);
+    TRY(rl_dist_share(r, SMELT_OK, NULL, 0, 0, err));
+    if (r->rl->samples[0].n != 2 || r->rl->samples[0].ids[1] != 201)
+        return error_set(err, SMELT_EINVAL, "a status changed the samples");
+    int rc = r->dist.rank == 0 ? error_set(err, SMELT_EBACKEND, "rl: rollout worker 0 was killed") : SMELT_OK;
+    return rl_dist_share(r, rc, NULL, 0, 0, err);
 }
 
 /* Broadcasts of 0, 1, 7 and 4096 + 3 bytes, and a gather of 5 bytes per rank. */
@@ -150,6 +161,7 @@ static int run_scenario(struct trainer_run *r, enum scenario sc, struct smelt_er
     switch (sc) {
     case SHARE_OK: return share(r, false, err);
     case SHARE_FAILED: return share(r, true, err);
+    case STATUS: return status(r, err);
     case BYTES: return bytes(&r->dist, err);
     default: return totals(&r->dist, err);
     }
@@ -218,6 +230,13 @@ Test(rl_dist, rank_0_failure_ends_every_rank_with_its_error) {
     run_ranks(3, SHARE_FAILED, out);
     snprintf(want, sizeof want, "%d|rl.reward.grader|rl: the sandbox died on line 9", SMELT_EIO);
     for (int r = 0; r < 3; r++) cr_expect_str_eq(out[r], want, "rank %d", r);
+}
+
+Test(rl_dist, rank_0_status_alone) {
+    char out[MAX_RANKS][1024], want[1024];
+    run_ranks(2, STATUS, out);
+    snprintf(want, sizeof want, "%d||rl: rollout worker 0 was killed", SMELT_EBACKEND);
+    for (int r = 0; r < 2; r++) cr_expect_str_eq(out[r], want, "rank %d", r);
 }
 
 Test(rl_dist, bytes_of_odd_sizes) {
