@@ -860,46 +860,6 @@ static int produce(struct trainer_run *r, int64_t version, struct iteration *it,
     return SMELT_OK;
 }
 
-/* The split placement on several ranks: the outcome of a call to the workers, which only
- * rank 0 has, goes to every rank, so that its failure (a worker that died) ends them all
- * with its error rather than leaving them in their next collective. */
-static int lead_outcome(struct trainer_run *r, int rc, struct smelt_error *err) {
-    if (r->dist.ranks <= 1 || r->spec->rl.placement != RL_PLACEMENT_SPLIT) return rc;
-    return rl_dist_share(r, rc, NULL, 0, 0, err);
-}
-
-/* Several ranks, old logprobs taken from the update's own forward: each rank holds them
- * for its own micro-batches (those of the current version). They are summed over the
- * ranks from a buffer that is 0 elsewhere (x + 0 is exact), so every rank holds them all
- * for the mismatch metrics, as one process does. The micro-batches are walked as
- * minibatch_step walks its single step's. */
-static int gather_old(struct trainer_run *r, int n, struct smelt_error *err) {
-    struct rl_state *rl = r->rl;
-    if (r->dist.ranks <= 1 || n == 0) return SMELT_OK;
-    int64_t T = rl->start[n];
-    struct tensor buf;
-    TRY(tensor_alloc(&buf, BACKEND_CPU, DTYPE_F32, 1, &T, err));
-    float *x = buf.data;
-    memset(x, 0, (size_t)T * sizeof *x);
-    for (int i = 0, j = 0; i < n; j++) {
-        int k = rl_batch_fit(r, r->train, rl->trained + i, n - i);
-        for (int q = i; dist_mine(&r->dist, j) && q < i + k; q++)
-            if (rl->trained[q].version == rl->version)
-                memcpy(x + rl->start[q], rl->old + rl->start[q], (size_t)(rl->start[q + 1] - rl->start[q]) * sizeof *x);
-        i += k;
-    }
-    int rc = dist_all_reduce_sum(&r->dist, &buf, err);
-    for (int i = 0, j = 0; !rc && i < n; j++) {
-        int k = rl_batch_fit(r, r->train, rl->trained + i, n - i);
-        for (int q = i; !dist_mine(&r->dist, j) && q < i + k; q++)
-            if (rl->trained[q].version == rl->version)
-                memcpy(rl->old + rl->start[q], x + rl->start[q], (size_t)(rl->start[q + 1] - rl->start[q]) * sizeof *x);
-        i += k;
-    }
-    tensor_free(&buf);
-    return rc;
-}
-
 int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {
     (void)n_micro;
     struct rl_state *rl = r->rl;
@@ -916,14 +876,14 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     double t0 = now_s();
     TRY(before_update(r, n, &tot, err));
     it.t_reference = now_s() - t0;
-    TRY(lead_outcome(r, submit_ahead(r, err), err));
+    TRY(rl_dist_lead_outcome(r, submit_ahead(r, err), err));
     t0 = now_s();
     TRY(update(r, n, &tot, st, err));
-    if (tot.old_from_update) TRY(gather_old(r, n, err));
+    if (tot.old_from_update) TRY(rl_dist_gather_old(r, n, err));
     it.t_update = now_s() - t0;
     int rc = collect_ahead(r, &it, err);
     if (!rc && rl->workers) rc = sync_workers(r, version + 1, &it, err);
-    TRY(lead_outcome(r, rc, err));
+    TRY(rl_dist_lead_outcome(r, rc, err));
     struct rl_mismatch mm = {0};
     TRY(mismatch(rl, n, &mm, err));
 

@@ -11,7 +11,11 @@
  *   message, field, iter bytes, errors JSON text
  *   per sample: i64 row, n, version; i32 finish index, failed; f64 reward, scores[]
  *   every sample's ids (i32), then every sample's rollout logprobs (f32)
- * A receiver checks every size against the bytes it got before it reads. */
+ * A receiver checks every size against the bytes it got before it reads.
+ *
+ * Also here: the outcome alone of rank 0's later worker calls (split placement), the
+ * one-step update's old logprobs gathered onto every rank, and an optimizer step's
+ * statistics summed over the ranks in rank order. */
 #include "trainer/trainer_internal.h"
 
 #include <jansson.h>
@@ -217,6 +221,49 @@ int rl_dist_share(struct trainer_run *r, int rc, void *iter, size_t iter_bytes, 
     if (r->dist.ranks <= 1) return rc;
     if (r->dist.rank == 0) return send_outcome(r, rc, iter, iter_bytes, n_samples, err);
     return receive_outcome(r, iter, iter_bytes, err);
+}
+
+/* ---- rank 0's steps alone, and what the update leaves on each rank ---- */
+
+/* The split placement on several ranks: the outcome of a call to the workers, which only
+ * rank 0 has, goes to every rank, so that its failure (a worker that died) ends them all
+ * with its error rather than leaving them in their next collective. */
+int rl_dist_lead_outcome(struct trainer_run *r, int rc, struct smelt_error *err) {
+    if (r->dist.ranks <= 1 || r->spec->rl.placement != RL_PLACEMENT_SPLIT) return rc;
+    return rl_dist_share(r, rc, NULL, 0, 0, err);
+}
+
+/* Several ranks, old logprobs taken from the update's own forward: each rank holds them
+ * for its own micro-batches (those of the current version). They are summed over the
+ * ranks from a buffer that is 0 elsewhere (x + 0 is exact), so every rank holds them all
+ * for the mismatch metrics, as one process does. The micro-batches are walked as
+ * grpo.c's minibatch_step walks its single step's. */
+/* The current version's tokens of the samples in this rank's micro-batches (mine) or in
+ * the others' (!mine), from src to dst. */
+static void copy_current(struct trainer_run *r, int n, bool mine, const float *src, float *dst) {
+    struct rl_state *rl = r->rl;
+    for (int i = 0, j = 0; i < n; j++) {
+        int k = rl_batch_fit(r, r->train, rl->trained + i, n - i);
+        for (int q = i; dist_mine(&r->dist, j) == mine && q < i + k; q++)
+            if (rl->trained[q].version == rl->version)
+                memcpy(dst + rl->start[q], src + rl->start[q],
+                       (size_t)(rl->start[q + 1] - rl->start[q]) * sizeof *dst);
+        i += k;
+    }
+}
+
+int rl_dist_gather_old(struct trainer_run *r, int n, struct smelt_error *err) {
+    struct rl_state *rl = r->rl;
+    if (r->dist.ranks <= 1 || n == 0) return SMELT_OK;
+    int64_t T = rl->start[n];
+    struct tensor buf;
+    TRY(tensor_alloc(&buf, BACKEND_CPU, DTYPE_F32, 1, &T, err));
+    memset(buf.data, 0, (size_t)T * sizeof(float));
+    copy_current(r, n, true, rl->old, buf.data);
+    int rc = dist_all_reduce_sum(&r->dist, &buf, err);
+    if (!rc) copy_current(r, n, false, buf.data, rl->old);
+    tensor_free(&buf);
+    return rc;
 }
 
 /* ---- sums of an optimizer step's statistics ---- */

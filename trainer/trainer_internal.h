@@ -527,6 +527,13 @@ int dist_all_reduce_sum(struct dist *d, struct tensor *t, struct smelt_error *er
  * weight sync, its generation ahead), nothing else changes. One rank: returns rc. */
 int rl_dist_share(struct trainer_run *r, int rc, void *iter, size_t iter_bytes, int n_samples,
                   struct smelt_error *err);
+/* The split placement: rc, the outcome of rank 0's call to its workers (the generation
+ * ahead, the weight sync), shared as rl_dist_share's outcome alone; otherwise rc. */
+int rl_dist_lead_outcome(struct trainer_run *r, int rc, struct smelt_error *err);
+/* After a one-step update whose old logprobs were its own forward (each rank: its own
+ * micro-batches, those of the current version), every rank gets them all (summed from a
+ * buffer that is 0 elsewhere: exact), for the mismatch metrics. One rank: nothing. */
+int rl_dist_gather_old(struct trainer_run *r, int n, struct smelt_error *err);
 /* One optimizer step's policy-loss statistics, loss and token count summed over the
  * ranks (each rank's partial merged in rank order: the same bits everywhere). */
 int rl_dist_policy_totals(struct dist *d, struct rl_policy_stats *ps, double *loss, int64_t *tokens,
