@@ -9,7 +9,8 @@ the same losses, gradient norms and loss metrics per iteration within a relative
 (or 1e-6 absolute for values near 0: a policy loss is a sum of advantage-weighted terms
 that cancel) at ZeRO stages 0, 1 and 2; the same on 2 ranks for LoRA with dropout, the
 split placement, one-step iterations (old logprobs from the update's own forward,
-gathered across ranks for the mismatch metrics) and PPO (policy and critic); a reward
+gathered across ranks for the mismatch metrics) and PPO (policy and critic, also
+stopped and resumed); a reward
 that fails on every sample, and a rollout worker killed under rank 0, end every rank
 with the same error, promptly."""
 import json
@@ -158,6 +159,17 @@ def test_ppo_on_two_ranks(work):
     run_ok(spec, 2)
     assert_same_run(out, want, "ppo on 2 ranks", approx=APPROX + CRITIC)
     assert os.path.isdir(os.path.join(out, "output", "critic")), "rank 0 saves the critic"
+    # Stopped after the first iteration and resumed: every rank restores the critic.
+    spec, out = make_spec(work, "ppo-2-resumed", "ppo", stage=1, rl=rl)
+    with open(spec) as f:
+        doc = json.load(f)
+    doc["checkpoint"] = {"every_steps": 2}
+    with open(spec, "w") as f:
+        json.dump(doc, f)
+    for extra in (["--stop-after-step", "2"], ["--resume"]):
+        for r, (rc, _, err) in enumerate(launch(spec, 2, extra, timeout=180)):
+            assert rc == 0, "rank %d %s: %s" % (r, extra, err[-1500:])
+    assert_same_run(out, want, "ppo on 2 ranks, resumed", approx=APPROX + CRITIC)
 
 
 def closed_port():
