@@ -10,9 +10,8 @@ the same losses, gradient norms and loss metrics per iteration within a relative
 that cancel) at ZeRO stages 0, 1 and 2; the same on 2 ranks for LoRA with dropout, the
 split placement, one-step iterations (old logprobs from the update's own forward,
 gathered across ranks for the mismatch metrics) and PPO (policy and critic, also
-stopped and resumed); a reward
-that fails on every sample, and a rollout worker killed under rank 0, end every rank
-with the same error, promptly."""
+stopped and resumed); a reward that fails on every sample, and a rollout worker killed
+under rank 0, end every rank with the same error, promptly."""
 import json
 import os
 import shutil
