@@ -145,7 +145,7 @@ def test_grpo_job_in_split_placement_syncs_its_workers(smeltd, weight_sync, rank
     assert all(line["sync_bytes"] > 0 and line["time/sync_s"] > 0 for line in lines), lines
     print("GRPO split, weight sync by %s: %s bytes per worker in %s ms" % (
         transport, lines[0]["sync_bytes"], ", ".join("%.1f" % (1000 * line["time/sync_s"]) for line in lines)))
-    for i in range(2):
+    for i in range(workers):
         with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-%d.log" % i), encoding="utf-8") as f:
             assert f.read().count("in use (by %s)" % transport) == 3, i
     assert not os.path.exists(os.path.join(smeltd.data_dir, "jobs", job["id"], "weightsync-rendezvous"))
