@@ -72,9 +72,25 @@ NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_AR
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
 endif
 
+# NCCL (comm/nccl.c, the collectives on device buffers): in CUDA builds when nccl.h is
+# found (NCCL=0 / NCCL=1 to force; NCCL_HOME when it is not beside CUDA or in /usr).
+# Without it the NCCL backend is refused by name, as in CPU builds.
+NCCL_HOME ?= $(CUDA_HOME)
+ifneq ($(CUDA),1)
+override NCCL := 0
+endif
+ifeq ($(origin NCCL),undefined)
+NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h),1,0)
+endif
+ifeq ($(NCCL),1)
+CPPFLAGS  += -DSMELT_NCCL -I$(NCCL_HOME)/include
+LDLIBS    += -L$(NCCL_HOME)/lib64 -lnccl
+endif
+
 # Library code: every .c in these folders except program entry points (*_main.c).
 LIB_DIRS := common kernels kernels/cpu tokenizer model lora comm trainer rollout weightsync rewards datasets server
-LIB_SRCS := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+NCCL_SRCS := comm/nccl.c
+LIB_SRCS := $(filter-out %_main.c $(if $(filter 1,$(NCCL)),,$(NCCL_SRCS)),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 # Gloo (libgloo-dev: no pkg-config file, the library in /usr/lib) through comm/'s shim.
 LIB_CXX_SRCS := $(wildcard comm/*.cpp)
@@ -103,7 +119,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 BENCH_GPU_SRCS := $(wildcard bench/gpu/*.c)
 BENCH_GPU_BINS := $(BENCH_GPU_SRCS:bench/gpu/%.c=$(BUILD)/bench/gpu/%)
 
-.PHONY: all deps deps-test install-pkgs test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu run bench \
+.PHONY: all deps deps-test install-pkgs nccl-status test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu run bench \
         clean help cuda-check
 
 all: $(LIB) $(BINS) $(BENCH_BINS)
@@ -234,10 +250,14 @@ test-gpu: deps
 	$(MAKE) $(GPU_TEST_BIN)
 	sh tests/gpu/run.sh $(GPU_TEST_BIN)
 
-# Compiles every .cu file and links the library with them: CI's check on machines
-# without a GPU.
+# Compiles every .cu file (and comm/nccl.c when NCCL is found) and links the library
+# with them: CI's check on machines without a GPU.
 cuda-check:
 	$(MAKE) CUDA=1 $(LIB) $(GPU_TEST_BIN) $(BENCH_GPU_BINS)
+	@$(MAKE) -s --no-print-directory CUDA=1 nccl-status
+
+nccl-status:
+	@echo "NCCL backend (comm/nccl.c): $(if $(filter 1,$(NCCL)),built,not built: no nccl.h in $(NCCL_HOME)/include or /usr/include)"
 
 # Starts the service on http://127.0.0.1:8700 with its data in ./var (the admin key is
 # written to var/admin_key at the first start). The example model is offered as "tiny".

@@ -1,6 +1,7 @@
-/* The communicator: its Gloo context, and the thread that runs the operations one after
- * the other in issue order so that the caller computes while they run. A failure breaks
- * the communicator; comm/fault.c names the ranks at fault. */
+/* The communicator: options, requests and the broken state, whatever the transport; and
+ * the Gloo transport: its context, and the thread that runs the operations one after the
+ * other in issue order so that the caller computes while they run. A failure breaks the
+ * communicator; comm/fault.c names the ranks at fault. (NCCL: comm/nccl.c.) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,62 @@ static void *comm_thread(void *arg) {
     return NULL;
 }
 
+static int gloo_connect(struct comm *comm, const struct comm_options *options,
+                        struct smelt_error *err) {
+    char prefix[80];
+    snprintf(prefix, sizeof prefix, "%s/gloo", comm->name);
+    TRY(gloo_ctx_create(comm->store, prefix, comm->rank, comm->size, options->host,
+                        comm->timeout_ms, &comm->gloo, err));
+    if (pthread_create(&comm->thread, NULL, comm_thread, comm)) {
+        gloo_ctx_destroy(comm->gloo);
+        comm->gloo = NULL;
+        return error_set(err, SMELT_ENOMEM, "cannot start the communicator's thread");
+    }
+    return SMELT_OK;
+}
+
+static int gloo_issue(struct comm *comm, struct comm_request *req, struct smelt_error *err) {
+    (void)err;
+    pthread_mutex_lock(&comm->lock);
+    req->seq = comm->next_seq++;
+    if (comm->tail) comm->tail->next = req;
+    else comm->head = req;
+    comm->tail = req;
+    pthread_cond_signal(&comm->work);
+    pthread_mutex_unlock(&comm->lock);
+    return SMELT_OK;
+}
+
+static void gloo_wait(struct comm *comm, struct comm_request *req) {
+    pthread_mutex_lock(&comm->lock);
+    while (!req->done) pthread_cond_wait(&comm->finished, &comm->lock);
+    pthread_mutex_unlock(&comm->lock);
+}
+
+/* Runs out the queue (each operation bounded by its timeout), then disconnects. */
+static void gloo_close(struct comm *comm) {
+    pthread_mutex_lock(&comm->lock);
+    comm->stopping = true;
+    pthread_cond_signal(&comm->work);
+    pthread_mutex_unlock(&comm->lock);
+    pthread_join(comm->thread, NULL);
+    gloo_ctx_destroy(comm->gloo);
+    comm->gloo = NULL;
+}
+
+static const struct comm_transport gloo_transport = {
+    .name = "Gloo", .connect = gloo_connect, .issue = gloo_issue, .wait = gloo_wait,
+    .close = gloo_close};
+
+/* NULL for a backend this program was built without. */
+static const struct comm_transport *transport_of(enum comm_backend backend) {
+    if (backend == COMM_BACKEND_GLOO) return &gloo_transport;
+#ifdef SMELT_NCCL
+    if (backend == COMM_BACKEND_NCCL) return &comm_nccl_transport;
+#endif
+    return NULL;
+}
+
 static int check_options(const struct comm_options *o, struct smelt_error *err) {
     if (o->size < 1)
         return error_set_field(err, SMELT_EINVAL, "size", "size is %d (at least 1)", o->size);
@@ -57,9 +114,12 @@ static int check_options(const struct comm_options *o, struct smelt_error *err) 
     if (o->timeout_ms < 1)
         return error_set_field(err, SMELT_EINVAL, "timeout_ms", "timeout_ms is %d (at least 1)",
                                o->timeout_ms);
-    if (o->backend != COMM_BACKEND_GLOO)
-        return error_set_field(err, SMELT_EUNSUPPORTED, "backend",
-                               "backend %d is not built (only Gloo)", (int)o->backend);
+    if (!transport_of(o->backend))
+        return error_set_field(err, SMELT_EUNSUPPORTED, "backend", "backend %d (%s) is not "
+                               "built into this program (it has: %s)", (int)o->backend,
+                               o->backend == COMM_BACKEND_NCCL ? "NCCL" : "unknown",
+                               transport_of(COMM_BACKEND_NCCL) ? "Gloo, NCCL" :
+                               "Gloo; NCCL needs a build with CUDA and NCCL");
     return comm_name_check(o->name, "name", err);
 }
 
@@ -71,6 +131,7 @@ static struct comm *comm_alloc(struct comm_store *store, const struct comm_optio
     comm->timeout_ms = o->timeout_ms;
     snprintf(comm->name, sizeof comm->name, "%s", o->name);
     comm->store = store;
+    comm->transport = transport_of(o->backend);
     pthread_mutex_init(&comm->lock, NULL);
     pthread_cond_init(&comm->work, NULL);
     pthread_cond_init(&comm->finished, NULL);
@@ -78,7 +139,6 @@ static struct comm *comm_alloc(struct comm_store *store, const struct comm_optio
 }
 
 static void comm_free(struct comm *comm) {
-    gloo_ctx_destroy(comm->gloo);
     pthread_mutex_destroy(&comm->lock);
     pthread_cond_destroy(&comm->work);
     pthread_cond_destroy(&comm->finished);
@@ -92,19 +152,12 @@ int comm_create(struct comm_store *store, const struct comm_options *options,
     if (!store) return error_set_field(err, SMELT_EINVAL, "store", "no rendezvous store");
     struct comm *comm = comm_alloc(store, options);
     if (!comm) return error_set(err, SMELT_ENOMEM, "communicator: out of memory");
-    char prefix[80];
-    snprintf(prefix, sizeof prefix, "%s/gloo", comm->name);
-    int rc = gloo_ctx_create(store, prefix, comm->rank, comm->size, options->host,
-                             comm->timeout_ms, &comm->gloo, err);
+    const struct comm_transport *transport = comm->transport;
+    int rc = transport->connect(comm, options, err);
     if (rc) {
         comm_free(comm);
-        return error_wrap(err, rc, "communicator '%s': rank %d of %d", options->name,
-                          options->rank, options->size);
-    }
-    if (pthread_create(&comm->thread, NULL, comm_thread, comm)) {
-        comm_free(comm);
-        return error_set(err, SMELT_ENOMEM, "communicator '%s': cannot start its thread",
-                         options->name);
+        return error_wrap(err, rc, "communicator '%s' (%s): rank %d of %d", options->name,
+                          transport->name, options->rank, options->size);
     }
     *out = comm;
     return SMELT_OK;
@@ -112,11 +165,7 @@ int comm_create(struct comm_store *store, const struct comm_options *options,
 
 void comm_destroy(struct comm *comm) {
     if (!comm) return;
-    pthread_mutex_lock(&comm->lock);
-    comm->stopping = true;
-    pthread_cond_signal(&comm->work);
-    pthread_mutex_unlock(&comm->lock);
-    pthread_join(comm->thread, NULL);
+    comm->transport->close(comm);
     comm_free(comm);
 }
 
@@ -135,13 +184,11 @@ bool comm_is_broken(const struct comm *comm, struct smelt_error *why) {
 int comm_submit(struct comm *comm, struct comm_request *req, struct comm_request **out,
                 struct smelt_error *err) {
     req->comm = comm;
-    pthread_mutex_lock(&comm->lock);
-    req->seq = comm->next_seq++;
-    if (comm->tail) comm->tail->next = req;
-    else comm->head = req;
-    comm->tail = req;
-    pthread_cond_signal(&comm->work);
-    pthread_mutex_unlock(&comm->lock);
+    int rc = comm->transport->issue(comm, req, err);
+    if (rc) {
+        free(req);
+        return rc;
+    }
     if (out) {
         *out = req;
         return SMELT_OK;
@@ -151,10 +198,7 @@ int comm_submit(struct comm *comm, struct comm_request *req, struct comm_request
 
 int comm_wait(struct comm_request *req, struct smelt_error *err) {
     if (!req) return error_set(err, SMELT_EINVAL, "comm_wait: no request");
-    struct comm *comm = req->comm;
-    pthread_mutex_lock(&comm->lock);
-    while (!req->done) pthread_cond_wait(&comm->finished, &comm->lock);
-    pthread_mutex_unlock(&comm->lock);
+    req->comm->transport->wait(req->comm, req);
     int rc = req->rc;
     if (rc && err) *err = req->err;
     free(req);

@@ -1,7 +1,7 @@
 /* Collectives between the ranks of a job: all_reduce (sum, max), reduce_scatter,
  * all_gather, broadcast and barrier on f32 and bf16 buffers, asynchronous with a wait.
- * Transport: Gloo over TCP for host buffers (comm/gloo_shim.cpp); an NCCL backend for
- * device buffers is to come behind the same calls (comm_options.backend).
+ * Transports (comm_options.backend): Gloo over TCP for host buffers (comm/gloo_shim.cpp),
+ * NCCL for device buffers (comm/nccl.c; builds with CUDA and NCCL).
  *
  * Ranks find each other through a rendezvous store (struct comm_store): a key/value
  * table with wait, scoped to one job. `file:DIR` is the standalone store (a shared
@@ -59,7 +59,10 @@ void comm_store_close(struct comm_store *store);
 
 enum comm_dtype { COMM_F32 = 0, COMM_BF16 = 1 };
 enum comm_reduce { COMM_SUM = 0, COMM_MAX = 1 };
-enum comm_backend { COMM_BACKEND_GLOO = 0 /* host buffers */ };
+/* GLOO: host buffers, always built. NCCL: device buffers (the current CUDA device's
+ * memory), in builds with CUDA and NCCL only; elsewhere comm_create refuses it naming
+ * the field `backend`. */
+enum comm_backend { COMM_BACKEND_GLOO = 0, COMM_BACKEND_NCCL = 1 };
 
 struct comm_options {
     int rank;           /* 0 .. size-1 */
@@ -73,6 +76,21 @@ struct comm_options {
     int timeout_ms;     /* per operation and for the connection; >= 1 */
     enum comm_backend backend;
 };
+
+/* The NCCL backend, beyond the above:
+ *  - The communicator uses the CUDA device current on the thread that creates it; every
+ *    later call must come from a thread with the same current device (refused naming
+ *    the device otherwise), and every buffer must be device memory (refused naming it).
+ *  - An operation waits for the work already queued on the legacy default stream (where
+ *    smelt's CUDA backend runs) when it is issued, then runs on the communicator's own
+ *    stream; comm_wait returns once it has finished on the device. Work queued after the
+ *    issue overlaps with it.
+ *  - timeout_ms bounds comm_create and each comm_wait: the oldest unfinished operation
+ *    has that long to finish, counted from the later of the wait's start and the
+ *    previous operation's end. At the timeout, or at an asynchronous NCCL error (a peer's
+ *    connection lost), the NCCL communicator is aborted (ncclCommAbort) and the ranks at
+ *    fault are named as for Gloo.
+ *  - host is not used: NCCL chooses its interfaces (NCCL_SOCKET_IFNAME sets them). */
 
 struct comm;
 /* A request for an operation in flight; comm_wait frees it. */

@@ -1,5 +1,6 @@
-/* What comm/ shares between its files: the file store, name checks, the clock, and the
- * Gloo shim's C interface (comm/gloo_shim.cpp, the only C++ here). */
+/* What comm/ shares between its files: the file store, name checks, the clock, the
+ * transports' table, the Gloo shim's C interface (comm/gloo_shim.cpp, the only C++ here)
+ * and the NCCL transport (comm/nccl.c, in builds with NCCL only). */
 #ifndef SMELT_COMM_INTERNAL_H
 #define SMELT_COMM_INTERNAL_H
 
@@ -38,29 +39,55 @@ struct comm_request {
     enum comm_reduce op;
     int root;
     uint64_t seq;
-    /* Set by the communicator's thread under its lock. */
+    /* NCCL: recorded on the communicator's stream after the operation (a cudaEvent_t);
+     * NULL for Gloo and for a request that failed or had nothing to do. */
+    struct CUevent_st *event;
+    /* Set by the communicator's thread (Gloo) or by the waiting thread (NCCL) under the
+     * communicator's lock. */
     bool done;
     int rc;
     struct smelt_error err;
     struct comm_request *next;
 };
 struct gloo_ctx;
+struct nccl_ctx;
+struct comm;
+/* What differs between transports; comm.c holds Gloo's, comm/nccl.c NCCL's. */
+struct comm_transport {
+    const char *name; /* "Gloo", "NCCL": quoted before the library's own message */
+    /* Connects comm (allocated, options checked) to the other ranks. */
+    int (*connect)(struct comm *comm, const struct comm_options *options,
+                   struct smelt_error *err);
+    /* Takes req (the transport owns it until it is done); with an error it was not
+     * taken and the caller frees it. */
+    int (*issue)(struct comm *comm, struct comm_request *req, struct smelt_error *err);
+    /* Returns once req is done (its timeout bounds this); does not free it. */
+    void (*wait)(struct comm *comm, struct comm_request *req);
+    /* Ends whatever the operations left running, then frees the transport's state. */
+    void (*close)(struct comm *comm);
+};
+#ifdef SMELT_NCCL
+extern const struct comm_transport comm_nccl_transport;
+#endif
 struct comm {
     int rank, size, timeout_ms;
     char name[65];
     struct comm_store *store; /* borrowed */
+    const struct comm_transport *transport;
     struct gloo_ctx *gloo;
+    struct nccl_ctx *nccl;
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t work;      /* the thread waits here for requests */
     pthread_cond_t finished;  /* comm_wait waits here */
+    /* Gloo: the requests not yet run; NCCL: those issued and not yet seen finished. */
     struct comm_request *head, *tail;
     bool stopping;
     bool broken;
     struct smelt_error broken_err; /* the first failure */
     uint64_t next_seq;
 };
-/* Hands req to the communicator's thread (which owns it until done), or when wait, also
+/* Hands req (malloc'd) to the transport, which owns it until done; with out NULL also
  * waits for it and frees it. Returns SMELT_OK or the operation's failure. */
 int comm_submit(struct comm *comm, struct comm_request *req, struct comm_request **out,
                 struct smelt_error *err);
@@ -69,7 +96,8 @@ int comm_run(struct comm *comm, struct comm_request *req, struct smelt_error *er
 const char *comm_kind_name(enum comm_kind kind);
 /* After operation seq failed with err (comm/fault.c): publishes this rank's failure in
  * the store, waits a grace period for the other ranks' reports, and rewrites err to
- * name the ranks that sent none (dead or stuck). Returns err's code. */
+ * name the ranks that sent none (dead or stuck), quoting the transport's message.
+ * Returns err's code. */
 int comm_name_faults(struct comm *comm, uint64_t seq, const char *what,
                      struct smelt_error *err);
 

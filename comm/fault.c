@@ -1,6 +1,7 @@
-/* Naming the ranks at fault after a failed operation. Gloo says that an operation failed
- * (a closed connection, a timeout) but, in its messages, names a peer by address at best
- * and a stuck peer not at all. So every rank whose operation failed publishes that in
+/* Naming the ranks at fault after a failed operation, whatever the transport. Gloo says
+ * that an operation failed (a closed connection, a timeout) but, in its messages, names a
+ * peer by address at best and a stuck peer not at all; NCCL's asynchronous errors name
+ * none, and a stuck peer only shows as our own timeout. So every rank whose operation failed publishes that in
  * the store under <name>/fail/<rank>, and waits a grace period for the others: the
  * ranks that never report are the dead or stuck ones. The key holds no operation
  * number: a communicator fails once (it is broken after), and the ranks need not fail
@@ -69,7 +70,7 @@ int comm_name_faults(struct comm *comm, uint64_t seq, const char *what,
                          "rank: %s", what, (unsigned long long)seq, comm->rank, comm->size,
                          cause);
     return error_set(err, code, "%s #%llu failed on rank %d of %d: rank%s %s dead or not "
-                     "answering (no failure report within %d ms); Gloo: %s", what,
+                     "answering (no failure report within %d ms); %s: %s", what,
                      (unsigned long long)seq, comm->rank, comm->size, n > 1 ? "s" : "",
-                     silent, grace_ms(comm), cause);
+                     silent, grace_ms(comm), comm->transport->name, cause);
 }

@@ -116,13 +116,18 @@ bool spawn_list_entry(const char *list, int k, char *out, size_t cap) {
 static const char *const DEVICE_LISTS[] = {"CUDA_VISIBLE_DEVICES", "SMELT_CPU_SLOT"};
 #define N_DEVICE_LISTS (sizeof DEVICE_LISTS / sizeof *DEVICE_LISTS)
 
-static char *device_entry(const char *name, int device) {
+/* "name=<entry device>[,<entries also_from..>]", or the whole list without an entry device. */
+static char *device_entry(const char *name, int device, int also_from) {
     const char *list = getenv(name);
-    char one[64];
-    return env_entry(name, spawn_list_entry(list, device, one, sizeof one) ? one : list);
+    char one[64], picked[512];
+    if (!spawn_list_entry(list, device, one, sizeof one)) return env_entry(name, list);
+    size_t n = (size_t)snprintf(picked, sizeof picked, "%s", one);
+    for (int k = also_from; k >= 0 && spawn_list_entry(list, k, one, sizeof one) && n + strlen(one) + 2 < sizeof picked; k++)
+        n += (size_t)snprintf(picked + n, sizeof picked - n, ",%s", one);
+    return env_entry(name, picked);
 }
 
-char **spawn_envp_for_device(int device, const char *blas_kernels) {
+char **spawn_envp_for_device(int device, int also_from, const char *blas_kernels) {
     extern char **environ;
     size_t n = 0;
     while (environ && environ[n]) n++;
@@ -137,7 +142,7 @@ char **spawn_envp_for_device(int device, const char *blas_kernels) {
         if (!replaced) ok = (envp[k++] = strdup(environ[e])) != NULL;
     }
     for (size_t d = 0; ok && d < N_DEVICE_LISTS; d++)
-        if (getenv(DEVICE_LISTS[d])) ok = (envp[k++] = device_entry(DEVICE_LISTS[d], device)) != NULL;
+        if (getenv(DEVICE_LISTS[d])) ok = (envp[k++] = device_entry(DEVICE_LISTS[d], device, also_from)) != NULL;
     if (ok && set_kernels) ok = (envp[k++] = env_entry("OPENBLAS_CORETYPE", blas_kernels)) != NULL;
     if (ok) return envp;
     spawn_envp_free(envp);

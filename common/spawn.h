@@ -45,11 +45,13 @@ pid_t spawn_start(const struct spawn_plan *p);
 
 /* The environment of this process for a child that runs on device entry `device`: the
  * agent gives a job its devices as CUDA_VISIBLE_DEVICES / SMELT_CPU_SLOT lists ("0,1,2"),
- * so each list is narrowed to its entry `device` (passed whole when it has none: a
- * process started by hand), and OPENBLAS_CORETYPE is set to blas_kernels (NULL or
- * "unknown": left as it is) so the child computes with the parent's GEMM kernels.
- * malloc'd; free with spawn_envp_free. NULL when out of memory. */
-char **spawn_envp_for_device(int device, const char *blas_kernels);
+ * so each list is narrowed to its entry `device`, followed by its entries from `also_from`
+ * on (-1: none) — devices the child hands on to children of its own (trainer rank 0's
+ * rollout workers) — and passed whole when it has no entry `device` (a process started
+ * by hand). OPENBLAS_CORETYPE is set to blas_kernels (NULL or "unknown": left as it is) so
+ * the child computes with the parent's GEMM kernels. malloc'd; free with
+ * spawn_envp_free. NULL when out of memory. */
+char **spawn_envp_for_device(int device, int also_from, const char *blas_kernels);
 void spawn_envp_free(char **envp);
 /* Entry k of a comma list into out; false when the list has no (non-empty, fitting) entry k. */
 bool spawn_list_entry(const char *list, int k, char *out, size_t cap);

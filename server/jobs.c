@@ -24,7 +24,7 @@
 #define JOBS_MAX_RETRIES 100
 #define JOBS_MAX_RUNTIME_SECONDS INT64_C(31536000) /* one year */
 #define JOBS_MAX_DEVICES 64
-#define JOBS_ONE_PROCESS_DEVICES 1 /* an RL job's trainer runs as one rank in this version */
+#define JOBS_ONE_PROCESS_DEVICES 1 /* a job asking for nothing: one trainer rank */
 
 bool jobs_status_final(const char *status) {
     return strcmp(status, "succeeded") == 0 || strcmp(status, "failed") == 0 ||
@@ -518,29 +518,30 @@ static int read_resources(const json_t *request, struct job_plan *p, struct smel
     return SMELT_OK;
 }
 
-/* The devices a job takes, once its spec is known: the trainer's ranks (one device each;
- * several only for SFT, DPO and reward models in this version, each rank taking a share
- * of every step's grad_accum micro-batches), and an RL job's rollout workers in the split
- * placement (one device each). A resources.devices the request gave must agree. */
+/* The devices a job takes, once its spec is known: the trainer's ranks (one device each,
+ * each rank taking a share of every step's micro-batches), then an RL job's rollout
+ * workers in the split placement (one device each). A resources.devices the request gave
+ * must agree. */
 static int settle_devices(const struct job_spec *js, struct job_plan *p, struct smelt_error *err) {
     bool rl = job_type_is_rl(js->type);
-    int64_t ranks = p->trainer_devices > 0 ? p->trainer_devices : !rl && p->devices_given ? p->devices : 1;
-    if (rl && ranks != JOBS_ONE_PROCESS_DEVICES)
-        return error_set_field(err, SMELT_EINVAL, "resources.trainer.devices", "resources.trainer.devices: an RL "
-                               "job's trainer runs as one rank in this version of smelt (several ranks train SFT, "
-                               "DPO and reward-model jobs)");
-    if (ranks > js->hp.grad_accum)
+    int64_t workers = rl && js->rl.placement == RL_PLACEMENT_SPLIT ? js->rl.rollout_workers : 0;
+    int64_t ranks = p->trainer_devices > 0 ? p->trainer_devices
+                    : p->devices_given     ? (p->devices - workers > 1 ? p->devices - workers : 1)
+                                           : 1;
+    if (!rl && ranks > js->hp.grad_accum)
         return error_set_field(err, SMELT_EINVAL, "resources.trainer.devices", "resources.trainer.devices: %lld "
                                "ranks share each step's micro-batches, but hyperparameters.grad_accum is %lld; "
                                "raise grad_accum to at least %lld (a multiple of the ranks keeps them equally busy)",
                                (long long)ranks, (long long)js->hp.grad_accum, (long long)ranks);
-    int64_t want = ranks;
-    if (rl && js->rl.placement == RL_PLACEMENT_SPLIT) want += js->rl.rollout_workers;
+    if (rl && ranks > 1 && js->hp.zero_stage == 3)
+        return error_set_field(err, SMELT_EINVAL, "hyperparameters.zero_stage", "hyperparameters.zero_stage: an RL "
+                               "job on several trainer ranks runs at ZeRO stage 0, 1 or 2 in this version");
+    int64_t want = ranks + workers;
     if (p->devices_given && p->devices != want)
         return error_set_field(err, SMELT_EINVAL, "resources.devices",
                                "resources.devices: the job runs on %lld device(s) (%lld trainer rank%s%s), not %lld",
                                (long long)want, (long long)ranks, ranks > 1 ? "s" : "",
-                               want > ranks ? " and one per rollout worker" : "", (long long)p->devices);
+                               workers ? " and one per rollout worker" : "", (long long)p->devices);
     p->devices = want;
     return SMELT_OK;
 }
@@ -992,8 +993,10 @@ static json_t *resources_shown(json_t *row, json_t *spec) {
     if (!placement || strcmp(json_string_value(placement) ?: "", "split") != 0)
         return json_pack("{s:O, s:{s:O}}", "devices", devices, "trainer", "devices", devices);
     json_int_t workers = json_integer_value(json_object_get(rl, "rollout_workers"));
-    return json_pack("{s:O, s:{s:i}, s:{s:I}}", "devices", devices, "trainer", "devices", JOBS_ONE_PROCESS_DEVICES,
-                     "rollout", "devices", workers ? workers : (json_int_t)1);
+    if (!workers) workers = 1;
+    json_int_t ranks = json_integer_value(devices) - workers;
+    return json_pack("{s:O, s:{s:I}, s:{s:I}}", "devices", devices, "trainer", "devices", ranks > 1 ? ranks : 1,
+                     "rollout", "devices", workers);
 }
 
 static json_t *parse_text(json_t *row, const char *key) {

@@ -187,13 +187,25 @@ int critic_step(struct trainer_run *r, int a, int b, struct critic_totals *tot, 
     relative(rl, a, b - a, rel);
     int rc = rl_norm_accumulate(&norm, b - a, rel, rl->mask + rl->start[a], err);
     if (!rc) rc = tensor_zero(&c->model->grads, err);
-    for (int i = a; !rc && i < b;) {
+    /* Several ranks: the policy's split of the micro-batches (dist_mine), the sums and
+     * gradients added over the ranks; the critic's moments stay whole (stage 0). */
+    bool ranks = r->dist.ranks > 1;
+    struct critic_totals mine = {0}, *acc = ranks ? &mine : tot;
+    for (int i = a, j = 0; !rc && i < b; j++) {
         int k = rl_batch_fit(r, r->train, rl->trained + i, b - i);
-        rc = micro_step(r, i, k, &vc, norm, rel, tot, err);
+        if (dist_mine(&r->dist, j)) rc = micro_step(r, i, k, &vc, norm, rel, acc, err);
         i += k;
     }
     free(rel);
     TRY(rc);
+    if (ranks) {
+        TRY(rl_dist_critic_totals(&r->dist, &mine, err));
+        TRY(dist_all_reduce_sum(&r->dist, &c->model->grads, err));
+        tot->loss += mine.loss;
+        tot->value_sum += mine.value_sum;
+        tot->n_tokens += mine.n_tokens;
+        tot->clipped += mine.clipped;
+    }
     double grad_norm, lr = lr_at(&c->schedule, r->step + 1);
     TRY(optimizer_step(&c->opt, &c->model->weights, &c->model->grads, 1.0, s->hp.max_grad_norm, lr, s->hp.beta1,
                        s->hp.beta2, s->hp.eps, s->hp.weight_decay, &grad_norm, err));

@@ -26,14 +26,11 @@ int dist_check(const struct job_spec *s, const struct trainer_options *o, struct
     if (!o->rendezvous || !*o->rendezvous)
         return error_set_field(err, SMELT_EINVAL, "rendezvous",
                                "rendezvous: %d ranks need a rendezvous store (\"file:DIR\")", ranks);
-    if (job_type_is_rl(s->type))
-        return error_set_field(err, SMELT_EINVAL, "ranks",
-                               "ranks: a %s job runs on one trainer rank for now (got %d)", job_type_name(s->type),
-                               ranks);
     if (s->backend != BACKEND_CPU)
         return error_set_field(err, SMELT_EINVAL, "ranks",
                                "ranks: %d ranks need backend \"cpu\" (the collectives are Gloo's, on host "
                                "buffers; NCCL comes later)", ranks);
+    if (job_type_is_rl(s->type)) return dist_check_rl(s, ranks, err);
     if (ranks > s->hp.grad_accum)
         return error_set_field(err, SMELT_EINVAL, "ranks",
                                "ranks: %d ranks share a step's %lld micro-batches; raise "
@@ -147,3 +144,66 @@ void dist_sizes(const struct dist *d, const struct tensor *params, const struct 
     out->grad_bytes = (int64_t)(tensor_nbytes(grads) + (d->grad_shard.data ? tensor_nbytes(&d->grad_shard) : 0));
     out->optimizer_bytes = (int64_t)(tensor_nbytes(&opt->m) + tensor_nbytes(&opt->v));
 }
+
+/* ==== RL on several ranks: bytes between ranks (rl_dist.c's samples) ================== */
+
+/* An RL iteration's micro-batches are the samples' (rl_batch_fit), not grad_accum's, so
+ * that rule does not apply; stage 3 is not wired into the RL loop. */
+int dist_check_rl(const struct job_spec *s, int ranks, struct smelt_error *err) {
+    if (s->hp.zero_stage >= 3)
+        return error_set_field(err, SMELT_EINVAL, "hyperparameters.zero_stage",
+                               "hyperparameters.zero_stage: a %s job on %d ranks takes ZeRO stage 0, 1 or 2 (got "
+                               "%lld)", job_type_name(s->type), ranks, (long long)s->hp.zero_stage);
+    return SMELT_OK;
+}
+
+/* Bytes travel as f32 slots (no arithmetic in transit): a length padded to them. */
+static size_t slots(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
+
+int dist_broadcast_bytes(struct dist *d, void **buf, size_t *len, struct smelt_error *err) {
+    if (!d->comm) return SMELT_OK;
+    uint64_t n = d->rank == 0 ? (uint64_t)*len : 0;
+    float head[2];
+    memcpy(head, &n, sizeof n);
+    TRY(comm_broadcast(d->comm, head, 2, COMM_F32, 0, NULL, err));
+    memcpy(&n, head, sizeof n);
+    if (n > DIST_MAX_BROADCAST_BYTES)
+        return error_set(err, SMELT_EINVAL, "ranks: rank 0 sends %llu bytes, more than %llu", (unsigned long long)n,
+                         (unsigned long long)DIST_MAX_BROADCAST_BYTES);
+    float *body = calloc(slots((size_t)n) ? slots((size_t)n) : 1, sizeof *body);
+    if (!body) return error_set(err, SMELT_ENOMEM, "ranks: out of memory for %llu bytes", (unsigned long long)n);
+    if (d->rank == 0 && n) memcpy(body, *buf, (size_t)n);
+    int rc = comm_broadcast(d->comm, body, slots((size_t)n), COMM_F32, 0, NULL, err);
+    if (rc || d->rank == 0) {
+        free(body);
+        return rc;
+    }
+    *buf = body;
+    *len = (size_t)n;
+    return SMELT_OK;
+}
+
+int dist_gather_bytes(struct dist *d, const void *mine, size_t bytes, void *all, struct smelt_error *err) {
+    if (!d->comm) {
+        memcpy(all, mine, bytes);
+        return SMELT_OK;
+    }
+    size_t per = slots(bytes) ? slots(bytes) : 1;
+    float *send = calloc(per, sizeof *send), *recv = malloc(per * (size_t)d->ranks * sizeof *recv);
+    int rc = send && recv ? SMELT_OK : error_set(err, SMELT_ENOMEM, "ranks: out of memory");
+    if (!rc) {
+        memcpy(send, mine, bytes);
+        rc = comm_all_gather(d->comm, send, recv, per * (size_t)d->ranks, COMM_F32, NULL, err);
+    }
+    for (int k = 0; !rc && k < d->ranks; k++)
+        memcpy((char *)all + (size_t)k * bytes, recv + (size_t)k * per, bytes);
+    free(send);
+    free(recv);
+    return rc;
+}
+
+int dist_all_reduce_sum(struct dist *d, struct tensor *t, struct smelt_error *err) {
+    if (!d->comm) return SMELT_OK;
+    return comm_all_reduce(d->comm, t->data, (size_t)tensor_numel(t), COMM_F32, COMM_SUM, NULL, err);
+}
+/* ==== end of RL on several ranks ====================================================== */

@@ -137,7 +137,9 @@ int rl_prepare(struct trainer_run *r, struct smelt_error *err) {
     if (r->val && r->val->n > rl->cap) rl->cap = (int)r->val->n;
     if (s->rl.beta > 0 && !r->lora) TRY(copy_reference(r, err));
     TRY(alloc_state(r, rl, err));
-    if (s->rl.placement == RL_PLACEMENT_SPLIT) TRY(rl_workers_start(r, rl->cap, &rl->workers, err));
+    /* Rank 0 alone generates (docs/distributed.md): only it has workers. */
+    if (s->rl.placement == RL_PLACEMENT_SPLIT && r->dist.rank == 0)
+        TRY(rl_workers_start(r, rl->cap, &rl->workers, err));
     return SMELT_OK;
 }
 
@@ -311,6 +313,7 @@ struct iteration {
     int64_t failed, zeroed, groups, groups_degenerate, gen_tokens, trained_tokens;
     double t_generate, t_score, t_reference, t_update, t_sync;
     int64_t sync_bytes;            /* per worker: the model's or the adapter's size */
+    int loader_moves;              /* prompt batches drawn: the other ranks' loaders move as many */
 };
 
 /* An iteration whose every reward failed trains nothing. RL_MAX_ALL_FAILED of them in a
@@ -347,6 +350,7 @@ static int collect(struct trainer_run *r, int64_t version, struct iteration *it,
         } else {
             const struct dataset_batch *b;
             TRY(dataset_loader_next(r->loader, &b, err));
+            it->loader_moves++;
             n_seqs = b->n_seqs;
             TRY(rl_generate(r, r->train, b->rows, n_seqs, G, &sp, s->rl.max_new_tokens, version, out, err));
         }
@@ -484,6 +488,7 @@ struct update_totals {
     double loss;
     int64_t tokens;     /* prompt + generated tokens through the model */
     int64_t micro;
+    bool old_from_update;     /* old logprobs were the update's own forward (each rank: its micro-batches) */
     struct ppo_iteration ppo; /* PPO: the critic's values, advantages and steps */
 };
 
@@ -553,13 +558,27 @@ static int minibatch_step(struct trainer_run *r, int a, int b, int n, bool old_i
         return SMELT_OK;
     }
     TRY(tensor_zero(r->grads, err));
-    int64_t tokens_before = tot->tokens;
-    for (int i = a; i < b;) {
+    /* Several ranks: each runs its share of the step's micro-batches (dist_mine; the
+     * dropout seeds stay those of the global index) and the sums are added over them. */
+    bool ranks = r->dist.ranks > 1;
+    struct update_totals mine = {.micro = tot->micro}, *acc = ranks ? &mine : tot;
+    int64_t tokens_before = acc->tokens;
+    for (int i = a, j = 0; i < b; j++) {
         int k = rl_batch_fit(r, r->train, rl->trained + i, b - i);
-        TRY(micro_step(r, i, k, norm, old_is_current, tot, err));
+        if (dist_mine(&r->dist, j)) TRY(micro_step(r, i, k, norm, old_is_current, acc, err));
+        else acc->micro++;
         i += k;
     }
-    st->tokens = tot->tokens - tokens_before;
+    tot->old_from_update |= old_is_current;
+    st->tokens = acc->tokens - tokens_before;
+    if (ranks) {
+        TRY(rl_dist_policy_totals(&r->dist, &mine.ps, &mine.loss, &mine.tokens, err));
+        rl_policy_stats_merge(&tot->ps, &mine.ps);
+        tot->loss += mine.loss;
+        tot->tokens += mine.tokens;
+        tot->micro = mine.micro;
+        st->tokens = mine.tokens;
+    }
     return run_optimizer_step(r, 1.0, st, err);
 }
 
@@ -752,6 +771,7 @@ static int submit_ahead(struct trainer_run *r, struct smelt_error *err) {
     if (s->rl.max_staleness == 0 || (rl->version + 1) * rl->steps_per_iteration >= r->total_steps) return SMELT_OK;
     const struct dataset_batch *b;
     TRY(dataset_loader_next(r->loader, &b, err));
+    if (r->dist.rank != 0) return SMELT_OK; /* rank 0 generates; the others' cursor moves as its */
     struct sample_params sp = sampling(s);
     int G = (int)s->rl.num_generations;
     TRY(rl_generate_submit(r, r->train, b->rows, b->n_seqs, G, &sp, s->rl.max_new_tokens, rl->version, rl->ahead,
@@ -821,29 +841,49 @@ int rl_restore_state(struct trainer_run *r, const char *dir, struct smelt_error 
     return rl_pending_load(path, r->train, rl->cap, rl->ahead, &rl->n_ahead, err);
 }
 
+/* The iteration's scored samples: rank 0 generates and scores them (after the run's
+ * first held-out evaluation), and with several ranks sends them, or its failure, to the
+ * others (rl_dist_share), whose prompt cursors then move as rank 0's did. */
+static int produce(struct trainer_run *r, int64_t version, struct iteration *it, struct smelt_error *err) {
+    struct rl_state *rl = r->rl;
+    int rc = SMELT_OK;
+    if (r->dist.rank == 0) {
+        if (!rl->recorded_start_eval) rc = start_eval(r, err);
+        if (!rc) rc = collect(r, version, it, err);
+    }
+    rl->recorded_start_eval = true;
+    TRY(rl_dist_share(r, rc, it, sizeof *it, it->n_samples, err));
+    for (int i = 0; r->dist.rank != 0 && i < it->loader_moves; i++) {
+        const struct dataset_batch *b;
+        TRY(dataset_loader_next(r->loader, &b, err));
+    }
+    return SMELT_OK;
+}
+
 int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struct smelt_error *err) {
     (void)n_micro;
     struct rl_state *rl = r->rl;
-    if (!rl->recorded_start_eval) TRY(start_eval(r, err));
     int64_t version = r->step / rl->steps_per_iteration;
     rl->version = version;
     struct iteration it = {0};
     json_decref(rl->errors);
     rl->errors = json_array();
     rl->policy_frozen = rl->critic && version < r->spec->rl.critic_warmup_iterations;
-    TRY(collect(r, version, &it, err));
+    TRY(produce(r, version, &it, err));
     TRY(select_trained(r, &it, err));
     int n = it.n_trained;
     struct update_totals tot = {0};
     double t0 = now_s();
     TRY(before_update(r, n, &tot, err));
     it.t_reference = now_s() - t0;
-    TRY(submit_ahead(r, err));
+    TRY(rl_dist_lead_outcome(r, submit_ahead(r, err), err));
     t0 = now_s();
     TRY(update(r, n, &tot, st, err));
+    if (tot.old_from_update) TRY(rl_dist_gather_old(r, n, err));
     it.t_update = now_s() - t0;
-    TRY(collect_ahead(r, &it, err));
-    if (rl->workers) TRY(sync_workers(r, version + 1, &it, err));
+    int rc = collect_ahead(r, &it, err);
+    if (!rc && rl->workers) rc = sync_workers(r, version + 1, &it, err);
+    TRY(rl_dist_lead_outcome(r, rc, err));
     struct rl_mismatch mm = {0};
     TRY(mismatch(rl, n, &mm, err));
 
@@ -878,13 +918,13 @@ int rl_step(struct trainer_run *r, int64_t n_micro, struct step_stats *st, struc
     put(m, "generate_tokens_per_s", it.t_generate > 0 ? (double)it.gen_tokens / it.t_generate : NAN);
     if (rl->critic) ppo_metrics(&tot.ppo, m);
     st->metrics = m;
-    samples_line(r, it.n_samples);
+    if (r->dist.rank == 0) samples_line(r, it.n_samples);
     if (it.failed || it.zeroed) /* one line per iteration: the service records a line per (type, step) */
         run_metrics_emit(r, json_pack("{s:s, s:I, s:s, s:I, s:I, s:I, s:O}", "type", "sample_errors", "step",
                                       (json_int_t)r->step, "file", r->train->path, "count",
                                       (json_int_t)(it.failed + it.zeroed), "failed", (json_int_t)it.failed, "zeroed",
                                       (json_int_t)it.zeroed, "errors", rl->errors));
-    int rc = check_rewards_work(rl, &it, err);
+    rc = check_rewards_work(rl, &it, err);
     if (rc) { /* the job ends here: no train line for this iteration */
         json_decref(st->metrics);
         st->metrics = NULL;

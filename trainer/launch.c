@@ -7,7 +7,9 @@
  * The ranks stay in this process's group: a stop meant for the group (the agent's
  * SIGTERM, a terminal's ^C) reaches every rank, and the ranks agree to stop after the same
  * step. A signal sent to this process alone is passed on to the ranks. Rank R runs on
- * entry R of the CUDA_VISIBLE_DEVICES / SMELT_CPU_SLOT lists the agent gives the job.
+ * entry R of the CUDA_VISIBLE_DEVICES / SMELT_CPU_SLOT lists the agent gives the job;
+ * rank 0 also gets the entries after the ranks' (an RL job's rollout workers, started by
+ * rank 0), after its own.
  *
  * A rank that fails makes the others fail too, within the communicator's timeout, each
  * naming it (comm/). This process waits that long for them; a rank still there after
@@ -65,7 +67,9 @@ static int start_rank(const struct trainer_launch *l, int rank, const char *stor
                       struct smelt_error *err) {
     char text[2][32];
     const char **argv = rank_argv(l, rank, store, text);
-    char **envp = spawn_envp_for_device(rank, backend_cpu_blas_kernels());
+    /* Rank R runs on entry R; rank 0 also gets the entries after the ranks': an RL job's
+     * rollout workers, which it starts. */
+    char **envp = spawn_envp_for_device(rank, rank == 0 ? l->ranks : -1, backend_cpu_blas_kernels());
     int rc = SMELT_OK;
     if (!argv || !envp) rc = error_set(err, SMELT_ENOMEM, "launch: out of memory");
     if (!rc) {

@@ -385,8 +385,9 @@ static int start_all(struct trainer_run *r, struct rl_workers *ws, struct smelt_
         snprintf(name, sizeof name, "rollout-%d.log", i);
         rc = path_join(w->log, sizeof w->log, r->spec->output_dir, name, err);
         snprintf(text[7], JOB_PATH_BYTES, "%d", i + 1); /* its group rank (comm_args) */
-        /* The agent lists the trainer's device first, then one per worker. */
-        char **envp = rc ? NULL : spawn_envp_for_device(1 + i, backend_cpu_blas_kernels());
+        /* The trainer's device comes first in its lists, then one per worker (the agent's
+         * order; a launcher gives rank 0 its own and the workers'). */
+        char **envp = rc ? NULL : spawn_envp_for_device(1 + i, -1, backend_cpu_blas_kernels());
         if (!rc && !envp) rc = error_set(err, SMELT_ENOMEM, "rl: out of memory");
         if (!rc) rc = spawn(&plan, envp, i, w, err);
         spawn_envp_free(envp);

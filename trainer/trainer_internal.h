@@ -503,6 +503,48 @@ struct dist_sizes {
 void dist_sizes(const struct dist *d, const struct tensor *params, const struct tensor *grads,
                 const struct optimizer *opt, struct dist_sizes *out);
 
+/* ==== RL on several ranks (dist.c's byte helpers, rl_dist.c; docs/distributed.md) ======
+ * Rank 0 alone generates and scores (its engine or rollout workers, its reward stage);
+ * the others wait in dist_broadcast_bytes and take its samples, then every rank runs the
+ * reference, old and critic passes over all samples and its share of every optimizer
+ * step's micro-batches. */
+#define DIST_MAX_BROADCAST_BYTES ((uint64_t)1 << 34)
+/* A grpo / ppo job on `ranks` > 1: ZeRO stage 0, 1 or 2 (hyperparameters.zero_stage
+ * named otherwise). */
+int dist_check_rl(const struct job_spec *s, int ranks, struct smelt_error *err);
+/* Rank 0's *buf (*len bytes, borrowed) to every rank: the others get a malloc'd copy in
+ * *buf (theirs to free) and its length in *len. Sizes travel first. One rank: nothing. */
+int dist_broadcast_bytes(struct dist *d, void **buf, size_t *len, struct smelt_error *err);
+/* Every rank's `bytes` bytes at mine into all[rank * bytes ...] (all holds ranks * bytes),
+ * as raw bytes: callers combine them in rank order, so every rank gets the same bits. */
+int dist_gather_bytes(struct dist *d, const void *mine, size_t bytes, void *all, struct smelt_error *err);
+/* t (f32, host) becomes its sum over the ranks (PPO's critic gradients: stage 0). */
+int dist_all_reduce_sum(struct dist *d, struct tensor *t, struct smelt_error *err);
+
+/* rl_dist.c. rank 0: rc is the outcome of its generation and rewards (err filled when it
+ * failed); iter (iter_bytes, a plain struct of the same binary) and rl->samples[0 ..
+ * n_samples) with rl->errors are broadcast with it. The other ranks replace their samples
+ * (ids, rollout logprobs, row, version, finish reason, reward, scores, failed), iter and
+ * rl->errors with rank 0's, or, when rank 0 failed, return its code with its message and
+ * field. iter NULL: the outcome alone (a step only rank 0 takes: the split placement's
+ * weight sync, its generation ahead), nothing else changes. One rank: returns rc. */
+int rl_dist_share(struct trainer_run *r, int rc, void *iter, size_t iter_bytes, int n_samples,
+                  struct smelt_error *err);
+/* The split placement: rc, the outcome of rank 0's call to its workers (the generation
+ * ahead, the weight sync), shared as rl_dist_share's outcome alone; otherwise rc. */
+int rl_dist_lead_outcome(struct trainer_run *r, int rc, struct smelt_error *err);
+/* After a one-step update whose old logprobs were its own forward (each rank: its own
+ * micro-batches, those of the current version), every rank gets them all (summed from a
+ * buffer that is 0 elsewhere: exact), for the mismatch metrics. One rank: nothing. */
+int rl_dist_gather_old(struct trainer_run *r, int n, struct smelt_error *err);
+/* One optimizer step's policy-loss statistics, loss and token count summed over the
+ * ranks (each rank's partial merged in rank order: the same bits everywhere). */
+int rl_dist_policy_totals(struct dist *d, struct rl_policy_stats *ps, double *loss, int64_t *tokens,
+                          struct smelt_error *err);
+/* One critic step's value-loss sums over the ranks (loss, value_sum, n_tokens, clipped). */
+int rl_dist_critic_totals(struct dist *d, struct critic_totals *t, struct smelt_error *err);
+/* ==== end of RL on several ranks ======================================================= */
+
 /* setup.c */
 double run_flops_per_token(const struct model *m, double mean_len);
 int run_setup(struct trainer_run *r, struct smelt_error *err);

@@ -98,30 +98,35 @@ def train_lines(smeltd, job_id):
         return [line for line in map(json.loads, f) if line.get("type") == "train"]
 
 
-@pytest.mark.parametrize("weight_sync", [None, "zmq"])
-def test_grpo_job_in_split_placement_syncs_its_workers(smeltd, weight_sync):
+@pytest.mark.parametrize("weight_sync,ranks", [(None, 1), ("zmq", 1), (None, 2)])
+def test_grpo_job_in_split_placement_syncs_its_workers(smeltd, weight_sync, ranks):
     """The default transport is the broadcast (comm/'s Gloo group of the trainer and its
     workers); "zmq" sends the buckets as messages. Either way every iteration moves the
-    model, and the train lines say how and how long it took."""
+    model, and the train lines say how and how long it took. With two trainer ranks
+    (docs/distributed.md) rank 0 generates through the one worker and pushes to it."""
     train = upload(smeltd, prompts_rows(TRAIN_FILE, 16), "grpo_split_train.jsonl")
     val = upload(smeltd, prompts_rows(VAL_FILE, 4), "grpo_split_val.jsonl")
     hp = {"batch_size": 4, "num_generations": 4, "max_new_tokens": 4, "max_iterations": 3,
           "learning_rate_multiplier": 10, "kv_memory_mb": 4}
     if weight_sync:
         hp["weight_sync"] = weight_sync
+    workers = 3 - ranks
     body = grpo_request(train, val, hp=hp)
-    body["resources"] = {"trainer": {"devices": 1}, "rollout": {"devices": 2}}
+    body["resources"] = {"trainer": {"devices": ranks}, "rollout": {"devices": workers}}
     status, job = smeltd.request("POST", J, body)
     assert status == 200, job
-    assert job["resources"] == {"devices": 3, "trainer": {"devices": 1}, "rollout": {"devices": 2}}, job
+    assert job["resources"] == {"devices": 3, "trainer": {"devices": ranks}, "rollout": {"devices": workers}}, job
     status, raw = smeltd.request("GET", J + "/" + job["id"])
-    assert raw["spec"]["rl"]["placement"] == "split" and raw["spec"]["rl"]["rollout_workers"] == 2, raw
+    assert raw["spec"]["rl"]["placement"] == "split" and raw["spec"]["rl"]["rollout_workers"] == workers, raw
     job = smeltd.wait_job(job["id"], ("succeeded", "failed", "cancelled"), timeout=300)
     assert job["status"] == "succeeded", (job, smeltd.read_log())
     status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
     started = [e["message"] for e in events["data"] if e["message"].startswith("Job started")]
-    assert started and started[0].endswith("devices 0,1,2"), started  # gang-allocated: trainer + 2 workers
-    with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-1.log"), encoding="utf-8") as f:
+    assert started and started[0].endswith("devices 0,1,2"), started  # gang-allocated: trainer ranks + workers
+    if ranks > 1:
+        assert any("%d ranks, ZeRO stage" % ranks in e["message"] for e in events["data"]), events["data"]
+    with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-%d.log" % (workers - 1)),
+              encoding="utf-8") as f:
         assert "serving on" in f.read()
     status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
     assert status == 200, events
@@ -140,7 +145,7 @@ def test_grpo_job_in_split_placement_syncs_its_workers(smeltd, weight_sync):
     assert all(line["sync_bytes"] > 0 and line["time/sync_s"] > 0 for line in lines), lines
     print("GRPO split, weight sync by %s: %s bytes per worker in %s ms" % (
         transport, lines[0]["sync_bytes"], ", ".join("%.1f" % (1000 * line["time/sync_s"]) for line in lines)))
-    for i in range(2):
+    for i in range(workers):
         with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-%d.log" % i), encoding="utf-8") as f:
             assert f.read().count("in use (by %s)" % transport) == 3, i
     assert not os.path.exists(os.path.join(smeltd.data_dir, "jobs", job["id"], "weightsync-rendezvous"))
@@ -213,8 +218,8 @@ def test_grpo_bad_requests_name_the_field(smeltd):
     body["method"]["grpo"]["hyperparameters"]["rollout_workers"] = 2
     refused(smeltd, body, "resources.rollout", "rollout_workers")
     body = grpo_request(train, val)
-    body["resources"] = {"trainer": {"devices": 2}}
-    refused(smeltd, body, "resources.trainer.devices", "one rank")
+    body["resources"] = {"trainer": {"devices": 3}, "rollout": {"devices": 1}}  # 4 devices: more than the agent's 3
+    refused(smeltd, body, "resources", "4 devices", "has 3")
     body["resources"] = {"rollout": {"devices": 0}}
     refused(smeltd, body, "resources.rollout.devices")
     body["resources"] = {"rollout": {"gpus": 1}}

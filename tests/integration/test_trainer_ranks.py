@@ -28,16 +28,23 @@ STEPS = 3
 GRAD_ACCUM = 4
 
 
-@pytest.fixture(scope="module")
-def work():
-    tmp = tempfile.mkdtemp(prefix="smelt-ranks-")
+def data_folder(prefix, files):
+    """A temporary folder holding the first n lines of each examples/data file: [(src, dst, n)]."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     data = os.path.join(ROOT, "examples", "data")
-    for src, dst, n in (("addition_train.jsonl", "sft.jsonl", 96), ("addition_val.jsonl", "sft_val.jsonl", 8),
-                        ("addition_pref_train.jsonl", "pref.jsonl", 64),
-                        ("addition_pref_val.jsonl", "pref_val.jsonl", 8)):
+    for src, dst, n in files:
         with open(os.path.join(data, src)) as f, open(os.path.join(tmp, dst), "w") as g:
             for _ in range(n):
                 g.write(f.readline())
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def work():
+    tmp = data_folder("smelt-ranks-", [("addition_train.jsonl", "sft.jsonl", 96),
+                                       ("addition_val.jsonl", "sft_val.jsonl", 8),
+                                       ("addition_pref_train.jsonl", "pref.jsonl", 64),
+                                       ("addition_pref_val.jsonl", "pref_val.jsonl", 8)])
     yield tmp
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -75,20 +82,31 @@ def launch(spec, ranks, extra=(), timeout=120):
         p = subprocess.run([TRAINER, "--spec", spec, "--quiet"] + list(extra), capture_output=True, text=True,
                            env=env(), timeout=timeout)
         return [(p.returncode, p.stdout, p.stderr)]
-    rdv = tempfile.mkdtemp(prefix="smelt-rdv-")
-    procs = [subprocess.Popen([TRAINER, "--spec", spec, "--quiet", "--rank", str(r), "--ranks", str(ranks),
-                               "--rendezvous", "file:" + rdv, "--comm-timeout-ms", "60000"] + list(extra),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-             for r in range(ranks)]
+    procs, rdv = start_ranks(spec, ranks, extra=extra)
     try:
         out = [p.communicate(timeout=timeout) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(rdv, ignore_errors=True)
+        stop_ranks(procs, rdv)
     return [(p.returncode, o, e) for p, (o, e) in zip(procs, out)]
+
+
+def start_ranks(spec, ranks, timeout_ms=60000, extra=()):
+    """The ranks of one job started on a fresh file rendezvous: (processes, its folder)."""
+    rdv = tempfile.mkdtemp(prefix="smelt-rdv-")
+    procs = [subprocess.Popen([TRAINER, "--spec", spec, "--quiet", "--rank", str(r), "--ranks", str(ranks),
+                               "--rendezvous", "file:" + rdv, "--comm-timeout-ms", str(timeout_ms)] + list(extra),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+             for r in range(ranks)]
+    return procs, rdv
+
+
+def stop_ranks(procs, rdv):
+    """Kills the ranks still running, reaps them all, removes the rendezvous."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    shutil.rmtree(rdv, ignore_errors=True)
 
 
 def run_ok(spec, ranks, extra=()):
@@ -310,26 +328,12 @@ def test_bad_rank_options_and_specs(work):
     refused(["--rank", "0", "--ranks", "2"], spec, 2, "needs --rendezvous")
     refused(["--ranks", "0"], spec, 2, "--ranks")
     refused(["--rank", "0", "--ranks", "8", "--rendezvous", rdv], spec, 1, "raise hyperparameters.grad_accum")
-    with open(os.path.join(work, "prompts.jsonl"), "w") as f:
-        f.write('{"prompt": "1+1="}\n')
-    grpo = {"type": "grpo", "model": TINY, "model_init": "random", "data": {"train": os.path.join(work, "prompts.jsonl")},
-            "hyperparameters": {"batch_size": 1, "grad_accum": 2},
-            "rl": {"num_generations": 2, "max_new_tokens": 2, "max_iterations": 1,
-                   "reward": {"verifiers": [{"type": "exact_match"}]}},
-            "output_dir": os.path.join(work, "bad-grpo")}
-    path = os.path.join(work, "grpo.json")
-    with open(path, "w") as f:
-        json.dump(grpo, f)
-    refused(["--rank", "0", "--ranks", "2", "--rendezvous", rdv], path, 1, "ranks: a grpo job runs on one trainer rank")
+    # grpo / ppo on several ranks: test_trainer_ranks_rl.py
 
 
 def test_a_killed_rank_fails_the_others_naming_it(work):
     spec, out = make_spec(work, "killed", "sft", max_steps=400)
-    rdv = tempfile.mkdtemp(prefix="smelt-rdv-")
-    procs = [subprocess.Popen([TRAINER, "--spec", spec, "--quiet", "--rank", str(r), "--ranks", "2",
-                               "--rendezvous", "file:" + rdv, "--comm-timeout-ms", "3000"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-             for r in range(2)]
+    procs, rdv = start_ranks(spec, 2, timeout_ms=3000)
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not os.path.exists(os.path.join(out, "metrics.jsonl")):
@@ -342,8 +346,4 @@ def test_a_killed_rank_fails_the_others_naming_it(work):
         assert procs[0].returncode == 3, (procs[0].returncode, err)
         assert "rank 1" in err, err
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        shutil.rmtree(rdv, ignore_errors=True)
+        stop_ranks(procs, rdv)

@@ -1,227 +1,47 @@
 /* comm/: collectives over Gloo between forked ranks on loopback, through a file store in
- * a temporary folder. Values are small integers so that every sum is exact in f32 and
- * bf16. A rank killed or stopped mid-operation must make the others fail, naming it,
- * within the timeout (plus the naming grace); no child outlives its test. */
+ * a temporary folder (tests/unit/comm_testutil.h). Values are small integers so that
+ * every sum is exact in f32 and bf16. A rank killed or stopped mid-operation must make
+ * the others fail, naming it, within the timeout (plus the naming grace); no child
+ * outlives its test. The NCCL backend's tests: tests/gpu/test_gpu_comm.c. */
 #include <criterion/criterion.h>
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "comm/comm.h"
 #include "comm/comm_internal.h"
-#include "common/file.h"
 #include "kernels/ops.h"
-#include "testutil.h"
+#include "tests/unit/comm_testutil.h"
 
-#define MAX_RANKS 4
 #define TIMEOUT_MS 1000
 
-typedef int (*rank_fn)(struct comm *comm, char *msg, size_t bytes);
+static const struct comm_test_setup GLOO = {.backend = COMM_BACKEND_GLOO,
+                                            .timeout_ms = TIMEOUT_MS};
 
-/* ---- helpers ---------------------------------------------------------------------- */
+/* ---- every operation, values checked exactly (tests/unit/comm_testutil.h) ------------- */
 
-static float get_val(const void *buf, enum comm_dtype dt, size_t i) {
-    return dt == COMM_F32 ? ((const float *)buf)[i] : bf16_to_f32(((const uint16_t *)buf)[i]);
+static void *host_put(const void *host, size_t bytes) {
+    void *buf = malloc(bytes);
+    if (buf) memcpy(buf, host, bytes);
+    return buf;
 }
 
-static void set_val(void *buf, enum comm_dtype dt, size_t i, float v) {
-    if (dt == COMM_F32) ((float *)buf)[i] = v;
-    else ((uint16_t *)buf)[i] = f32_to_bf16(v);
+static int host_get(void *host, const void *buf, size_t bytes) {
+    memcpy(host, buf, bytes);
+    return 0;
 }
 
-static void *alloc_buf(size_t n, enum comm_dtype dt) {
-    return calloc(n ? n : 1, dt == COMM_F32 ? 4 : 2);
-}
+static const struct comm_test_mem HOST = {host_put, host_get, free};
 
-/* Child body: connect as rank, run fn, write its message to DIR/out.<rank>, exit with
- * its code (never returns). */
-static _Noreturn void rank_main(int rank, int size, rank_fn fn) {
-    char msg[1024] = "";
-    struct smelt_error err = {0};
-    struct comm_store *store = NULL;
-    struct comm *comm = NULL;
-    char spec[128];
-    snprintf(spec, sizeof spec, "file:%s", test_tmp_dir);
-    int code = 0;
-    struct comm_options o = {.rank = rank, .size = size, .name = "world", .host = "127.0.0.1",
-                             .timeout_ms = TIMEOUT_MS};
-    if (comm_store_open(spec, "job-1", &store, &err) || comm_create(store, &o, &comm, &err)) {
-        snprintf(msg, sizeof msg, "setup: %s", err.message);
-        code = 10;
-    } else {
-        code = fn(comm, msg, sizeof msg);
-    }
-    comm_destroy(comm);
-    comm_store_close(store);
-    char path[256], name[32];
-    snprintf(name, sizeof name, "out.%d", rank);
-    test_tmp_path(path, sizeof path, name);
-    file_write_atomic(path, msg, strlen(msg), NULL);
-    _exit(code);
-}
+#define CHECK COMM_TEST_CHECK
 
-static void spawn(int size, rank_fn fn, pid_t *pids) {
-    for (int r = 0; r < size; r++) {
-        pids[r] = fork();
-        cr_assert(pids[r] >= 0, "fork: %s", strerror(errno));
-        if (pids[r] == 0) rank_main(r, size, fn);
-    }
-}
-
-/* Reaps pid within deadline_ms; kills it (and fails) past it. Returns its exit code. */
-static int reap(pid_t pid, int64_t deadline) {
-    int status;
-    for (;;) {
-        pid_t got = waitpid(pid, &status, WNOHANG);
-        if (got == pid) break;
-        if (comm_now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            cr_assert_fail("rank pid %d did not finish in time", (int)pid);
-            return -1;
-        }
-        comm_sleep_ms(5);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static void read_out(int rank, char *buf, size_t bytes) {
-    char path[256], name[32], *data = NULL;
-    size_t len;
-    snprintf(name, sizeof name, "out.%d", rank);
-    test_tmp_path(path, sizeof path, name);
-    buf[0] = '\0';
-    if (file_read_all(path, &data, &len, NULL) == 0) snprintf(buf, bytes, "%s", data);
-    free(data);
-}
-
-static void run_all_ok(int size, rank_fn fn) {
-    pid_t pids[MAX_RANKS];
-    spawn(size, fn, pids);
-    int64_t deadline = comm_now_ms() + 15000;
-    for (int r = 0; r < size; r++) {
-        int code = reap(pids[r], deadline);
-        char out[1024];
-        read_out(r, out, sizeof out);
-        cr_expect_eq(code, 0, "rank %d exited %d: %s", r, code, out);
-    }
-}
-
-/* ---- every operation, values checked exactly ----------------------------------------- */
-
-#define CHECK(cond, ...)                                    \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            snprintf(msg, bytes, __VA_ARGS__);              \
-            return 1;                                       \
-        }                                                   \
-    } while (0)
-
-static int check_all_reduce(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                            size_t bytes) {
-    int r = comm_rank(c), size = comm_size(c);
-    void *sum = alloc_buf(n, dt), *mx = alloc_buf(n, dt);
-    for (size_t i = 0; i < n; i++) {
-        set_val(sum, dt, i, (float)(r + 1 + (int)(i % 5)));
-        set_val(mx, dt, i, (float)((r * 7 + (int)i) % 11));
-    }
-    struct smelt_error err;
-    int rc = comm_all_reduce(c, sum, n, dt, COMM_SUM, NULL, &err);
-    if (!rc) rc = comm_all_reduce(c, mx, n, dt, COMM_MAX, NULL, &err);
-    for (size_t i = 0; !rc && i < n; i++) {
-        float want_sum = (float)(size * (size + 1) / 2 + size * (int)(i % 5)), want_max = 0;
-        for (int q = 0; q < size; q++)
-            if ((q * 7 + (int)i) % 11 > want_max) want_max = (float)((q * 7 + (int)i) % 11);
-        if (get_val(sum, dt, i) != want_sum || get_val(mx, dt, i) != want_max) {
-            snprintf(msg, bytes, "all_reduce dt %d n %zu [%zu]: sum %g (want %g) max %g (want %g)",
-                     dt, n, i, get_val(sum, dt, i), want_sum, get_val(mx, dt, i), want_max);
-            rc = 1;
-        }
-    }
-    if (rc > 1 || rc < 0) snprintf(msg, bytes, "all_reduce: %s", err.message);
-    free(sum);
-    free(mx);
-    return rc ? 1 : 0;
-}
-
-static int check_reduce_scatter(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                                size_t bytes) {
-    int r = comm_rank(c), size = comm_size(c);
-    size_t off, len;
-    comm_shard(n, size, r, &off, &len);
-    void *send = alloc_buf(n, dt), *recv = alloc_buf(len, dt);
-    for (size_t i = 0; i < n; i++) set_val(send, dt, i, (float)(r + (int)(i % 3)));
-    struct smelt_error err;
-    int rc = comm_reduce_scatter(c, send, recv, n, dt, COMM_SUM, NULL, &err);
-    if (rc) snprintf(msg, bytes, "reduce_scatter: %s", err.message);
-    for (size_t j = 0; !rc && j < len; j++) {
-        float want = (float)(size * (size - 1) / 2 + size * (int)((off + j) % 3));
-        if (get_val(recv, dt, j) != want) {
-            snprintf(msg, bytes, "reduce_scatter dt %d n %zu [%zu]: %g, want %g", dt, n, j,
-                     get_val(recv, dt, j), want);
-            rc = 1;
-        }
-    }
-    free(send);
-    free(recv);
-    return rc ? 1 : 0;
-}
-
-static int check_all_gather(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                            size_t bytes) {
-    size_t off, len;
-    comm_shard(n, comm_size(c), comm_rank(c), &off, &len);
-    void *send = alloc_buf(len, dt), *recv = alloc_buf(n, dt);
-    for (size_t j = 0; j < len; j++) set_val(send, dt, j, (float)((off + j) % 200));
-    struct smelt_error err;
-    int rc = comm_all_gather(c, send, recv, n, dt, NULL, &err);
-    if (rc) snprintf(msg, bytes, "all_gather: %s", err.message);
-    for (size_t i = 0; !rc && i < n; i++)
-        if (get_val(recv, dt, i) != (float)(i % 200)) {
-            snprintf(msg, bytes, "all_gather dt %d n %zu [%zu]: %g", dt, n, i,
-                     get_val(recv, dt, i));
-            rc = 1;
-        }
-    free(send);
-    free(recv);
-    return rc ? 1 : 0;
-}
-
-static int check_broadcast(struct comm *c, enum comm_dtype dt, size_t n, char *msg,
-                           size_t bytes) {
-    int root = comm_size(c) - 1;
-    void *buf = alloc_buf(n, dt);
-    for (size_t i = 0; i < n; i++)
-        set_val(buf, dt, i, comm_rank(c) == root ? (float)(i % 100) : -1.0f);
-    struct smelt_error err;
-    int rc = comm_broadcast(c, buf, n, dt, root, NULL, &err);
-    if (rc) snprintf(msg, bytes, "broadcast: %s", err.message);
-    for (size_t i = 0; !rc && i < n; i++)
-        if (get_val(buf, dt, i) != (float)(i % 100)) {
-            snprintf(msg, bytes, "broadcast dt %d n %zu [%zu]: %g", dt, n, i, get_val(buf, dt, i));
-            rc = 1;
-        }
-    free(buf);
-    return rc ? 1 : 0;
+static void run_all_ok(int size, comm_test_fn fn) {
+    comm_test_run_all_ok(&GLOO, size, fn, 15000);
 }
 
 static int every_op(struct comm *c, char *msg, size_t bytes) {
-    static const size_t SIZES[] = {1, 7, 1001, 70001};
-    for (int dt = COMM_F32; dt <= COMM_BF16; dt++)
-        for (size_t k = 0; k < sizeof SIZES / sizeof SIZES[0]; k++) {
-            size_t n = SIZES[k];
-            if (check_all_reduce(c, dt, n, msg, bytes) || check_reduce_scatter(c, dt, n, msg, bytes) ||
-                check_all_gather(c, dt, n, msg, bytes) || check_broadcast(c, dt, n, msg, bytes))
-                return 1;
-        }
-    struct smelt_error err;
-    CHECK(comm_barrier(c, NULL, &err) == 0, "barrier: %s", err.message);
-    CHECK(!comm_is_broken(c, NULL), "broken after success");
-    return 0;
+    return comm_test_every_op(&HOST, c, msg, bytes);
 }
 
 Test(comm, every_op_2_ranks, .init = test_tmp_setup, .fini = test_tmp_teardown) {
@@ -232,25 +52,8 @@ Test(comm, every_op_4_ranks, .init = test_tmp_setup, .fini = test_tmp_teardown) 
     run_all_ok(4, every_op);
 }
 
-/* Two operations in flight while the caller computes, waited for in reverse order. */
 static int overlap(struct comm *c, char *msg, size_t bytes) {
-    enum { N = 300001 };
-    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
-    CHECK(a && b, "out of memory");
-    for (int i = 0; i < N; i++) a[i] = 1, b[i] = (float)(i % 4);
-    struct comm_request *ra, *rb;
-    struct smelt_error err;
-    CHECK(comm_all_reduce(c, a, N, COMM_F32, COMM_SUM, &ra, &err) == 0, "issue a: %s", err.message);
-    CHECK(comm_all_reduce(c, b, N, COMM_F32, COMM_MAX, &rb, &err) == 0, "issue b: %s", err.message);
-    volatile double busy = 0; /* the caller's compute meanwhile */
-    for (int i = 0; i < 1000000; i++) busy += i * 0.5;
-    CHECK(comm_wait(rb, &err) == 0, "wait b: %s", err.message);
-    CHECK(comm_wait(ra, &err) == 0, "wait a: %s", err.message);
-    for (int i = 0; i < N; i++)
-        CHECK(a[i] == (float)comm_size(c) && b[i] == (float)(i % 4), "[%d]: %g %g", i, a[i], b[i]);
-    free(a);
-    free(b);
-    return 0;
+    return comm_test_overlap(&HOST, c, msg, bytes);
 }
 
 Test(comm, async_overlap_out_of_order, .init = test_tmp_setup, .fini = test_tmp_teardown) {
@@ -262,70 +65,19 @@ Test(comm, async_overlap_out_of_order, .init = test_tmp_setup, .fini = test_tmp_
 #define VICTIM 2
 #define FAULT_RANKS 4
 
-/* Does msg ("...: ranks 1, 2 dead or not answering ...") name rank among the silent
- * ones? The dead rank is always among them; a healthy rank too slow to report on an
- * overloaded machine may be named beside it (comm/README.md). */
-static bool names_rank(const char *msg, int rank) {
-    const char *end = strstr(msg, " dead or not answering");
-    const char *p = end ? strstr(msg, ": rank") : NULL;
-    if (!p || p > end) return false;
-    for (p += strlen(": rank"); p < end; p++)
-        if (*p >= '0' && *p <= '9') {
-            char *next;
-            if (strtol(p, &next, 10) == rank) return true;
-            p = next - 1;
-        }
-    return false;
-}
-
-/* All-reduces until one fails; rank VICTIM marks the folder once it is in the loop.
- * Exits 0 when the failure names VICTIM and the communicator is broken after it. */
+/* All-reduces until one fails (comm_test_until_failure). */
 static int until_failure(struct comm *c, char *msg, size_t bytes) {
     enum { N = 1 << 18 };
     float *buf = calloc(N, sizeof *buf);
     CHECK(buf, "out of memory");
-    struct smelt_error err;
-    for (int iter = 0;; iter++) {
-        if (iter == 3 && comm_rank(c) == VICTIM) {
-            char path[256];
-            test_tmp_path(path, sizeof path, "victim-looping");
-            file_write_atomic(path, "", 0, NULL);
-        }
-        if (comm_all_reduce(c, buf, N, COMM_F32, COMM_SUM, NULL, &err)) break;
-    }
+    int rc = comm_test_until_failure(c, buf, N, VICTIM, msg, bytes);
     free(buf);
-    int64_t t0 = comm_now_ms();
-    struct smelt_error again;
-    int rc = comm_barrier(c, NULL, &again);
-    CHECK(rc != 0 && comm_is_broken(c, NULL) && comm_now_ms() - t0 < 100,
-          "not broken after: %s", err.message);
-    snprintf(msg, bytes, "%s", err.message);
-    return names_rank(err.message, VICTIM) ? 0 : 1;
+    return rc;
 }
 
+/* The timeout, the naming grace (as long) and slack for 2 busy cores. */
 static void fault(int sig) {
-    pid_t pids[FAULT_RANKS];
-    spawn(FAULT_RANKS, until_failure, pids);
-    char marker[256];
-    test_tmp_path(marker, sizeof marker, "victim-looping");
-    int64_t give_up = comm_now_ms() + 10000;
-    while (!path_exists(marker) && comm_now_ms() < give_up) comm_sleep_ms(2);
-    cr_assert(path_exists(marker), "the victim never started its loop");
-    kill(pids[VICTIM], sig);
-    int64_t t0 = comm_now_ms();
-    /* The timeout, the naming grace (as long) and slack for 2 busy cores. */
-    int64_t deadline = t0 + 2 * TIMEOUT_MS + 3000;
-    for (int r = 0; r < FAULT_RANKS; r++) {
-        if (r == VICTIM) continue;
-        int code = reap(pids[r], deadline);
-        char out[1024];
-        read_out(r, out, sizeof out);
-        cr_expect_eq(code, 0, "rank %d exited %d: %s", r, code, out);
-        cr_log_info("rank %d after %lld ms: %s", r, (long long)(comm_now_ms() - t0), out);
-    }
-    kill(pids[VICTIM], SIGKILL);
-    int status;
-    cr_assert_eq(waitpid(pids[VICTIM], &status, 0), pids[VICTIM]);
+    comm_test_fault(&GLOO, FAULT_RANKS, VICTIM, until_failure, sig, 3000);
 }
 
 Test(comm, killed_rank_is_named, .init = test_tmp_setup, .fini = test_tmp_teardown) {
@@ -405,4 +157,33 @@ Test(comm, bad_arguments_name_the_field, .init = test_tmp_setup, .fini = test_tm
     cr_expect_str_eq(err.field, "dtype");
     comm_destroy(comm);
     comm_store_close(store);
+}
+
+/* The NCCL backend exists only in builds with CUDA and NCCL; elsewhere it is refused by
+ * name, as an unknown backend is, before anything is connected. */
+Test(comm, backend_not_built_is_refused_by_name, .init = test_tmp_setup,
+     .fini = test_tmp_teardown) {
+    char spec[128];
+    snprintf(spec, sizeof spec, "file:%s", test_tmp_dir);
+    struct comm_store *store;
+    struct smelt_error err;
+    cr_assert_eq(comm_store_open(spec, "j", &store, &err), 0, "%s", err.message);
+    struct comm *comm = NULL;
+    struct comm_options o = {.rank = 0, .size = 1, .name = "w", .timeout_ms = 100,
+                             .backend = (enum comm_backend)7};
+    cr_expect_eq(comm_create(store, &o, &comm, &err), SMELT_EUNSUPPORTED);
+    cr_expect_str_eq(err.field, "backend");
+    cr_expect(strstr(err.message, "backend 7 (unknown)"), "%s", err.message);
+    o.backend = COMM_BACKEND_NCCL;
+#ifdef SMELT_NCCL
+    comm_store_close(store);
+    cr_skip_test("this build has NCCL: tests/gpu/test_gpu_comm.c tests that backend");
+#else
+    cr_expect_eq(comm_create(store, &o, &comm, &err), SMELT_EUNSUPPORTED);
+    cr_expect_str_eq(err.field, "backend");
+    cr_expect(strstr(err.message, "NCCL") && strstr(err.message, "not built"), "%s",
+              err.message);
+    cr_expect_null(comm);
+    comm_store_close(store);
+#endif
 }

@@ -189,13 +189,15 @@ static void expect_refused(void *d, const char *field, const char *what) {
     msg_free(&m);
 }
 
-static void *dealer(void *ctx) {
+static void *dealer_to(void *ctx, const char *endpoint) {
     void *d = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0;
     cr_assert(d && zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero) == 0);
-    cr_assert_eq(zmq_connect(d, endpoints[0]), 0);
+    cr_assert_eq(zmq_connect(d, endpoint), 0);
     return d;
 }
+
+static void *dealer(void *ctx) { return dealer_to(ctx, endpoints[0]); }
 
 Test(weightsync_broadcast, a_bad_hash_and_a_worker_without_comm_flags_are_refused, .init = store_setup,
      .fini = test_tmp_teardown) {
@@ -238,9 +240,10 @@ Test(weightsync_broadcast, a_bad_hash_and_a_worker_without_comm_flags_are_refuse
     zmq_close(d);
     rollout_test_unserve(&s);
 
-    /* A worker without --weights-comm cannot join: it says so, naming the field. */
-    rollout_test_serve(&s, ctx, endpoints[0], worker, NULL, 2);
-    d = dealer(ctx);
+    /* A worker without --weights-comm cannot join: it says so, naming the field. (Another
+     * endpoint: a closed socket's inproc name is released by ZeroMQ's reaper, later.) */
+    rollout_test_serve(&s, ctx, "inproc://wsb-plain", worker, NULL, 2);
+    d = dealer_to(ctx, "inproc://wsb-plain");
     meta.version = 3;
     send_header(d, MSG_WEIGHTS_BEGIN, weightsync_begin_header(&meta));
     expect_refused(d, "transport", "a broadcast begin to a worker without comm flags");
