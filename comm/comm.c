@@ -2,6 +2,7 @@
  * the Gloo transport: its context, and the thread that runs the operations one after the
  * other in issue order so that the caller computes while they run. A failure breaks the
  * communicator; comm/fault.c names the ranks at fault. (NCCL: comm/nccl.c.) */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,10 +146,24 @@ static void comm_free(struct comm *comm) {
     free(comm);
 }
 
+/* Gloo writes to its sockets without MSG_NOSIGNAL: a write to the socket of a peer that
+ * has just died raises SIGPIPE, whose default action kills this rank (exit 141) instead
+ * of failing the operation, which would name the peer. Python, where PyTorch runs Gloo,
+ * ignores SIGPIPE from its start; a program of ours does the same here, unless it has a
+ * handler of its own. */
+static void ignore_sigpipe(void) {
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO)) return;
+    struct sigaction ign = {.sa_handler = SIG_IGN};
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, NULL);
+}
+
 int comm_create(struct comm_store *store, const struct comm_options *options,
                 struct comm **out, struct smelt_error *err) {
     *out = NULL;
     TRY(check_options(options, err));
+    ignore_sigpipe();
     if (!store) return error_set_field(err, SMELT_EINVAL, "store", "no rendezvous store");
     struct comm *comm = comm_alloc(store, options);
     if (!comm) return error_set(err, SMELT_ENOMEM, "communicator: out of memory");

@@ -98,7 +98,10 @@ struct comm_request;
 
 /* Connects to every other rank through store (borrowed: it must outlive the comm, which
  * uses it again to name the ranks at fault after a failure). Fails after
- * options->timeout_ms when a rank does not show up, naming the missing ones. */
+ * options->timeout_ms when a rank does not show up, naming the missing ones.
+ * The first comm_create sets SIGPIPE to ignored when the program left it at its default
+ * (Gloo writes to sockets without MSG_NOSIGNAL: a peer's death would otherwise kill this
+ * process instead of failing the operation). */
 int comm_create(struct comm_store *store, const struct comm_options *options,
                 struct comm **out, struct smelt_error *err);
 /* Runs out the operations still queued (each bounded by its timeout), then frees. Every

@@ -49,7 +49,7 @@ void fd_write_str(int fd, const char *s) {
 void spawn_plan_init(struct spawn_plan *p, const char *const *argv, char *const *envp) {
     long max_fd = sysconf(_SC_OPEN_MAX);
     *p = (struct spawn_plan){.argv = argv, .envp = envp, .in_fd = -1, .out_fd = -1, .err_fd = -1,
-                             .who = "smelt", .parent = getpid(),
+                             .death_signal = SIGTERM, .who = "smelt", .parent = getpid(),
                              .max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536};
 }
 
@@ -75,7 +75,7 @@ static _Noreturn void child_exec(const struct spawn_plan *p) {
     if (p->own_group && setpgid(0, 0) != 0) child_fail(p, "setpgid", "0", errno);
     /* The death signal follows the thread that forked; if the parent is already gone it
      * will never come, so stop here. */
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) child_fail(p, "prctl", "PR_SET_PDEATHSIG", errno);
+    if (prctl(PR_SET_PDEATHSIG, p->death_signal) != 0) child_fail(p, "prctl", "PR_SET_PDEATHSIG", errno);
     if (getppid() != p->parent) _exit(127);
     if (p->workdir && chdir(p->workdir) != 0) child_fail(p, "chdir", p->workdir, errno);
     if (close_range(3, ~0U, 0) != 0)

@@ -30,14 +30,16 @@ struct spawn_plan {
     const char *workdir;      /* NULL: the parent's */
     int in_fd, out_fd, err_fd; /* become 0, 1, 2; -1: inherited */
     bool own_group;           /* a process group of its own (setpgid in child and parent) */
+    int death_signal;         /* sent to the child when its parent dies (PR_SET_PDEATHSIG) */
     const char *who;          /* prefix of the child's messages when exec fails ("smelt-agent") */
     pid_t parent;             /* spawn_plan_init's: the death-signal check compares getppid() */
     int max_fd;               /* close_range's fallback */
 };
-/* argv and envp as given; no workdir, fds inherited, same group, who "smelt". */
+/* argv and envp as given; no workdir, fds inherited, same group, death signal SIGTERM,
+ * who "smelt". */
 void spawn_plan_init(struct spawn_plan *p, const char *const *argv, char *const *envp);
 /* Forks and execs. The child: default signal mask and handlers (a worker must see
- * SIGTERM), its fds, its group, PR_SET_PDEATHSIG SIGTERM (a parent killed outright
+ * SIGTERM), its fds, its group, PR_SET_PDEATHSIG death_signal (a parent killed outright
  * leaves no child behind; a child whose parent is already gone stops), workdir,
  * every other descriptor closed, execve; any failure is written to its fd 2 and it
  * exits 127. Returns the child's pid, or -1 with errno set when fork failed. */

@@ -533,6 +533,10 @@ static int settle_devices(const struct job_spec *js, struct job_plan *p, struct 
                                "ranks share each step's micro-batches, but hyperparameters.grad_accum is %lld; "
                                "raise grad_accum to at least %lld (a multiple of the ranks keeps them equally busy)",
                                (long long)ranks, (long long)js->hp.grad_accum, (long long)ranks);
+    if (ranks > 1 && js->backend != BACKEND_CPU)
+        return error_set_field(err, SMELT_EINVAL, "resources.trainer.devices", "resources.trainer.devices: %lld ranks "
+                               "need backend \"cpu\" in this version (their collectives are Gloo's, on host memory; "
+                               "the NCCL transport is built but not yet used by the trainer)", (long long)ranks);
     if (rl && ranks > 1 && js->hp.zero_stage == 3)
         return error_set_field(err, SMELT_EINVAL, "hyperparameters.zero_stage", "hyperparameters.zero_stage: an RL "
                                "job on several trainer ranks runs at ZeRO stage 0, 1 or 2 in this version");

@@ -94,7 +94,17 @@ int dist_barrier(struct dist *d, struct smelt_error *err) {
     return d->comm ? comm_barrier(d->comm, NULL, err) : SMELT_OK;
 }
 
+/* One collective carries at most 2^31 - 1 elements (comm/): a larger buffer moved whole
+ * at stages 0-2 is refused at setup, not at the first step. */
+static int check_one_collective(const struct dist *d, int64_t n, const char *what, struct smelt_error *err) {
+    if (d->ranks <= 1 || n <= INT32_MAX) return SMELT_OK;
+    return error_set_field(err, SMELT_EUNSUPPORTED, "hyperparameters.zero_stage", "hyperparameters.zero_stage: %s "
+                           "of %lld elements are more than one collective carries (%d) at stage %d; stage 3 moves "
+                           "them a unit at a time", what, (long long)n, INT32_MAX, d->stage);
+}
+
 int dist_optimizer_init(struct dist *d, const struct tensor *params, struct optimizer *opt, struct smelt_error *err) {
+    TRY(check_one_collective(d, tensor_numel(params), "the trainable parameters", err));
     if (!dist_sharded(d)) return optimizer_init(opt, params, err);
     size_t off, len, n = (size_t)tensor_numel(params);
     comm_shard(n, d->ranks, d->rank, &off, &len);
@@ -204,6 +214,7 @@ int dist_gather_bytes(struct dist *d, const void *mine, size_t bytes, void *all,
 
 int dist_all_reduce_sum(struct dist *d, struct tensor *t, struct smelt_error *err) {
     if (!d->comm) return SMELT_OK;
+    TRY(check_one_collective(d, tensor_numel(t), "a buffer summed across ranks (the critic's gradients)", err));
     return comm_all_reduce(d->comm, t->data, (size_t)tensor_numel(t), COMM_F32, COMM_SUM, NULL, err);
 }
 /* ==== end of RL on several ranks ====================================================== */

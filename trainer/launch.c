@@ -15,7 +15,8 @@
  * naming it (comm/). This process waits that long for them; a rank still there after
  * twice the timeout (a stopped one, say) is killed, and so is a rank that is stopped
  * while every other has ended. Nothing is left behind: a launcher killed outright takes
- * its ranks down with it (PR_SET_PDEATHSIG). */
+ * its ranks down with it (PR_SET_PDEATHSIG SIGKILL: a rank must not write the job
+ * directory once the lock this process held is gone). */
 #include "trainer/trainer.h"
 
 #include <errno.h>
@@ -41,6 +42,7 @@ struct rank_proc {
     pid_t pid;
     enum rank_state state;
     int status;
+    bool killed;   /* SIGKILL sent by this process */
 };
 
 static atomic_int pending_signal;
@@ -76,6 +78,10 @@ static int start_rank(const struct trainer_launch *l, int rank, const char *stor
         struct spawn_plan plan;
         spawn_plan_init(&plan, argv, envp);
         plan.who = "smelt-trainer";
+        /* Not SIGTERM: a rank told to stop would go on writing the job directory (its last
+         * checkpoint) after this process, and with it the directory's lock, is gone, while
+         * a retry may already hold the lock. */
+        plan.death_signal = SIGKILL;
         *p = (struct rank_proc){.pid = spawn_start(&plan), .state = RANK_RUNNING};
         if (p->pid < 0) rc = error_set(err, SMELT_EIO, "launch: starting rank %d: %s", rank, strerror(errno));
     }
@@ -145,17 +151,18 @@ static void note_changes(struct watch *w, int64_t timeout_ms) {
     }
 }
 
-/* After a failure: whether the ranks left are to be killed now (the time is up, or
- * every rank left is stopped and cannot end on its own). */
+/* Whether the ranks left are to be killed now: after a failure, once the time is up; and
+ * whenever every rank left is stopped while the others have ended (nothing can wake it:
+ * its peers are gone). */
 static bool kill_rest_now(const struct watch *w) {
-    if (w->first_failed < 0) return false;
-    if (mono_ms() >= w->kill_at) return true;
-    bool any_left = false;
+    if (w->first_failed >= 0 && mono_ms() >= w->kill_at) return true;
+    bool any_stopped = false, any_ended = false;
     for (int i = 0; i < w->n; i++) {
         if (w->procs[i].state == RANK_RUNNING) return false;
-        any_left |= w->procs[i].state == RANK_STOPPED;
+        any_stopped |= w->procs[i].state == RANK_STOPPED;
+        any_ended |= w->procs[i].state == RANK_ENDED;
     }
-    return any_left;
+    return any_stopped && any_ended;
 }
 
 static int ranks_left(const struct watch *w) {
@@ -171,10 +178,12 @@ static int watch_ranks(struct watch *w, int64_t timeout_ms) {
         if (kill_rest_now(w)) {
             for (int i = 0; i < w->n; i++) {
                 struct rank_proc *p = &w->procs[i];
-                if (p->state == RANK_ENDED) continue;
+                if (p->state == RANK_ENDED || p->killed) continue;
                 log_error("launch: rank %d (pid %d) is still there %s; killing it", i, (int)p->pid,
                           p->state == RANK_STOPPED ? "and stopped" : "after the others failed");
+                if (w->first_failed < 0) w->first_failed = i; /* a rank killed here failed the run */
                 kill(p->pid, SIGKILL);
+                p->killed = true;
             }
             w->kill_at = INT64_MAX;
         }

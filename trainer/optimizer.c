@@ -4,6 +4,7 @@
  * share optimizer_apply: they differ only in where the sum of squares comes from. */
 #include "trainer/trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,13 +147,19 @@ int optimizer_save(const struct optimizer *opt, const char *path, struct smelt_e
     return rc;
 }
 
-/* A non-negative integer of the metadata; def when absent (files older than sharding). */
+/* Offsets and lengths read from a checkpoint are at most this: far above any model, and
+ * sums of a few of them cannot overflow. */
+#define MOMENT_MAX_ELEMENTS (1ll << 48)
+
+/* A non-negative integer of the metadata (at most MOMENT_MAX_ELEMENTS); def when absent
+ * (files older than sharding). */
 static int meta_int(const struct safetensors *st, const char *path, const char *key, long long def, long long *out,
                     struct smelt_error *err) {
     const char *text = safetensors_metadata_get(st, key);
     char *end = NULL;
+    errno = 0;
     *out = text ? strtoll(text, &end, 10) : def;
-    if (*out < 0 || (text && (!*text || *end)))
+    if (*out < 0 || *out > MOMENT_MAX_ELEMENTS || errno == ERANGE || (text && (!*text || *end)))
         return error_set(err, SMELT_EFORMAT, "%s: no valid \"%s\" in the metadata", path, key);
     return SMELT_OK;
 }
@@ -192,7 +199,9 @@ static bool parse_piece(const char **p, struct moment_range *r) {
     if (end == *p || *end != '+') return false;
     const char *q = end + 1;
     long long len = strtoll(q, &end, 10);
-    if (end == q || (*end && *end != ',') || off < 0 || len < 0) return false;
+    if (end == q || (*end && *end != ',') || off < 0 || len < 0 || off > MOMENT_MAX_ELEMENTS ||
+        len > MOMENT_MAX_ELEMENTS)
+        return false;
     r->flat = off;
     r->len = len;
     *p = *end ? end + 1 : end;
@@ -212,7 +221,7 @@ static int file_ranges(const struct safetensors *st, const char *path, long long
     int64_t at = 0;
     bool ok = true;
     for (int64_t i = 0; text && i < *n && ok; i++) {
-        ok = parse_piece(&text, &r[i]);
+        ok = parse_piece(&text, &r[i]) && r[i].len <= numel - at; /* never past the moments */
         r[i].at = at;
         at += r[i].len;
     }

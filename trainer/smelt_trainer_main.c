@@ -171,6 +171,13 @@ static int run_launcher(int argc, char **argv, int at) {
 
 int main(int argc, char **argv) {
     backend_cpu_select_kernels(argv);
+    /* First of all: a stop that comes while the job directory's lock is awaited, or while
+     * a rank is still starting, is a stop, not a death (the lock's wait then ends). */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     /* --ranks 1 is one process: no launcher. */
     int ranks_at = find_arg(argc, argv, "--ranks");
     if (ranks_at && !find_arg(argc, argv, "--rank") && !(ranks_at + 1 < argc && strcmp(argv[ranks_at + 1], "1") == 0))
@@ -225,11 +232,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "smelt-trainer: %s\n", err.message);
         return 1;
     }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     /* One run per job directory at a time (rank 0's lock: the other ranks write nothing
      * there): a retry started while the previous worker is still writing its last
      * checkpoint waits for it to exit (the kernel drops the lock when a process ends,

@@ -88,7 +88,7 @@ struct job_spec {
         /* reward model only: TRL RewardTrainer's center_rewards_coefficient */
         double center_rewards_coefficient;
         /* ZeRO with more than one rank: 0 replicated, 1 AdamW moments sharded, 2 and
-         * the reduced gradients (docs/distributed.md) */
+         * the reduced gradients, 3 and the parameters, per unit (docs/distributed.md) */
         int64_t zero_stage;
     } hp;
     /* GRPO and PPO (the spec's "rl" section: JOB_RL_FIELDS, plus reward and critic_model). */

@@ -465,9 +465,9 @@ int ppo_critic_minibatch(struct trainer_run *r, int a, int b, struct ppo_iterati
 void ppo_metrics(const struct ppo_iteration *pi, json_t *m);
 
 /* dist.c */
-/* The options' ranks against the spec: rank in range, a rendezvous, not an RL job, the
- * CPU backend, no more ranks than grad_accum. Errors name the option ("rank", "ranks",
- * "rendezvous"). */
+/* The options' ranks against the spec: rank in range, a rendezvous, the CPU backend, no
+ * more ranks than grad_accum (not for RL jobs: dist_check_rl), stage 3 only where it is
+ * built. Errors name the option ("rank", "ranks", "rendezvous") or the spec's field. */
 int dist_check(const struct job_spec *s, const struct trainer_options *o, struct smelt_error *err);
 struct dist_config {
     int rank, ranks, stage;
@@ -508,7 +508,7 @@ void dist_sizes(const struct dist *d, const struct tensor *params, const struct 
  * the others wait in dist_broadcast_bytes and take its samples, then every rank runs the
  * reference, old and critic passes over all samples and its share of every optimizer
  * step's micro-batches. */
-#define DIST_MAX_BROADCAST_BYTES ((uint64_t)1 << 34)
+#define DIST_MAX_BROADCAST_BYTES ((uint64_t)INT32_MAX * 4) /* one collective: 2^31 - 1 f32 slots */
 /* A grpo / ppo job on `ranks` > 1: ZeRO stage 0, 1 or 2 (hyperparameters.zero_stage
  * named otherwise). */
 int dist_check_rl(const struct job_spec *s, int ranks, struct smelt_error *err);
