@@ -148,6 +148,60 @@
 #define MSG_WORKER_EVENT "worker.event"
 #define MSG_WORKER_EXITED "worker.exited"
 
+/* ---- Tinker session worker (smelt-tinker, DEALER, routing id "<job_id>.<attempt>";
+ * smeltd's tinker ROUTER, docs/tinker.md) ----
+ *
+ * smeltd turns the Tinker API's requests into these after validating them (the worker
+ * still refuses what it cannot do, naming the field), sends each model's requests in the
+ * order the client sequenced them, and keeps each answer as the future's result. Arrays
+ * are little-endian and packed: "offset" fields count elements into their frame.
+ *
+ * tinker.hello    worker -> smeltd {v, job_id, attempt, pid, model: the base model's
+ *                 directory, vocab_size, max_context}. Sent when the worker is ready and
+ *                 every TINKER_HELLO_MS after (liveness; no answer).
+ * tinker.request  smeltd -> worker {v, id: the future's id, op, model_id?, ...}; per op:
+ *   create_model      {model_id, lora: {rank, alpha, seed, train_attn, train_mlp,
+ *                     train_unembed}}
+ *   forward, forward_backward
+ *                     {model_id, loss_fn: "cross_entropy"|"importance_sampling"|"ppo"|
+ *                     "cispo"|"dro", loss_fn_config: {name: number} (may be empty), data:
+ *                     [{n_tokens, inputs: {name: {dtype: "int64"|"float32", shape: [int],
+ *                     offset}}}]}
+ *                     frame 2: int32 input tokens of every datum in order; frame 3: int32
+ *                     values of every int64 input; frame 4: float32 values of every
+ *                     float32 input (offset: into frame 3 or 4 by dtype). forward_backward
+ *                     adds to the model's gradients (kept until optim_step).
+ *   optim_step        {model_id, adam: {learning_rate, beta1, beta2, eps, weight_decay,
+ *                     grad_clip_norm (0: none)}}
+ *   save_weights      {model_id, path: a directory smeltd made, optimizer: true}
+ *   load_weights      {model_id, path, optimizer: bool}
+ *   save_weights_for_sampler {model_id, path}: a PEFT adapter directory
+ *   unload_model      {model_id}
+ *   sample            {model_id? (a live model's adapter) | adapter_path? (a sampler
+ *                     checkpoint's directory) | neither (the base), num_samples,
+ *                     max_tokens, temperature, top_k, top_p, seed, stop_token_ids: [int],
+ *                     stop_strings: [string], prompt_logprobs: bool,
+ *                     topk_prompt_logprobs: int}
+ *                     frame 2: int32 prompt tokens.
+ * tinker.result   worker -> smeltd {v, id, ok: true, result: {...}} with arrays, or
+ *                 {v, id, ok: false, error: {message, field?, category: "user"|"server"}}
+ *                 ("user": the request was at fault; "server": the worker failed).
+ *   forward(_backward) {metrics: {"name:reduction": number}, outputs: [[[name, n], ...]
+ *                     per datum]}; frame 2: float32 values of every output of every datum
+ *                     in that order (e.g. logprobs [n], elementwise_loss [n]).
+ *   optim_step        {metrics: {...}}
+ *   sample            {sequences: [{n_tokens, stop_reason: "stop"|"length"}]}; frame 2:
+ *                     int32 tokens of every sequence; frame 3: float32 their logprobs;
+ *                     frame 4 (prompt_logprobs): float32 [n_prompt] (the first NaN: it has
+ *                     no logprob); frame 5 (topk_prompt_logprobs = k > 0): int32 ids and
+ *                     frame 6: float32 logprobs, [n_prompt * k] each.
+ *   others            {}
+ */
+#define MSG_TINKER_HELLO "tinker.hello"
+#define MSG_TINKER_REQUEST "tinker.request"
+#define MSG_TINKER_RESULT "tinker.result"
+#define TINKER_HELLO_MS 2000
+
 struct msg_array {
     void *data;
     size_t bytes;
