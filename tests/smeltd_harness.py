@@ -200,7 +200,7 @@ def sanitized():
 
 # ---- a job's processes, from /proc (Linux only, no psutil needed) ----
 
-PROGRAMS = ("smelt-trainer", "smelt-rollout")
+PROGRAMS = ("smelt-trainer", "smelt-rollout", "smelt-tinker")
 
 
 def processes():

@@ -1,0 +1,97 @@
+"""The Tinker API under faults, through the official SDK: a session worker killed during
+forward_backward fails the request with an error the SDK raises, leaves no process
+behind, and the model resumes from its last save_state in a new worker; a smeltd restart
+keeps the saved checkpoints, which load with the same losses."""
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import pytest
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+import tinker  # noqa: E402
+from tinker import types  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_tinker_sdk import BASE, BASE_DIR, TRAIN, service, sft_datum, train_steps  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from smeltd_harness import Smeltd, make_models_dir, processes  # noqa: E402
+
+
+@pytest.fixture
+def data_dirs():
+    tmp = tempfile.mkdtemp(prefix="smelt-tinker-faults-")
+    data_dir = os.path.join(tmp, "data")
+    os.makedirs(data_dir)
+    models = make_models_dir(tmp)
+    shutil.copytree(BASE_DIR, os.path.join(models, BASE))
+    servers = []
+    yield data_dir, models, servers
+    for s in servers:
+        s.kill()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tinker_workers():
+    return [pid for pid, (name, _, _) in processes().items() if name == "smelt-tinker"]
+
+
+def wait_no_workers(timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline and tinker_workers():
+        time.sleep(0.1)
+    assert not tinker_workers()
+
+
+def test_worker_killed_during_forward_backward(data_dirs):
+    data_dir, models, servers = data_dirs
+    s = Smeltd(data_dir, models).start()
+    servers.append(s)
+    svc = service(s)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=0)
+    probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
+    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
+    path = tc.save_state("before-kill").result().path
+    saved_loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    workers = tinker_workers()
+    assert len(workers) == 1, workers
+
+    big = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:1024]]
+    futures = [tc.forward_backward(big, "cross_entropy") for _ in range(4)]
+    time.sleep(0.3)
+    os.kill(workers[0], signal.SIGKILL)
+    with pytest.raises(Exception) as e:
+        for f in futures:
+            f.result()
+    assert "worker" in str(e.value).lower(), e.value
+    wait_no_workers()
+
+    resumed = svc.create_training_client_from_state_with_optimizer(path)
+    assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == saved_loss
+
+
+def test_restart_keeps_checkpoints(data_dirs):
+    data_dir, models, servers = data_dirs
+    s = Smeltd(data_dir, models).start()
+    servers.append(s)
+    svc = service(s)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=1)
+    probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
+    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
+    path = tc.save_state("kept").result().path
+    loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    model_id = tc.model_id
+    s.kill()
+    wait_no_workers()
+
+    s2 = Smeltd(data_dir, models).start()
+    servers.append(s2)
+    svc2 = service(s2)
+    listed = svc2.create_rest_client().list_checkpoints(model_id).result()
+    assert any(c.tinker_path == path for c in listed.checkpoints), listed
+    resumed = svc2.create_training_client_from_state(path)
+    assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == loss
