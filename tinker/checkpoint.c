@@ -71,7 +71,11 @@ static int state_check(const struct tinker_worker *w, const struct tinker_model 
     json_t *st = NULL;
     TRY(join(p, dir, "state.json", err));
     int rc = json_load_path(p, &st, err);
-    if (rc) return error_set_field(err, rc == SMELT_EIO ? SMELT_ENOTFOUND : rc, "path", "path: %s", err->message);
+    if (rc) {
+        char why[SMELT_ERROR_MESSAGE_BYTES];
+        snprintf(why, sizeof why, "%s", err->message);
+        return error_set_field(err, rc == SMELT_EIO ? SMELT_ENOTFOUND : rc, "path", "path: %s", why);
+    }
     const char *base = json_string_value(json_object_get(st, "base_model"));
     const json_t *l = json_object_get(st, "lora");
     if (!base || strcmp(base, w->base_name) != 0) rc = differs("base_model", base ? base : "none", err);

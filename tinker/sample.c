@@ -17,8 +17,9 @@ static int cached_adapter(struct tinker_worker *w, const char *path, struct lora
     int rc = lora_load(w->base, path, &a->lora, err);
     if (rc) {
         free(a);
-        return error_set_field(err, rc == SMELT_EIO ? SMELT_ENOTFOUND : rc, "adapter_path", "adapter_path: %s",
-                               err->message);
+        char why[SMELT_ERROR_MESSAGE_BYTES];
+        snprintf(why, sizeof why, "%s", err->message);
+        return error_set_field(err, rc == SMELT_EIO ? SMELT_ENOTFOUND : rc, "adapter_path", "adapter_path: %s", why);
     }
     snprintf(a->path, sizeof a->path, "%s", path);
     a->next = w->adapters;

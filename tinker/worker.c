@@ -144,8 +144,11 @@ int tinker_model_build(struct tinker_worker *w, struct tinker_model *m, struct s
     struct lora_config c = {.rank = m->rank, .alpha = m->alpha};
     lora_targets(w->base, m, &c);
     int rc = lora_create(w->base, &c, m->seed, &m->lora, err);
-    if (rc && m->train_unembed && strstr(err->message, "lm_head"))
-        return error_set_field(err, rc, "lora.train_unembed", "lora.train_unembed: %s", err->message);
+    if (rc && m->train_unembed && strstr(err->message, "lm_head")) {
+        char why[SMELT_ERROR_MESSAGE_BYTES];
+        snprintf(why, sizeof why, "%s", err->message);
+        return error_set_field(err, rc, "lora.train_unembed", "lora.train_unembed: %s", why);
+    }
     if (rc) return error_in_field(err, rc, "lora");
     return optimizer_init(&m->opt, &m->lora->weights, err);
 }

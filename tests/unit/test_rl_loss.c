@@ -1246,7 +1246,7 @@ Test(rl_loss, token_loss_refuses_bad_input) {
     in = tk_inputs(bad);
     TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_IMPORTANCE_SAMPLING, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "logp[2]"), "%s", err.message);
-    float huge[TK_N] = {-1, 500, -1, -1, -1};
+    float huge[TK_N] = {-1, 800, -1, -1, -1};
     in = tk_inputs(huge);
     TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_IMPORTANCE_SAMPLING, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
 }
