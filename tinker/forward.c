@@ -50,11 +50,12 @@ static int loss_config(const json_t *h, struct fwd *f, struct smelt_error *err) 
     if (bad)
         return error_set_field(err, SMELT_EINVAL, "loss_fn_config", "loss_fn_config: \"%s\" is not a setting of %s",
                                bad, name);
-    int rc = json_field_double(c, "clip_low_threshold", false, TINKER_CLIP_LOW_DEFAULT, 0.0, 1e9, &f->clip_low,
-                               "loss_fn_config", err);
+    bool cispo = f->loss == LOSS_CISPO;
+    int rc = json_field_double(c, "clip_low_threshold", false, cispo ? TINKER_CISPO_CLIP_LOW : TINKER_PPO_CLIP_LOW,
+                               0.0, 1e9, &f->clip_low, "loss_fn_config", err);
     if (!rc)
-        rc = json_field_double(c, "clip_high_threshold", false, TINKER_CLIP_HIGH_DEFAULT, 0.0, 1e9, &f->clip_high,
-                               "loss_fn_config", err);
+        rc = json_field_double(c, "clip_high_threshold", false, cispo ? TINKER_CISPO_CLIP_HIGH : TINKER_PPO_CLIP_HIGH,
+                               0.0, 1e9, &f->clip_high, "loss_fn_config", err);
     if (!rc) rc = json_field_double(c, "beta", f->loss == LOSS_DRO, 0.0, 0.0, 1e9, &f->beta, "loss_fn_config", err);
     if (rc) return error_in_field(err, rc, "loss_fn_config");
     if (f->loss == LOSS_PPO && !(f->clip_low > 0.0 && f->clip_low <= 1.0 && f->clip_high >= 1.0))

@@ -33,9 +33,12 @@
 /* LoRA alpha of every model (Tinker's LoraConfig has no alpha; docs/tinker.md says why
  * 32). */
 #define TINKER_LORA_ALPHA 32.0f
-/* The Tinker defaults of ppo's and cispo's loss_fn_config (epsilon 0.2 either side). */
-#define TINKER_CLIP_LOW_DEFAULT 0.8
-#define TINKER_CLIP_HIGH_DEFAULT 1.2
+/* The Tinker defaults of loss_fn_config's clip thresholds: ppo's (epsilon 0.2 either
+ * side) and cispo's (no floor, a cap of 4). */
+#define TINKER_PPO_CLIP_LOW 0.8
+#define TINKER_PPO_CLIP_HIGH 1.2
+#define TINKER_CISPO_CLIP_LOW 0.0
+#define TINKER_CISPO_CLIP_HIGH 4.0
 /* Longest model_id / path the worker takes. */
 #define TINKER_ID_BYTES 128
 #define TINKER_PATH_BYTES 4096

@@ -223,12 +223,12 @@ Test(tinker_worker, losses_match_their_closed_forms) {
     /* sampler logprobs near the model's, advantages of both signs: clipping happens */
     float q[7], adv[7];
     for (int t = 0; t < 7; t++) q[t] = lp[t] + (t % 3 - 1) * 0.35f, adv[t] = (t % 2 ? -1.0f : 1.5f) * (t + 1) / 4;
-    const char *losses[] = {"importance_sampling", "ppo", "cispo", "dro", "ppo"};
-    for (int k = 0; k < 5; k++) {
-        double lo = 0.8, hi = 1.2, beta = 0.25;
+    const char *losses[] = {"importance_sampling", "ppo", "cispo", "dro", "ppo", "cispo"};
+    for (int k = 0; k < 6; k++) {
+        double lo = k == 2 ? 0.0 : 0.8, hi = k == 2 ? 4.0 : 1.2, beta = 0.25; /* Tinker's defaults */
         json_t *cfg = json_object();
         if (strcmp(losses[k], "dro") == 0) json_object_set_new(cfg, "beta", json_real(beta));
-        if (k == 4) { /* custom thresholds */
+        if (k >= 4) { /* custom thresholds */
             lo = 0.9, hi = 1.05;
             json_object_set_new(cfg, "clip_low_threshold", json_real(lo));
             json_object_set_new(cfg, "clip_high_threshold", json_real(hi));
