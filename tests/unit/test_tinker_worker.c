@@ -19,15 +19,17 @@
 
 #define FIXTURE "tests/data/parity/llama"
 
-static struct tinker_worker *worker_new(void) {
+static struct tinker_worker *worker_with_metrics(const char *metrics) {
     struct model *m;
     struct smelt_error err = {0};
     TEST_OK(model_load(FIXTURE, BACKEND_CPU, &m, &err), &err);
-    struct tinker_config c = {.backend = BACKEND_CPU, .kv_cache_bytes = 4 << 20, .seed = 7};
+    struct tinker_config c = {.backend = BACKEND_CPU, .kv_cache_bytes = 4 << 20, .seed = 7, .metrics_path = metrics};
     struct tinker_worker *w;
     TEST_OK(tinker_worker_create_on(m, FIXTURE, &c, &w, &err), &err);
     return w;
 }
+
+static struct tinker_worker *worker_new(void) { return worker_with_metrics(NULL); }
 
 /* ---- building requests ---- */
 
@@ -186,7 +188,9 @@ Test(tinker_worker, two_models_on_one_base_match_each_alone) {
 
 /* Two forward_backward calls then one optim_step = one forward_backward of the union. */
 Test(tinker_worker, gradients_accumulate_until_optim_step) {
-    struct tinker_worker *w = worker_new();
+    char metrics[256];
+    test_tmp_path(metrics, sizeof metrics, "metrics.jsonl");
+    struct tinker_worker *w = worker_with_metrics(metrics);
     create(w, "x", 4, 3), create(w, "y", 4, 3);
     ce(w, "forward_backward", "x", &DA, 1, NULL);
     ce(w, "forward_backward", "x", &DB, 1, NULL);
@@ -202,6 +206,24 @@ Test(tinker_worker, gradients_accumulate_until_optim_step) {
     optim(w, "x", 0.0); /* lr 0: no change, but the gradients are consumed */
     cr_expect_eq(ce(w, "forward", "x", &DA, 1, NULL), before);
     tinker_worker_free(w);
+    /* one line per forward_backward (4) and optim_step (3), the step counting */
+    FILE *f = fopen(metrics, "r");
+    cr_assert(f);
+    char line[1024];
+    int n = 0, steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        cr_assert(j, "not JSON: %s", line);
+        cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "tinker");
+        if (strcmp(json_string_value(json_object_get(j, "op")), "optim_step") == 0) steps++;
+        else cr_expect(json_object_get(json_object_get(j, "metrics"), "loss:sum"));
+        if (n == 6) cr_expect_eq(json_integer_value(json_object_get(j, "step")), 2, "%s", line);
+        json_decref(j);
+        n++;
+    }
+    fclose(f);
+    cr_expect_eq(n, 7);
+    cr_expect_eq(steps, 3);
 }
 
 /* Every loss against its formula on the forward's own logprobs. */
