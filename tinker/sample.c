@@ -1,7 +1,6 @@
 /* sample: one prompt x num_samples through the rollout engine on the shared base, with
  * the chosen adapter attached (a live model's, a sampler checkpoint's cached by path, or
  * none), and the prompt's own logprobs from model_forward when asked. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,10 +71,24 @@ static int stop_lists(const json_t *h, const struct model *base, struct rollout_
     return SMELT_OK;
 }
 
-static int request_parse(struct tinker_worker *w, const struct msg *m, struct rollout_request *r, bool *plp,
-                         struct smelt_error *err) {
+/* What the prompt's own logprobs need: plp [n_prompt] when wanted (or k > 0), the top-k
+ * arrays [n_prompt * k] when k > 0. Owned until moved into the reply. */
+struct prompt_out {
+    bool want;
+    int64_t k;
+    float *plp, *tk_lps;
+    int32_t *tk_ids;
+};
+
+static void prompt_out_free(struct prompt_out *p) {
+    free(p->plp), free(p->tk_lps), free(p->tk_ids);
+    p->plp = p->tk_lps = NULL, p->tk_ids = NULL;
+}
+
+static int request_parse(struct tinker_worker *w, const struct msg *m, struct rollout_request *r,
+                         struct prompt_out *po, struct smelt_error *err) {
     const json_t *h = m->header;
-    int64_t n, max_tokens, top_k, seed, topk_plp;
+    int64_t n, max_tokens, top_k, seed;
     double temperature, top_p;
     int rc = json_field_int(h, "num_samples", false, 1, 1, 256, &n, "request", err);
     if (!rc) rc = json_field_int(h, "max_tokens", true, 0, 1, w->base->config.max_seq_len, &max_tokens, "request", err);
@@ -83,12 +96,12 @@ static int request_parse(struct tinker_worker *w, const struct msg *m, struct ro
     if (!rc) rc = json_field_int(h, "top_k", false, 0, INT64_MIN, INT64_MAX, &top_k, "request", err);
     if (!rc) rc = json_field_double(h, "top_p", false, 1.0, 1e-9, 1.0, &top_p, "request", err);
     if (!rc) rc = json_field_int(h, "seed", false, -1, -1, INT64_MAX, &seed, "request", err);
-    if (!rc) rc = json_field_bool(h, "prompt_logprobs", false, false, plp, "request", err);
-    if (!rc) rc = json_field_int(h, "topk_prompt_logprobs", false, 0, 0, 1 << 20, &topk_plp, "request", err);
+    if (!rc) rc = json_field_bool(h, "prompt_logprobs", false, false, &po->want, "request", err);
+    if (!rc)
+        rc = json_field_int(h, "topk_prompt_logprobs", false, 0, 0, w->base->config.vocab_size, &po->k, "request",
+                            err);
     if (rc) return rc;
-    if (topk_plp > 0)
-        return error_set_field(err, SMELT_EUNSUPPORTED, "topk_prompt_logprobs",
-                               "topk_prompt_logprobs: not supported by this worker yet");
+    po->want |= po->k > 0;
     if (m->n_arrays < 1 || m->arrays[0].bytes < 4 || m->arrays[0].bytes % 4)
         return error_set_field(err, SMELT_EINVAL, "prompt", "prompt: frame 2 must hold at least one int32 token");
     r->prompt = m->arrays[0].data;
@@ -136,32 +149,9 @@ static int run_engine(struct tinker_worker *w, const struct rollout_request *r, 
     return SMELT_OK;
 }
 
-/* log p(prompt[t] | prompt[<t]) for t >= 1; out[0] is NaN. */
-static int prompt_logprobs(struct model *base, const int32_t *ids, int64_t n, float *out, struct smelt_error *err) {
-    out[0] = NAN;
-    if (n < 2) return SMELT_OK;
-    int64_t T = n;
-    int32_t cu[2] = {0, (int32_t)n}, *targets = malloc((size_t)n * sizeof *targets);
-    struct model_acts *acts = NULL;
-    struct tensor lp = {0};
-    if (!targets) return error_set(err, SMELT_ENOMEM, "prompt_logprobs: out of memory");
-    for (int64_t t = 0; t < n; t++) targets[t] = t + 1 < n ? ids[t + 1] : -1;
-    struct model_batch b = {.n_tokens = T, .n_seqs = 1, .ids = ids, .cu_seqlens = cu, .targets = targets};
-    int rc = model_acts_alloc(base, T, false, &acts, err);
-    if (!rc) rc = tensor_alloc(&lp, base->backend, DTYPE_F32, 1, &T, err);
-    if (!rc) rc = model_forward(base, acts, &b, &lp, NULL, NULL, err);
-    int64_t n1 = n - 1;
-    struct tensor host = tensor_f32(out + 1, 1, &n1), src = lp;
-    src.shape[0] = n1;
-    if (!rc) rc = tensor_copy(&host, &src, err);
-    tensor_free(&lp);
-    model_acts_free(acts);
-    free(targets);
-    return rc;
-}
-
-/* {sequences: [{n_tokens, stop_reason}]}; frames: tokens, logprobs (, prompt logprobs). */
-static int reply_build(const struct rollout_request *r, const struct rollout_result *res, float *plp,
+/* {sequences: [{n_tokens, stop_reason}]}; frames: tokens, logprobs (, prompt logprobs
+ * (, top-k ids and logprobs)). The prompt arrays move into the reply. */
+static int reply_build(const struct rollout_request *r, const struct rollout_result *res, struct prompt_out *po,
                        struct tinker_reply *out, struct smelt_error *err) {
     int64_t total = 0;
     for (int i = 0; i < r->n; i++) total += res[i].n;
@@ -170,7 +160,7 @@ static int reply_build(const struct rollout_request *r, const struct rollout_res
     json_t *seqs = json_array();
     out->result = json_pack("{s:o}", "sequences", seqs);
     if (!ids || !lps || !seqs || !out->result) {
-        free(ids), free(lps), free(plp);
+        free(ids), free(lps);
         return error_set(err, SMELT_ENOMEM, "sample: out of memory");
     }
     int64_t k = 0;
@@ -184,29 +174,36 @@ static int reply_build(const struct rollout_request *r, const struct rollout_res
     int rc = tinker_reply_add(out, ids, (size_t)total * sizeof *ids, err);
     if (!rc) rc = tinker_reply_add(out, lps, (size_t)total * sizeof *lps, err);
     else free(lps);
-    if (!rc && plp) rc = tinker_reply_add(out, plp, (size_t)r->n_prompt * sizeof *plp, err);
-    else if (plp) free(plp);
+    size_t np = (size_t)r->n_prompt, nk = np * (size_t)po->k;
+    if (!rc && po->want) rc = tinker_reply_add(out, po->plp, np * sizeof(float), err), po->plp = NULL;
+    if (!rc && po->k > 0) rc = tinker_reply_add(out, po->tk_ids, nk * sizeof(int32_t), err), po->tk_ids = NULL;
+    if (!rc && po->k > 0) rc = tinker_reply_add(out, po->tk_lps, nk * sizeof(float), err), po->tk_lps = NULL;
     return rc;
 }
 
 int tinker_op_sample(struct tinker_worker *w, const struct msg *m, struct tinker_reply *out,
                      struct smelt_error *err) {
     struct rollout_request r = {0};
+    struct prompt_out po = {0};
     struct lora *adapter;
-    bool want_plp;
-    TRY(request_parse(w, m, &r, &want_plp, err));
+    TRY(request_parse(w, m, &r, &po, err));
     TRY(pick_adapter(w, m->header, &adapter, err));
+    size_t np = (size_t)r.n_prompt, nk = np * (size_t)po.k;
     struct rollout_result *res = calloc((size_t)r.n, sizeof *res);
-    float *plp = want_plp ? malloc((size_t)r.n_prompt * sizeof *plp) : NULL;
-    int rc = !res || (want_plp && !plp) ? error_set(err, SMELT_ENOMEM, "sample: out of memory") : SMELT_OK;
+    if (po.want) po.plp = malloc(np * sizeof *po.plp);
+    if (po.k > 0) po.tk_ids = malloc(nk * sizeof *po.tk_ids), po.tk_lps = malloc(nk * sizeof *po.tk_lps);
+    int rc = !res || (po.want && !po.plp) || (po.k > 0 && (!po.tk_ids || !po.tk_lps))
+                 ? error_set(err, SMELT_ENOMEM, "sample: out of memory")
+                 : SMELT_OK;
     if (!rc && adapter) rc = lora_attach(adapter, err);
     if (!rc) {
         rc = run_engine(w, &r, res, err);
-        if (!rc && plp) rc = prompt_logprobs(w->base, r.prompt, r.n_prompt, plp, err);
+        if (!rc && po.want)
+            rc = tinker_prompt_logprobs(w->base, r.prompt, r.n_prompt, po.k, po.plp, po.tk_ids, po.tk_lps, err);
         if (adapter) lora_detach(adapter);
     }
-    if (!rc) rc = reply_build(&r, res, plp, out, err);
-    else free(plp);
+    if (!rc) rc = reply_build(&r, res, &po, out, err);
+    prompt_out_free(&po);
     if (res) rollout_results_free(res, r.n);
     return rc;
 }

@@ -65,6 +65,13 @@ int tinker_op_load_weights(struct tinker_worker *w, const struct msg *m, struct 
 int tinker_op_sample(struct tinker_worker *w, const struct msg *m, struct tinker_reply *out,
                      struct smelt_error *err);
 
+/* The prompt's own logprobs under the model as it is (adapter attached): plp [n] (NULL:
+ * not wanted) = log p(ids[t] | ids[<t]), plp[0] NaN; with k > 0, topk_ids / topk_lps
+ * [n * k]: position t's k most likely tokens and their logprobs (position 0: ids -1,
+ * NaN). */
+int tinker_prompt_logprobs(struct model *base, const int32_t *ids, int64_t n, int64_t k, float *plp,
+                           int32_t *topk_ids, float *topk_lps, struct smelt_error *err);
+
 /* Checks a directory path from a request (absolute, no "..", fits): SMELT_EINVAL
  * naming field. */
 int tinker_path_check(const char *path, const char *field, struct smelt_error *err);

@@ -381,15 +381,24 @@ Test(tinker_worker, sampled_logprobs_equal_forward_logprobs) {
     int32_t prompt[] = {1, 17, 33, 49, 65};
     struct msg m = request("sample", json_pack("{s:s, s:i, s:i, s:f, s:i, s:b}", "model_id", "m", "num_samples", 3,
                                                "max_tokens", 8, "temperature", 1.0, "seed", 5, "prompt_logprobs", 1));
+    json_object_set_new(m.header, "topk_prompt_logprobs", json_integer(3));
     m.arrays[0] = (struct msg_array){dup_bytes(prompt, sizeof prompt), sizeof prompt};
     m.n_arrays = 1;
     struct tinker_reply r = ok(w, m);
     const json_t *seqs = json_object_get(r.result, "sequences");
     cr_assert_eq(json_array_size(seqs), 3);
-    cr_assert_eq(r.n_arrays, 3);
-    const int32_t *ids = r.arrays[0].data;
-    const float *lps = r.arrays[1].data, *plp = r.arrays[2].data;
+    cr_assert_eq(r.n_arrays, 5);
+    const int32_t *ids = r.arrays[0].data, *tk = r.arrays[3].data;
+    const float *lps = r.arrays[1].data, *plp = r.arrays[2].data, *tkl = r.arrays[4].data;
     cr_expect(isnan(plp[0]));
+    cr_assert_eq(r.arrays[3].bytes, 5 * 3 * sizeof(int32_t));
+    cr_expect(tk[0] == -1 && isnan(tkl[0]));
+    for (int t = 1; t < 5; t++) { /* sorted, and the prompt's own token agrees with prompt_logprobs */
+        cr_expect(tkl[3 * t] >= tkl[3 * t + 1] && tkl[3 * t + 1] >= tkl[3 * t + 2]);
+        cr_expect(tkl[3 * t] >= plp[t] - 1e-5f);
+        for (int j = 0; j < 3; j++)
+            if (tk[3 * t + j] == prompt[t]) cr_expect(fabsf(tkl[3 * t + j] - plp[t]) < 1e-5f, "position %d", t);
+    }
     int64_t off = 0;
     for (size_t s = 0; s < 3; s++) {
         int n = (int)json_integer_value(json_object_get(json_array_get(seqs, s), "n_tokens"));
