@@ -88,7 +88,7 @@ LDLIBS    += -L$(NCCL_HOME)/lib64 -lnccl
 endif
 
 # Library code: every .c in these folders except program entry points (*_main.c).
-LIB_DIRS := common kernels kernels/cpu tokenizer model lora comm trainer rollout weightsync rewards datasets server
+LIB_DIRS := common kernels kernels/cpu tokenizer model lora comm trainer rollout weightsync rewards datasets server tinker
 NCCL_SRCS := comm/nccl.c
 LIB_SRCS := $(filter-out %_main.c $(if $(filter 1,$(NCCL)),,$(NCCL_SRCS)),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)

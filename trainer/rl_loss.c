@@ -21,6 +21,7 @@ static const char *const AGG_NAMES[] = {
     [RL_AGG_TOKEN_MEAN] = "token_mean",
     [RL_AGG_SEQ_MEAN_TOKEN_MEAN] = "seq_mean_token_mean",
     [RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM] = "seq_mean_token_sum_norm",
+    [RL_AGG_SUM] = "sum",
 };
 static const char *const KL_NAMES[] = {[RL_KL_K1] = "k1", [RL_KL_K2] = "k2", [RL_KL_K3] = "k3"};
 static const char *const ADV_NAMES[] = {
@@ -161,6 +162,7 @@ static int norm_check(enum rl_loss_agg agg, struct rl_norm norm, double tokens, 
     if (!(norm.tokens >= 0.0 && norm.seqs >= 0.0) || !isfinite(norm.tokens) || !isfinite(norm.seqs))
         return error_set(err, SMELT_EINVAL, "norm {tokens %g, seqs %g}: must be finite and >= 0", norm.tokens,
                          norm.seqs);
+    if (agg == RL_AGG_SUM) return SMELT_OK; /* no denominator */
     if (agg == RL_AGG_TOKEN_MEAN && norm.tokens < tokens)
         return error_set(err, SMELT_EINVAL,
                          "norm.tokens is %g, below this micro-batch's %g trained tokens: it must count every "
@@ -179,6 +181,7 @@ static double agg_weight(enum rl_loss_agg agg, int64_t n, struct rl_norm norm, i
     switch (agg) {
     case RL_AGG_TOKEN_MEAN: return 1.0 / norm.tokens;
     case RL_AGG_SEQ_MEAN_TOKEN_MEAN: return 1.0 / ((double)n * norm.seqs);
+    case RL_AGG_SUM: return 1.0;
     default: return 1.0 / ((double)max_len * norm.seqs);
     }
 }

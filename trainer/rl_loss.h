@@ -38,8 +38,9 @@
  * importance_sampling_level "sequence". */
 enum rl_loss_type { RL_LOSS_GRPO, RL_LOSS_DR_GRPO, RL_LOSS_DAPO, RL_LOSS_BNPO, RL_LOSS_GSPO, RL_LOSS_CISPO };
 /* "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm" (veRL's loss_agg_mode
- * with '_' for '-'). */
-enum rl_loss_agg { RL_AGG_TOKEN_MEAN, RL_AGG_SEQ_MEAN_TOKEN_MEAN, RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM };
+ * with '_' for '-'), and "sum" (every trained token weighs 1, no denominator: the Tinker
+ * API's losses, which the client normalises itself). */
+enum rl_loss_agg { RL_AGG_TOKEN_MEAN, RL_AGG_SEQ_MEAN_TOKEN_MEAN, RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM, RL_AGG_SUM };
 /* Schulman's estimators of KL(policy || reference) from a token sampled by the policy,
  * with d = ref_logp - logp: k1 = -d, k2 = d^2/2, k3 = e^d - d - 1 ("k1", "k2", "k3"). */
 enum rl_kl_estimator { RL_KL_K1, RL_KL_K2, RL_KL_K3 };
@@ -176,7 +177,8 @@ void rl_policy_stats_merge(struct rl_policy_stats *acc, const struct rl_policy_s
  *   plus beta * KL(logp, ref_logp) per token;
  * then L = sum over trained tokens of l * (1/norm.tokens for token_mean;
  * 1/(n_i*norm.seqs) for seq_mean_token_mean, n_i the sequence's trained tokens;
- * 1/(max_completion_len*norm.seqs) for seq_mean_token_sum_norm). TIS weight:
+ * 1/(max_completion_len*norm.seqs) for seq_mean_token_sum_norm; 1 for sum, which
+ * ignores norm). TIS weight:
  * exp(old_logp - rollout_logp) per token, or exp(sum over the sequence's trained tokens)
  * at sequence level; above tis_cap it becomes tis_cap (truncate) or 0 (mask).
  * st may be NULL. SMELT_EINVAL for a bad config, layout or norm (norm below this
@@ -185,6 +187,35 @@ void rl_policy_stats_merge(struct rl_policy_stats *acc, const struct rl_policy_s
  * the sequence). */
 int rl_policy_loss(const struct rl_policy_config *c, const struct rl_seqs *s, struct rl_norm norm, double *coef,
                    struct rl_policy_stats *st, struct smelt_error *err);
+
+/* ---- per-token losses without a clipped surrogate (the Tinker API's, docs/tinker.md) ----
+ * Each is a sum over the n tokens of one datum (no mean, no mask: a token that should not
+ * count gets weight or advantage 0). logp: the model's logprob of each target token;
+ * sampling_logp (q): the sampler's; ratio r = exp(logp - q), NOT clamped (Tinker does not
+ * clamp; an overflow is refused as non-finite). Per token t:
+ *   RL_TOKEN_CROSS_ENTROPY        l = -w_t * logp_t
+ *   RL_TOKEN_IMPORTANCE_SAMPLING  l = -r_t * A_t
+ *   RL_TOKEN_CISPO                l = -sg(clip(r_t, clip_low, clip_high)) * A_t * logp_t
+ *   RL_TOKEN_DRO                  l = -(A_t * logp_t - beta/2 * (logp_t - q_t)^2)
+ * (PPO's clipped surrogate is rl_policy_loss with RL_AGG_SUM.) */
+enum rl_token_loss { RL_TOKEN_CROSS_ENTROPY, RL_TOKEN_IMPORTANCE_SAMPLING, RL_TOKEN_CISPO, RL_TOKEN_DRO };
+
+struct rl_token_inputs {
+    int64_t n;
+    const float *logp;          /* [n] */
+    const float *weights;       /* [n]: cross_entropy only */
+    const float *sampling_logp; /* [n]: the others */
+    const float *adv;           /* [n]: the others */
+    double clip_low, clip_high; /* cispo: 0 <= clip_low <= clip_high */
+    double beta;                /* dro: >= 0 */
+};
+
+/* Fills coef[t] = dL/dlogp_t and (elementwise non-NULL) elementwise[t] = l_t, and *loss
+ * = the sum. SMELT_EINVAL for a NULL array the loss needs, a bad clip range or beta
+ * (field "clip_low_threshold", "clip_high_threshold", "beta"), or a non-finite input
+ * or result (the message names the array and the index). */
+int rl_token_loss(enum rl_token_loss type, const struct rl_token_inputs *in, double *coef, double *elementwise,
+                  double *loss, struct smelt_error *err);
 
 /* ---- PPO's value loss ---- */
 

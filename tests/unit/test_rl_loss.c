@@ -1135,3 +1135,118 @@ Test(rl_advantage, bad_input) {
     TEST_EXPECT_ERROR(rl_logprob_mismatch(old, v, mask, 3, &m, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "b[1]"), "%s", err.message);
 }
+
+/* ---- the Tinker API's summed losses: rl_token_loss, and PPO through RL_AGG_SUM ---- */
+
+static const float TK_LOGP[] = {-0.5f, -2.0f, -1.25f, -0.1f, -3.0f};
+static const float TK_Q[] = {-0.7f, -1.0f, -1.25f, -0.4f, -2.5f};
+static const float TK_ADV[] = {1.0f, -0.5f, 2.0f, -1.5f, 0.25f};
+static const float TK_W[] = {0.0f, 1.0f, 0.5f, 1.0f, 2.0f};
+#define TK_N 5
+
+static struct rl_token_inputs tk_inputs(const float *logp) {
+    return (struct rl_token_inputs){.n = TK_N, .logp = logp, .weights = TK_W, .sampling_logp = TK_Q, .adv = TK_ADV,
+                                    .clip_low = 0.8, .clip_high = 1.2, .beta = 0.3};
+}
+
+/* The per-token loss as the Tinker docs write it, in double. */
+static double tk_closed(enum rl_token_loss type, int t, double logp) {
+    double q = TK_Q[t], a = TK_ADV[t], r = exp(logp - q);
+    switch (type) {
+    case RL_TOKEN_CROSS_ENTROPY: return -(double)TK_W[t] * logp;
+    case RL_TOKEN_IMPORTANCE_SAMPLING: return -r * a;
+    case RL_TOKEN_CISPO: return -fmin(fmax(r, 0.8), 1.2) * a * logp;
+    default: return -(logp * a - 0.5 * 0.3 * (logp - q) * (logp - q));
+    }
+}
+
+Test(rl_loss, token_losses_match_the_tinker_formulas) {
+    for (int type = RL_TOKEN_CROSS_ENTROPY; type <= RL_TOKEN_DRO; type++) {
+        struct rl_token_inputs in = tk_inputs(TK_LOGP);
+        double coef[TK_N], el[TK_N], loss, want = 0;
+        struct smelt_error err;
+        TEST_OK(rl_token_loss((enum rl_token_loss)type, &in, coef, el, &loss, &err), &err);
+        for (int t = 0; t < TK_N; t++) {
+            double l = tk_closed((enum rl_token_loss)type, t, TK_LOGP[t]);
+            expect_near("elementwise", el[t], l, 1e-12);
+            want += l;
+            /* CISPO's ratio is a stop-gradient: its coefficient is the clipped weight times -A. */
+            double r = exp((double)TK_LOGP[t] - TK_Q[t]);
+            double d = type == RL_TOKEN_CISPO
+                           ? -fmin(fmax(r, 0.8), 1.2) * TK_ADV[t]
+                           : (tk_closed((enum rl_token_loss)type, t, TK_LOGP[t] + 1e-6) -
+                              tk_closed((enum rl_token_loss)type, t, TK_LOGP[t] - 1e-6)) / 2e-6;
+            expect_near("coef", coef[t], d, type == RL_TOKEN_CISPO ? 1e-12 : 1e-6);
+        }
+        expect_near("loss", loss, want, 1e-12);
+    }
+}
+
+Test(rl_loss, cispo_clips_both_sides) {
+    /* r = e^{0.2} > 1.2 (capped), e^{-0.3} < 0.8 (floored), e^0 = 1 (as is). */
+    float logp[] = {-1.0f, -1.0f, -1.0f}, q[] = {-1.2f, -0.7f, -1.0f}, adv[] = {1.0f, 1.0f, 1.0f};
+    struct rl_token_inputs in = {.n = 3, .logp = logp, .sampling_logp = q, .adv = adv, .clip_low = 0.8,
+                                 .clip_high = 1.2};
+    double coef[3], loss;
+    struct smelt_error err;
+    TEST_OK(rl_token_loss(RL_TOKEN_CISPO, &in, coef, NULL, &loss, &err), &err);
+    expect_near("capped", coef[0], -1.2, 1e-12);
+    expect_near("floored", coef[1], -0.8, 1e-12);
+    expect_near("inside", coef[2], -1.0, 1e-12);
+    expect_near("loss", loss, (1.2 + 0.8 + 1.0) * 1.0, 1e-12);
+}
+
+Test(rl_loss, ppo_sum_aggregation_is_the_plain_sum) {
+    /* Tinker's ppo: -sum min(r A, clip(r, 0.8, 1.2) A), no denominator. */
+    struct batch b = {0};
+    float logp[TK_N];
+    double ratio[TK_N], adv[TK_N];
+    for (int t = 0; t < TK_N; t++) {
+        logp[t] = TK_LOGP[t];
+        ratio[t] = exp((double)TK_LOGP[t] - TK_Q[t]);
+        adv[t] = TK_ADV[t];
+    }
+    add_seq(&b, 3, logp, ratio, adv, NULL);
+    add_seq(&b, 2, logp + 3, ratio + 3, adv + 3, NULL);
+    struct rl_policy_config c = config(RL_LOSS_GRPO);
+    c.agg = RL_AGG_SUM;
+    double coef[TK_N], want = 0;
+    double loss = run(&c, &b, (struct rl_norm){0, 0}, coef, NULL);
+    for (int t = 0; t < TK_N; t++) {
+        double r = exp((double)b.logp[t] - b.old[t]), a = adv[t];
+        want += -fmin(r * a, fmin(fmax(r, 0.8), 1.2) * a);
+    }
+    expect_near("ppo sum", loss, want, 1e-12);
+    struct smelt_error err;
+    void *v = &c.agg;
+    TEST_OK(rl_loss_agg_from_name("sum", v, &err), &err);
+    cr_expect_eq(c.agg, RL_AGG_SUM);
+}
+
+Test(rl_loss, token_loss_refuses_bad_input) {
+    struct smelt_error err;
+    double coef[TK_N], loss;
+    struct rl_token_inputs in = tk_inputs(TK_LOGP);
+    in.weights = NULL;
+    TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_CROSS_ENTROPY, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "weights");
+    in = tk_inputs(TK_LOGP);
+    in.adv = NULL;
+    TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_DRO, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "advantages");
+    in = tk_inputs(TK_LOGP);
+    in.clip_high = 0.5;
+    TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_CISPO, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "clip_high_threshold");
+    in = tk_inputs(TK_LOGP);
+    in.beta = -1;
+    TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_DRO, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
+    cr_expect_str_eq(err.field, "beta");
+    float bad[TK_N] = {-1, -1, NAN, -1, -1};
+    in = tk_inputs(bad);
+    TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_IMPORTANCE_SAMPLING, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "logp[2]"), "%s", err.message);
+    float huge[TK_N] = {-1, 800, -1, -1, -1};
+    in = tk_inputs(huge);
+    TEST_EXPECT_ERROR(rl_token_loss(RL_TOKEN_IMPORTANCE_SAMPLING, &in, coef, NULL, &loss, &err), SMELT_EINVAL, &err);
+}

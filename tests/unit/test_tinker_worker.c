@@ -1,0 +1,523 @@
+/* smelt-tinker's worker (tinker/tinker.h) on the tiny llama fixture: the ops called in
+ * process (two LoRA models on one base trained side by side = each trained alone, bit for
+ * bit; gradient accumulation; every loss against its closed form from the forward's
+ * logprobs; save -> load -> the same next losses; bad input refused naming the field;
+ * sampled logprobs == a forward's, memcmp) and the ZeroMQ loop (hello, requests
+ * answered, garbage answered with an error while the worker keeps serving). */
+#include "tests/unit/testutil.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <unistd.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "model/model.h"
+#include "tinker/tinker.h"
+
+#define FIXTURE "tests/data/parity/llama"
+
+static struct tinker_worker *worker_with_metrics(const char *metrics) {
+    struct model *m;
+    struct smelt_error err = {0};
+    TEST_OK(model_load(FIXTURE, BACKEND_CPU, &m, &err), &err);
+    struct tinker_config c = {.backend = BACKEND_CPU, .kv_cache_bytes = 4 << 20, .seed = 7, .metrics_path = metrics};
+    struct tinker_worker *w;
+    TEST_OK(tinker_worker_create_on(m, FIXTURE, &c, &w, &err), &err);
+    return w;
+}
+
+static struct tinker_worker *worker_new(void) { return worker_with_metrics(NULL); }
+
+/* ---- building requests ---- */
+
+/* One datum: n tokens, their targets, and up to two float inputs (weights, or logprobs
+ * and advantages). */
+struct td {
+    int n;
+    const int32_t *tokens, *targets;
+    const float *f1, *f2;
+};
+
+static void *dup_bytes(const void *p, size_t n) {
+    void *q = malloc(n ? n : 1);
+    cr_assert(q);
+    if (n) memcpy(q, p, n);
+    return q;
+}
+
+static struct msg request(const char *op, json_t *header) {
+    struct msg m = {0};
+    snprintf(m.type, sizeof m.type, "%s", MSG_TINKER_REQUEST);
+    json_object_set_new(header, "v", json_integer(MSG_VERSION));
+    json_object_set_new(header, "id", json_string("req"));
+    json_object_set_new(header, "op", json_string(op));
+    m.header = header;
+    return m;
+}
+
+static json_t *input(const char *dtype, int n, int64_t off) {
+    return json_pack("{s:s, s:[i], s:I}", "dtype", dtype, "shape", n, "offset", (json_int_t)off);
+}
+
+/* forward / forward_backward of data through loss (config may be NULL). */
+static struct msg fwd_request(const char *op, const char *model, const char *loss, json_t *config,
+                              const struct td *d, int n_data) {
+    bool ce = strcmp(loss, "cross_entropy") == 0;
+    int total = 0;
+    for (int i = 0; i < n_data; i++) total += d[i].n;
+    int32_t *tok = malloc((size_t)total * 4), *ints = malloc((size_t)total * 4);
+    float *fl = malloc((size_t)total * 8 + 4);
+    json_t *data = json_array();
+    int off = 0, foff = 0;
+    for (int i = 0; i < n_data; i++) {
+        memcpy(tok + off, d[i].tokens, (size_t)d[i].n * 4);
+        memcpy(ints + off, d[i].targets, (size_t)d[i].n * 4);
+        json_t *in = json_pack("{s:o}", "target_tokens", input("int64", d[i].n, off));
+        json_object_set_new(in, ce ? "weights" : "logprobs", input("float32", d[i].n, foff));
+        memcpy(fl + foff, d[i].f1, (size_t)d[i].n * 4);
+        foff += d[i].n;
+        if (!ce && d[i].f2) {
+            json_object_set_new(in, "advantages", input("float32", d[i].n, foff));
+            memcpy(fl + foff, d[i].f2, (size_t)d[i].n * 4);
+            foff += d[i].n;
+        }
+        json_array_append_new(data, json_pack("{s:i, s:o}", "n_tokens", d[i].n, "inputs", in));
+        off += d[i].n;
+    }
+    json_t *h = json_pack("{s:s, s:s, s:o, s:o}", "model_id", model, "loss_fn", loss, "loss_fn_config",
+                          config ? config : json_object(), "data", data);
+    struct msg m = request(op, h);
+    m.arrays[0] = (struct msg_array){tok, (size_t)total * 4};
+    m.arrays[1] = (struct msg_array){ints, (size_t)total * 4};
+    m.arrays[2] = (struct msg_array){fl, (size_t)foff * 4};
+    m.n_arrays = 3;
+    return m;
+}
+
+/* Runs a request that must succeed; the caller frees the reply. */
+static struct tinker_reply ok(struct tinker_worker *w, struct msg m) {
+    struct tinker_reply r;
+    struct smelt_error err = {0};
+    int rc = tinker_handle(w, &m, &r, &err);
+    cr_assert_eq(rc, 0, "%s failed: %s", json_string_value(json_object_get(m.header, "op")), err.message);
+    msg_free(&m);
+    return r;
+}
+
+/* Runs a request that must fail with code and the field named. */
+static void refused(struct tinker_worker *w, struct msg m, int code, const char *field, const char *text) {
+    struct tinker_reply r;
+    struct smelt_error err = {0};
+    int rc = tinker_handle(w, &m, &r, &err);
+    cr_expect_eq(rc, code, "expected %s, got %s: %s", error_code_name(code), error_code_name(rc), err.message);
+    cr_expect_str_eq(err.field, field, "field of \"%s\"", err.message);
+    if (text) cr_expect(strstr(err.message, text), "\"%s\" not in \"%s\"", text, err.message);
+    cr_expect_str_eq(tinker_error_category(rc), "user");
+    msg_free(&m);
+}
+
+static void create(struct tinker_worker *w, const char *id, int rank, int seed) {
+    json_t *h = json_pack("{s:s, s:{s:i, s:i, s:b, s:b, s:b}}", "model_id", id, "lora", "rank", rank, "seed", seed,
+                          "train_attn", 1, "train_mlp", 1, "train_unembed", 0);
+    struct tinker_reply r = ok(w, request("create_model", h));
+    tinker_reply_free(&r);
+}
+
+static void optim(struct tinker_worker *w, const char *id, double lr) {
+    json_t *h = json_pack("{s:s, s:{s:f, s:f, s:f, s:f, s:f, s:f}}", "model_id", id, "adam", "learning_rate", lr,
+                          "beta1", 0.9, "beta2", 0.95, "eps", 1e-12, "weight_decay", 0.01, "grad_clip_norm", 1.0);
+    struct tinker_reply r = ok(w, request("optim_step", h));
+    cr_expect(json_real_value(json_object_get(json_object_get(r.result, "metrics"), "grad_norm:mean")) > 0);
+    tinker_reply_free(&r);
+}
+
+static double loss_of(const struct tinker_reply *r) {
+    return json_real_value(json_object_get(json_object_get(r->result, "metrics"), "loss:sum"));
+}
+
+/* forward_backward (or forward) with cross-entropy; returns the loss and copies the first
+ * datum's logprobs into lp when given. */
+static double ce(struct tinker_worker *w, const char *op, const char *id, const struct td *d, int n, float *lp) {
+    struct tinker_reply r = ok(w, fwd_request(op, id, "cross_entropy", NULL, d, n));
+    if (lp) memcpy(lp, r.arrays[0].data, (size_t)d[0].n * 4);
+    double l = loss_of(&r);
+    tinker_reply_free(&r);
+    return l;
+}
+
+/* ---- a little data ---- */
+
+static const int32_t TOK_A[] = {1, 5, 9, 13, 17, 21, 25}, TGT_A[] = {5, 9, 13, 17, 21, 25, 29};
+static const int32_t TOK_B[] = {2, 40, 41, 42, 43}, TGT_B[] = {40, 41, 42, 43, 44};
+static const int32_t TOK_C[] = {3, 60, 70, 80, 90, 7}, TGT_C[] = {60, 70, 80, 90, 7, 11};
+static const float W7[] = {0, 0, 1, 1, 1, 1, 1}, W5[] = {0, 1, 1, 1, 1}, W6[] = {1, 1, 1, 1, 1, 0.5f};
+
+static const struct td DA = {7, TOK_A, TGT_A, W7, NULL}, DB = {5, TOK_B, TGT_B, W5, NULL},
+                       DC = {6, TOK_C, TGT_C, W6, NULL};
+
+/* ---- tests ---- */
+
+TestSuite(tinker_worker, .init = test_tmp_setup, .fini = test_tmp_teardown);
+
+/* Models A and B trained in turns in one worker have the losses each has alone. */
+Test(tinker_worker, two_models_on_one_base_match_each_alone) {
+    struct tinker_worker *both = worker_new(), *alone_a = worker_new(), *alone_b = worker_new();
+    create(both, "a", 4, 1), create(both, "b", 2, 2);
+    create(alone_a, "a", 4, 1), create(alone_b, "b", 2, 2);
+    double first = 0;
+    for (int step = 0; step < 3; step++) {
+        double la = ce(both, "forward_backward", "a", &DA, 1, NULL);
+        if (step == 0) first = la;
+        double lb = ce(both, "forward_backward", "b", &DB, 1, NULL);
+        optim(both, "b", 1e-2), optim(both, "a", 1e-2);
+        double la1 = ce(alone_a, "forward_backward", "a", &DA, 1, NULL);
+        optim(alone_a, "a", 1e-2);
+        double lb1 = ce(alone_b, "forward_backward", "b", &DB, 1, NULL);
+        optim(alone_b, "b", 1e-2);
+        cr_expect(memcmp(&la, &la1, sizeof la) == 0, "step %d: a %.17g alone %.17g", step, la, la1);
+        cr_expect(memcmp(&lb, &lb1, sizeof lb) == 0, "step %d: b %.17g alone %.17g", step, lb, lb1);
+    }
+    /* training changed the adapter: the loss went down */
+    double last = ce(both, "forward", "a", &DA, 1, NULL);
+    cr_expect(last < first - 1e-3, "loss %.9g after training, %.9g before", last, first);
+    tinker_worker_free(both), tinker_worker_free(alone_a), tinker_worker_free(alone_b);
+}
+
+/* Two forward_backward calls then one optim_step = one forward_backward of the union. */
+Test(tinker_worker, gradients_accumulate_until_optim_step) {
+    char metrics[256];
+    test_tmp_path(metrics, sizeof metrics, "metrics.jsonl");
+    struct tinker_worker *w = worker_with_metrics(metrics);
+    create(w, "x", 4, 3), create(w, "y", 4, 3);
+    ce(w, "forward_backward", "x", &DA, 1, NULL);
+    ce(w, "forward_backward", "x", &DB, 1, NULL);
+    struct td both[2] = {DA, DB};
+    ce(w, "forward_backward", "y", both, 2, NULL);
+    optim(w, "x", 1e-2), optim(w, "y", 1e-2);
+    float lx[6], ly[6];
+    double x = ce(w, "forward", "x", &DC, 1, lx), y = ce(w, "forward", "y", &DC, 1, ly);
+    cr_expect(fabs(x - y) <= 1e-5 * fabs(y), "accumulated %.9g, union %.9g", x, y);
+    /* and the step used them up: a forward_backward after it starts from zero again */
+    double before = ce(w, "forward", "x", &DA, 1, NULL);
+    ce(w, "forward_backward", "x", &DA, 1, NULL);
+    optim(w, "x", 0.0); /* lr 0: no change, but the gradients are consumed */
+    cr_expect_eq(ce(w, "forward", "x", &DA, 1, NULL), before);
+    tinker_worker_free(w);
+    /* one line per forward_backward (4) and optim_step (3), the step counting */
+    FILE *f = fopen(metrics, "r");
+    cr_assert(f);
+    char line[1024];
+    int n = 0, steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        cr_assert(j, "not JSON: %s", line);
+        cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "tinker");
+        if (strcmp(json_string_value(json_object_get(j, "op")), "optim_step") == 0) steps++;
+        else cr_expect(json_object_get(json_object_get(j, "metrics"), "loss:sum"));
+        if (n == 6) cr_expect_eq(json_integer_value(json_object_get(j, "step")), 2, "%s", line);
+        json_decref(j);
+        n++;
+    }
+    fclose(f);
+    cr_expect_eq(n, 7);
+    cr_expect_eq(steps, 3);
+}
+
+/* Every loss against its formula on the forward's own logprobs. */
+static double closed(const char *loss, float lp, float q, float a, double lo, double hi, double beta) {
+    double r = exp((double)lp - q);
+    if (strcmp(loss, "importance_sampling") == 0) return -r * a;
+    if (strcmp(loss, "ppo") == 0) return -fmin(r * a, fmin(fmax(r, lo), hi) * a);
+    if (strcmp(loss, "cispo") == 0) return -fmin(fmax(r, lo), hi) * a * lp;
+    return -((double)a * lp - 0.5 * beta * ((double)lp - q) * ((double)lp - q)); /* dro */
+}
+
+Test(tinker_worker, losses_match_their_closed_forms) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 5);
+    float lp[7];
+    double ce_loss = ce(w, "forward", "m", &DA, 1, lp), want = 0;
+    for (int t = 0; t < 7; t++) want += -(double)W7[t] * lp[t];
+    cr_expect(fabs(ce_loss - want) <= 1e-6 * fabs(want), "cross_entropy %.9g, closed form %.9g", ce_loss, want);
+    /* sampler logprobs near the model's, advantages of both signs: clipping happens */
+    float q[7], adv[7];
+    for (int t = 0; t < 7; t++) q[t] = lp[t] + (t % 3 - 1) * 0.35f, adv[t] = (t % 2 ? -1.0f : 1.5f) * (t + 1) / 4;
+    const char *losses[] = {"importance_sampling", "ppo", "cispo", "dro", "ppo", "cispo"};
+    for (int k = 0; k < 6; k++) {
+        double lo = k == 2 ? 0.0 : 0.8, hi = k == 2 ? 4.0 : 1.2, beta = 0.25; /* Tinker's defaults */
+        json_t *cfg = json_object();
+        if (strcmp(losses[k], "dro") == 0) json_object_set_new(cfg, "beta", json_real(beta));
+        if (k >= 4) { /* custom thresholds */
+            lo = 0.9, hi = 1.05;
+            json_object_set_new(cfg, "clip_low_threshold", json_real(lo));
+            json_object_set_new(cfg, "clip_high_threshold", json_real(hi));
+        }
+        struct td d = {7, TOK_A, TGT_A, q, adv};
+        struct tinker_reply r = ok(w, fwd_request("forward", "m", losses[k], cfg, &d, 1));
+        const float *out = r.arrays[0].data; /* logprobs [7], then elementwise_loss [7] */
+        cr_assert_eq(r.arrays[0].bytes, 14 * sizeof(float));
+        cr_expect(memcmp(out, lp, sizeof lp) == 0, "%s: logprobs differ from cross_entropy's forward", losses[k]);
+        double sum = 0;
+        for (int t = 0; t < 7; t++) {
+            double l = closed(losses[k], lp[t], q[t], adv[t], lo, hi, beta);
+            cr_expect(fabs(out[7 + t] - l) <= 1e-5 * fmax(1, fabs(l)), "%s token %d: %g vs %g", losses[k], t,
+                      (double)out[7 + t], l);
+            sum += l;
+        }
+        cr_expect(fabs(loss_of(&r) - sum) <= 1e-9 * fmax(1, fabs(sum)), "%s: loss:sum %.12g, closed form %.12g",
+                  losses[k], loss_of(&r), sum);
+        tinker_reply_free(&r);
+    }
+    tinker_worker_free(w);
+}
+
+/* save_weights -> a new model -> load_weights: the next steps' losses are identical. */
+Test(tinker_worker, save_then_load_resumes_with_the_same_losses) {
+    struct tinker_worker *w = worker_new();
+    create(w, "orig", 4, 9);
+    ce(w, "forward_backward", "orig", &DA, 1, NULL);
+    optim(w, "orig", 1e-2);
+    char path[256], sampler[256];
+    test_tmp_path(path, sizeof path, "ckpt");
+    test_tmp_path(sampler, sizeof sampler, "sampler");
+    struct tinker_reply r = ok(w, request("save_weights", json_pack("{s:s, s:s, s:b}", "model_id", "orig", "path",
+                                                                    path, "optimizer", 1)));
+    tinker_reply_free(&r);
+    r = ok(w, request("save_weights_for_sampler", json_pack("{s:s, s:s}", "model_id", "orig", "path", sampler)));
+    tinker_reply_free(&r);
+    char f[300];
+    snprintf(f, sizeof f, "%s/adapter/adapter_config.json", path);
+    cr_expect(access(f, R_OK) == 0);
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", sampler);
+    cr_expect(access(f, R_OK) == 0);
+    create(w, "copy", 4, 123); /* another init: load_weights must replace it */
+    r = ok(w, request("load_weights", json_pack("{s:s, s:s, s:b}", "model_id", "copy", "path", path, "optimizer", 1)));
+    tinker_reply_free(&r);
+    for (int step = 0; step < 2; step++) {
+        double a = ce(w, "forward_backward", "orig", &DB, 1, NULL), b = ce(w, "forward_backward", "copy", &DB, 1, NULL);
+        cr_expect(memcmp(&a, &b, sizeof a) == 0, "step %d: %.17g vs %.17g", step, a, b);
+        optim(w, "orig", 1e-2), optim(w, "copy", 1e-2);
+    }
+    create(w, "rank8", 8, 1);
+    refused(w, request("load_weights", json_pack("{s:s, s:s}", "model_id", "rank8", "path", path)), SMELT_EINVAL,
+            "lora.rank", NULL);
+    refused(w, request("save_weights", json_pack("{s:s, s:s}", "model_id", "orig", "path", "relative/dir")),
+            SMELT_EINVAL, "path", NULL);
+    tinker_worker_free(w);
+}
+
+Test(tinker_worker, bad_requests_are_refused_naming_the_field) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 1);
+    /* a target list longer than the input */
+    struct td d = DA;
+    struct msg m = fwd_request("forward_backward", "m", "cross_entropy", NULL, &d, 1);
+    json_t *tt = json_object_get(json_object_get(json_array_get(json_object_get(m.header, "data"), 0), "inputs"),
+                                 "target_tokens");
+    json_object_set_new(tt, "shape", json_pack("[i]", 8));
+    refused(w, m, SMELT_EINVAL, "data[0].loss_fn_inputs.target_tokens", "length 8, model_input has 7 tokens");
+    /* a token id outside the vocabulary (96) */
+    int32_t bad[7];
+    memcpy(bad, TOK_A, sizeof bad);
+    bad[5] = 70000;
+    d.tokens = bad;
+    refused(w, fwd_request("forward", "m", "cross_entropy", NULL, &d, 1), SMELT_EINVAL, "data",
+            "data[0].model_input.tokens[5]: token id 70000 outside the vocabulary (0..95)");
+    d = DA;
+    refused(w, fwd_request("forward", "m", "foo", NULL, &d, 1), SMELT_EINVAL, "loss_fn", "unknown \"foo\"");
+    refused(w, fwd_request("forward", "x", "cross_entropy", NULL, &d, 1), SMELT_ENOTFOUND, "model_id",
+            "no model \"x\" in this worker");
+    /* a wrong dtype, an input the loss does not take, a non-finite weight */
+    m = fwd_request("forward", "m", "cross_entropy", NULL, &d, 1);
+    json_t *in = json_object_get(json_array_get(json_object_get(m.header, "data"), 0), "inputs");
+    json_object_set_new(json_object_get(in, "weights"), "dtype", json_string("int64"));
+    refused(w, m, SMELT_EINVAL, "data[0].loss_fn_inputs.weights", "dtype int64, expected float32");
+    m = fwd_request("forward", "m", "cross_entropy", NULL, &d, 1);
+    in = json_object_get(json_array_get(json_object_get(m.header, "data"), 0), "inputs");
+    json_object_set_new(in, "advantages", input("float32", 7, 0));
+    refused(w, m, SMELT_EINVAL, "data[0].loss_fn_inputs.advantages", "not an input of loss_fn cross_entropy");
+    float wnan[7] = {1, 1, 1, NAN, 1, 1, 1};
+    d.f1 = wnan;
+    refused(w, fwd_request("forward", "m", "cross_entropy", NULL, &d, 1), SMELT_EINVAL, "data",
+            "weights[3]: nan is not finite");
+    /* the RL losses need the sampler's logprobs and advantages; dro needs beta */
+    d = DA;
+    d.f2 = W7;
+    refused(w, fwd_request("forward", "m", "dro", NULL, &d, 1), SMELT_EINVAL, "loss_fn_config.beta", NULL);
+    refused(w, fwd_request("forward", "m", "ppo", json_pack("{s:f}", "epsilon", 0.1), &d, 1), SMELT_EINVAL,
+            "loss_fn_config", "\"epsilon\" is not a setting of ppo");
+    /* create_model: duplicate id; lm_head until lora/ has it */
+    refused(w, request("create_model", json_pack("{s:s, s:{s:i}}", "model_id", "m", "lora", "rank", 4)), SMELT_EINVAL,
+            "model_id", "already exists");
+    refused(w, request("create_model", json_pack("{s:s, s:{s:i}}", "model_id", "r0", "lora", "rank", 0)), SMELT_EINVAL,
+            "lora.rank", NULL);
+    struct tinker_reply r;
+    struct smelt_error err = {0};
+    struct msg u = request("create_model", json_pack("{s:s, s:{s:i, s:b, s:b}}", "model_id", "u", "lora", "rank", 2,
+                                                     "train_attn", 0, "train_mlp", 0));
+    if (tinker_handle(w, &u, &r, &err)) cr_expect_str_eq(err.field, "lora.train_unembed", "%s", err.message);
+    else tinker_reply_free(&r);
+    msg_free(&u);
+    refused(w, request("launch_rockets", json_object()), SMELT_EINVAL, "op", NULL);
+    refused(w, request("optim_step", json_pack("{s:s, s:{s:f}}", "model_id", "m", "adam", "learning_rate", 0.1)),
+            SMELT_EINVAL, "adam.beta1", NULL);
+    /* the worker still serves */
+    ce(w, "forward_backward", "m", &DA, 1, NULL);
+    r = ok(w, request("unload_model", json_pack("{s:s}", "model_id", "m")));
+    tinker_reply_free(&r);
+    refused(w, fwd_request("forward", "m", "cross_entropy", NULL, &d, 1), SMELT_ENOTFOUND, "model_id", NULL);
+    tinker_worker_free(w);
+}
+
+/* The sampler's logprobs are a forward's, bit for bit (batch-invariant kernels). */
+Test(tinker_worker, sampled_logprobs_equal_forward_logprobs) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 11);
+    ce(w, "forward_backward", "m", &DA, 1, NULL);
+    optim(w, "m", 5e-2); /* a non-zero adapter, so it matters */
+    int32_t prompt[] = {1, 17, 33, 49, 65};
+    struct msg m = request("sample", json_pack("{s:s, s:i, s:i, s:f, s:i, s:b}", "model_id", "m", "num_samples", 3,
+                                               "max_tokens", 8, "temperature", 1.0, "seed", 5, "prompt_logprobs", 1));
+    json_object_set_new(m.header, "topk_prompt_logprobs", json_integer(3));
+    m.arrays[0] = (struct msg_array){dup_bytes(prompt, sizeof prompt), sizeof prompt};
+    m.n_arrays = 1;
+    struct tinker_reply r = ok(w, m);
+    const json_t *seqs = json_object_get(r.result, "sequences");
+    cr_assert_eq(json_array_size(seqs), 3);
+    cr_assert_eq(r.n_arrays, 5);
+    const int32_t *ids = r.arrays[0].data, *tk = r.arrays[3].data;
+    const float *lps = r.arrays[1].data, *plp = r.arrays[2].data, *tkl = r.arrays[4].data;
+    cr_expect(isnan(plp[0]));
+    cr_assert_eq(r.arrays[3].bytes, 5 * 3 * sizeof(int32_t));
+    cr_expect(tk[0] == -1 && isnan(tkl[0]));
+    for (int t = 1; t < 5; t++) { /* sorted, and the prompt's own token agrees with prompt_logprobs */
+        cr_expect(tkl[3 * t] >= tkl[3 * t + 1] && tkl[3 * t + 1] >= tkl[3 * t + 2]);
+        cr_expect(tkl[3 * t] >= plp[t] - 1e-5f);
+        for (int j = 0; j < 3; j++)
+            if (tk[3 * t + j] == prompt[t]) cr_expect(fabsf(tkl[3 * t + j] - plp[t]) < 1e-5f, "position %d", t);
+    }
+    int64_t off = 0;
+    for (size_t s = 0; s < 3; s++) {
+        int n = (int)json_integer_value(json_object_get(json_array_get(seqs, s), "n_tokens"));
+        const char *why = json_string_value(json_object_get(json_array_get(seqs, s), "stop_reason"));
+        cr_expect(strcmp(why, "length") == 0 ? n == 8 : strcmp(why, "stop") == 0, "%s after %d tokens", why, n);
+        /* forward of prompt + completion: input full[:-1], targets full[1:] */
+        int32_t full[13], tok[12], tgt[12];
+        float wts[12], lp[12];
+        memcpy(full, prompt, sizeof prompt);
+        memcpy(full + 5, ids + off, (size_t)n * 4);
+        int T = 5 + n - 1;
+        for (int t = 0; t < T; t++) tok[t] = full[t], tgt[t] = full[t + 1], wts[t] = 1;
+        struct td d = {T, tok, tgt, wts, NULL};
+        ce(w, "forward", "m", &d, 1, lp);
+        cr_expect(memcmp(lp + 4, lps + off, (size_t)n * 4) == 0, "sample %zu: sampled logprobs differ from the "
+                  "forward's (first: %.9g vs %.9g)", s, (double)lps[off], (double)lp[4]);
+        cr_expect(memcmp(lp, plp + 1, 4 * sizeof(float)) == 0, "prompt logprobs differ from the forward's");
+        off += n;
+    }
+    tinker_reply_free(&r);
+    tinker_worker_free(w);
+}
+
+/* ---- the ZeroMQ loop ---- */
+
+struct served {
+    struct tinker_worker *w;
+    void *dealer;
+    atomic_int stop;
+    int rc;
+};
+
+static void *serve_thread(void *p) {
+    struct served *s = p;
+    struct smelt_error err = {0};
+    s->rc = tinker_serve(s->w, s->dealer, "job-1", 2, &s->stop, &err);
+    return NULL;
+}
+
+/* The next message on router that is not a hello. */
+static struct msg next_result(void *router) {
+    for (;;) {
+        struct msg m = {0};
+        struct smelt_error err = {0};
+        TEST_OK(msg_recv(router, true, 10000, &m, &err), &err);
+        if (strcmp(m.type, MSG_TINKER_HELLO) != 0) {
+            cr_assert_str_eq(m.type, MSG_TINKER_RESULT);
+            return m;
+        }
+        msg_free(&m);
+    }
+}
+
+static struct msg roundtrip(void *router, const struct msg *hello, struct msg req) {
+    struct smelt_error err = {0};
+    TEST_OK(msg_send(router, hello->route, hello->route_len, req.type, req.header, req.arrays, req.n_arrays, &err),
+            &err);
+    msg_free(&req);
+    return next_result(router);
+}
+
+Test(tinker_worker, zeromq_loop_answers_and_survives_garbage) {
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER);
+    cr_assert(router);
+    cr_assert_eq(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    char ep[256];
+    size_t len = sizeof ep;
+    cr_assert_eq(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len), 0);
+    struct served s = {.w = worker_new(), .dealer = zmq_socket(ctx, ZMQ_DEALER)};
+    cr_assert_eq(zmq_setsockopt(s.dealer, ZMQ_ROUTING_ID, "job-1.2", 7), 0);
+    cr_assert_eq(zmq_connect(s.dealer, ep), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, serve_thread, &s), 0);
+    struct msg hello = {0};
+    struct smelt_error err = {0};
+    TEST_OK(msg_recv(router, true, 10000, &hello, &err), &err);
+    cr_assert_str_eq(hello.type, MSG_TINKER_HELLO);
+    cr_expect_str_eq(json_string_value(json_object_get(hello.header, "job_id")), "job-1");
+    cr_expect_eq(json_integer_value(json_object_get(hello.header, "attempt")), 2);
+    cr_expect_eq(json_integer_value(json_object_get(hello.header, "vocab_size")), 96);
+    cr_expect_eq(hello.route_len, 7);
+
+    struct msg res = roundtrip(router, &hello, request("create_model", json_pack("{s:s, s:{s:i, s:b}}", "model_id",
+                                                                                 "m", "lora", "rank", 2,
+                                                                                 "train_unembed", 0)));
+    cr_expect(json_is_true(json_object_get(res.header, "ok")));
+    cr_expect_str_eq(json_string_value(json_object_get(res.header, "id")), "req");
+    msg_free(&res);
+    res = roundtrip(router, &hello, fwd_request("forward_backward", "m", "cross_entropy", NULL, &DA, 1));
+    cr_expect(json_is_true(json_object_get(res.header, "ok")));
+    cr_expect_eq(res.n_arrays, 1);
+    cr_expect_eq(res.arrays[0].bytes, 14 * sizeof(float));
+    msg_free(&res);
+    /* garbage: a header that is not JSON, then a type the worker does not take */
+    zmq_send(router, hello.route, hello.route_len, ZMQ_SNDMORE);
+    zmq_send(router, MSG_TINKER_REQUEST, strlen(MSG_TINKER_REQUEST), ZMQ_SNDMORE);
+    zmq_send(router, "{not json", 9, 0);
+    res = next_result(router);
+    cr_expect(json_is_false(json_object_get(res.header, "ok")));
+    cr_expect(json_is_null(json_object_get(res.header, "id")));
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(res.header, "error"), "category")), "user");
+    msg_free(&res);
+    struct msg other = request("forward", json_object());
+    snprintf(other.type, sizeof other.type, "gen.request");
+    res = roundtrip(router, &hello, other);
+    cr_expect(json_is_false(json_object_get(res.header, "ok")));
+    msg_free(&res);
+    /* still serving */
+    res = roundtrip(router, &hello, request("optim_step", json_pack("{s:s, s:{s:f, s:f, s:f, s:f, s:f, s:f}}",
+        "model_id", "m", "adam", "learning_rate", 1e-3, "beta1", 0.9, "beta2", 0.95, "eps", 1e-12, "weight_decay", 0.0,
+        "grad_clip_norm", 0.0)));
+    cr_expect(json_is_true(json_object_get(res.header, "ok")), "%s", json_dumps(res.header, 0));
+    msg_free(&res);
+    atomic_store(&s.stop, 1);
+    pthread_join(th, NULL);
+    cr_expect_eq(s.rc, 0);
+    msg_free(&hello);
+    zmq_close(s.dealer);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    tinker_worker_free(s.w);
+}
