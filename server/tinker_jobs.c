@@ -210,7 +210,27 @@ static void fail_orphans(struct store_conn *c) {
     json_decref(rows);
 }
 
+/* A released job whose stop the agent never confirmed (send_stops freed its device after
+ * the grace) has no worker left to report: it ends here. */
+static void end_unconfirmed_releases(struct server *s, struct store_conn *c) {
+    struct smelt_error err = {0};
+    json_t *rows = NULL;
+    if (store_query(c, &rows, &err, "SELECT id FROM jobs WHERE status = 'running' AND desired = 'release' AND "
+                    "devices IS NULL AND json_extract(method, '$.type') = 'tinker'", "") != 0)
+        return;
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        const char *id = json_string_value(json_object_get(row, "id"));
+        tinker_dispatch_forget(s, id);
+        logged("futures", tinker_futures_fail_job(c, id, "the Tinker session was released", &err), &err);
+        end_succeeded(s, c, id);
+    }
+    json_decref(rows);
+}
+
 void tinker_jobs_tick(struct server *s, struct store_conn *c) {
+    end_unconfirmed_releases(s, c);
     int64_t idle = idle_seconds(s);
     json_t *rows = idle_jobs(c, server_now() - idle);
     size_t i;

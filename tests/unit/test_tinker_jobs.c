@@ -240,3 +240,14 @@ Test(tinker_jobs, the_jobs_api_refuses_to_create_one_and_lists_one) {
     json_decref(job);
     json_decref(row);
 }
+
+Test(tinker_jobs, a_release_whose_stop_was_never_confirmed_ends_at_the_next_tick) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    struct store_conn *c = tinker_conn();
+    struct smelt_error err = {0};
+    cr_assert(store_exec(c, &err, "UPDATE jobs SET desired = 'release', devices = NULL WHERE id = ?", "s", JOB) == 1);
+    store_release(tinker_s.store, c);
+    tick();
+    char v[64];
+    cr_expect_str_eq(column("jobs", JOB, "status", v, sizeof v), "succeeded");
+}
