@@ -141,7 +141,10 @@ static void change_state(struct server *s, struct http_request *req, struct http
                                 has_worker ? "Job cancelled; stopping its worker" : "Job cancelled");
         }
     } else if (strcmp(action, "pause") == 0) {
-        if (strcmp(status, "running") != 0 && strcmp(status, "queued") != 0)
+        if (tinker_job_is_session(row))
+            refusal = "a Tinker session job cannot be paused: its models live in its worker's memory (cancel it, "
+                      "or let it be released when idle)";
+        else if (strcmp(status, "running") != 0 && strcmp(status, "queued") != 0)
             refusal = "only a queued or running job can be paused";
         else {
             rc = store_exec(conn, &err, "UPDATE jobs SET status = 'paused', desired = 'pause' WHERE id = ?",

@@ -14,6 +14,7 @@
 #include "common/msg.h"
 #include "server/agent.h"
 #include "server/server_internal.h"
+#include "server/tinker_internal.h"
 #include "trainer/trainer.h"
 
 #define CONTROL_INPROC "inproc://smeltd-agents"
@@ -86,7 +87,7 @@ static void job_succeed(struct server *s, struct store_conn *c, json_t *job) {
     job_event(s, c, id, "info", "%s", "The job has successfully completed");
 }
 
-static void job_fail(struct server *s, struct store_conn *c, const char *id, const char *code, const char *message) {
+void control_job_fail(struct server *s, struct store_conn *c, const char *id, const char *code, const char *message) {
     struct smelt_error err = {0};
     json_t *error = json_pack("{s:s, s:s, s:n}", "code", code, "message", message, "param");
     int rc = store_exec(c, &err, "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? WHERE id = ?",
@@ -137,6 +138,16 @@ static void worker_gone(struct server *s, struct store_conn *c, json_t *job, int
     else if (signal_no > 0) snprintf(how, sizeof how, "was stopped by signal %d", signal_no);
     else if (exit_code >= 0) snprintf(how, sizeof how, "exited with code %d", exit_code);
     else snprintf(how, sizeof how, "was lost with its agent");
+    if (tinker_job_is_session(job)) { /* its models lived in the worker: never retried */
+        char tail[600], what[900];
+        if (launch_error) snprintf(what, sizeof what, "could not start: %.700s", launch_error);
+        else {
+            log_tail(s, id, tail, sizeof tail);
+            snprintf(what, sizeof what, "%s%s%.600s", how, tail[0] ? ": " : "", tail);
+        }
+        tinker_job_worker_gone(s, c, job, launch_error ? -1 : exit_code, what);
+        return;
+    }
     if (exit_code == 0 && final_seen && (strcmp(status, "running") == 0 || strcmp(status, "paused") == 0)) {
         job_succeed(s, c, job);
         return;
@@ -173,7 +184,7 @@ static void worker_gone(struct server *s, struct store_conn *c, json_t *job, int
         job_event(s, c, id, "warn", "%s", text);
         return;
     }
-    job_fail(s, c, id, launch_error ? "launch_failed" : "worker_failed", message);
+    control_job_fail(s, c, id, launch_error ? "launch_failed" : "worker_failed", message);
 }
 
 /* ---- agent messages ---- */
@@ -510,6 +521,10 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
     const char *type = json_string_value(json_object_get(line, "type"));
     json_t *step_v = json_object_get(line, "step");
     if (!type || !json_is_integer(step_v)) return;
+    if (strcmp(type, "tinker") == 0) {
+        tinker_job_metrics_line(s, c, job, m->header);
+        return;
+    }
     int64_t step = json_integer_value(step_v);
     struct smelt_error err = {0};
     json_t *dup = NULL;
@@ -635,13 +650,15 @@ static void send_stops(struct server *s, struct store_conn *c) {
             char message[160];
             snprintf(message, sizeof message, "the job ran past max_runtime_seconds (%lld)",
                      (long long)json_integer_value(json_object_get(job, "max_runtime_seconds")));
-            job_fail(s, c, json_string_value(json_object_get(job, "id")), "max_runtime_exceeded", message);
+            control_job_fail(s, c, json_string_value(json_object_get(job, "id")), "max_runtime_exceeded", message);
         }
         json_decref(over);
     }
     json_t *jobs = NULL;
+    /* desired 'release': an idle Tinker session job (tinker_jobs_tick) */
     if (store_query(c, &jobs, &err, "SELECT id, agent_id, attempt, status, stop_sent_at, desired FROM jobs WHERE "
-                    "devices IS NOT NULL AND status IN ('cancelled', 'paused', 'failed')", "") != 0)
+                    "devices IS NOT NULL AND (status IN ('cancelled', 'paused', 'failed') OR (status = 'running' AND "
+                    "desired = 'release'))", "") != 0)
         return;
     size_t i;
     json_t *job;
@@ -659,6 +676,7 @@ static void send_stops(struct server *s, struct store_conn *c) {
         }
         const char *agent_id = json_string_value(json_object_get(job, "agent_id"));
         const char *st = json_string_value(json_object_get(job, "status"));
+        if (strcmp(st, "running") == 0) st = json_string_value(json_object_get(job, "desired"));
         json_t *h = json_pack("{s:s, s:O, s:I, s:s}", "job_id", id, "attempt", json_object_get(job, "attempt"),
                               "grace_ms", (json_int_t)grace_ms(s), "reason", st);
         if (h && agent_id) send_to_agent(s, agent_id, MSG_WORKER_STOP, h);
@@ -707,6 +725,35 @@ static int64_t trainer_ranks_of(const json_t *spec, int n_devices) {
     return n_devices - workers > 1 ? n_devices - workers : 1;
 }
 
+static json_t *trainer_argv(struct server *s, const char *job_dir, const char *spec_path, int64_t ranks) {
+    char latest[SERVER_PATH_BYTES + 256];
+    struct smelt_error err = {0};
+    bool resume = trainer_checkpoint_latest(job_dir, latest, sizeof latest, &err) == 0;
+    json_t *argv = json_pack("[s, s, s]", s->trainer_path, "--spec", spec_path);
+    if (argv && resume) {
+        json_array_append_new(argv, json_string("--resume"));
+        json_array_append_new(argv, json_string("latest"));
+    }
+    if (argv && ranks > 1) {
+        char text[24];
+        snprintf(text, sizeof text, "%lld", (long long)ranks);
+        json_array_append_new(argv, json_string("--ranks"));
+        json_array_append_new(argv, json_string(text));
+    }
+    return argv;
+}
+
+/* The kind ("cpu", "cuda") of the agent's device index. */
+static const char *device_kind(const json_t *agent, int64_t index) {
+    size_t i;
+    json_t *dev;
+    json_array_foreach(json_object_get(agent, "devices"), i, dev) {
+        if (json_integer_value(json_object_get(dev, "index")) == index)
+            return json_string_value(json_object_get(dev, "kind"));
+    }
+    return NULL;
+}
+
 static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *agent, const int64_t *devices,
                    int n_devices) {
     const char *id = json_string_value(json_object_get(job, "id"));
@@ -724,26 +771,20 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
     int64_t ranks = spec ? trainer_ranks_of(spec, n_devices) : 1;
     json_decref(spec);
     if (rc) {
-        job_fail(s, c, id, "launch_failed", err.message);
+        control_job_fail(s, c, id, "launch_failed", err.message);
         return;
     }
-    char latest[SERVER_PATH_BYTES + 256];
-    bool resume = trainer_checkpoint_latest(job_dir, latest, sizeof latest, &err) == 0;
-    error_clear(&err);
-    json_t *argv = json_pack("[s, s, s]", s->trainer_path, "--spec", spec_path);
-    if (resume) {
-        json_array_append_new(argv, json_string("--resume"));
-        json_array_append_new(argv, json_string("latest"));
-    }
-    if (ranks > 1) {
-        char text[24];
-        snprintf(text, sizeof text, "%lld", (long long)ranks);
-        json_array_append_new(argv, json_string("--ranks"));
-        json_array_append_new(argv, json_string(text));
+    int64_t attempt = json_integer_value(json_object_get(job, "attempt")) + 1;
+    json_t *argv = tinker_job_is_session(job)
+                       ? tinker_worker_argv(s, job, attempt, device_kind(agent, n_devices ? devices[0] : -1),
+                                            metrics_path)
+                       : trainer_argv(s, job_dir, spec_path, ranks);
+    if (!argv) {
+        control_job_fail(s, c, id, "launch_failed", "the worker's command line could not be made (stored spec)");
+        return;
     }
     json_t *dev_array = json_array();
     for (int i = 0; i < n_devices; i++) json_array_append_new(dev_array, json_integer(devices[i]));
-    int64_t attempt = json_integer_value(json_object_get(job, "attempt")) + 1;
     int64_t now = server_now();
     rc = store_exec(c, &err, "UPDATE jobs SET status = 'running', attempt = ?, agent_id = ?, devices = ?, pid = NULL, "
                     "stop_sent_at = NULL, saw_final = 0, started_at = coalesce(started_at, ?), run_started_at = ? "
@@ -814,6 +855,7 @@ static void tick(struct server *s) {
      * without the events written with it. */
     bool txn = store_begin(c, &err) == 0;
     mark_lost_agents(s, c);
+    tinker_jobs_tick(s, c);
     send_stops(s, c);
     schedule_queue(s, c);
     if (txn && store_commit(c, &err) != 0) log_error("control: %s", err.message);

@@ -565,6 +565,9 @@ static int read_method_type(const json_t *method, const struct job_method **out,
         return error_set_field(err, SMELT_EINVAL, "method.type",
                                "method.type: one of supervised, dpo, reinforcement, ppo, grpo, reward_model");
     const char *type = json_string_value(v);
+    if (strcmp(type, "tinker") == 0)
+        return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: 'tinker' jobs are Tinker sessions, "
+                               "made through the Tinker API under /api/v1/ (docs/tinker.md), not created here");
     if (!(*out = method_named(type)))
         return error_set_field(err, SMELT_EINVAL, "method.type", "method.type: '%.40s' is not a method "
                                "(supervised, dpo, reinforcement, ppo, grpo, reward_model)", type);

@@ -1,4 +1,5 @@
-/* server_run: folders, store, first admin key, control loop (+ embedded agent), HTTP. */
+/* server_run: folders, store, first admin key, the Tinker dispatcher, control loop (+ embedded
+ * agent), HTTP. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "common/common.h"
 #include "server/server_internal.h"
+#include "server/tinker_internal.h"
 
 static int absolute_dir(const char *path, char *out, size_t cap, struct smelt_error *err) {
     int rc = dir_create_all(path, err);
@@ -56,6 +58,10 @@ static int setup_paths(struct server *s, struct smelt_error *err) {
         return error_set(err, SMELT_EINVAL, "bin_dir path too long");
     if (access(s->trainer_path, X_OK) != 0)
         log_warn("smeltd: %s is missing or not executable; jobs will fail to start", s->trainer_path);
+    if (snprintf(s->tinker_path, sizeof s->tinker_path, "%s/smelt-tinker", real) >= (int)sizeof s->tinker_path)
+        return error_set(err, SMELT_EINVAL, "bin_dir path too long");
+    if (access(s->tinker_path, X_OK) != 0)
+        log_warn("smeltd: %s is missing or not executable; Tinker sessions will fail to start", s->tinker_path);
     char web[PATH_MAX + 32];
     if (c->web_dir) snprintf(web, sizeof web, "%s", c->web_dir);
     else snprintf(web, sizeof web, "%s/../server/web", real);
@@ -84,6 +90,10 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
         s->zmq = zmq_ctx_new();
         if (!s->zmq) rc = error_set(err, SMELT_EIO, "zmq_ctx_new failed");
     }
+    /* before the control loop: it launches session workers at this endpoint, and must
+     * not see the last run's session jobs as its own */
+    if (rc == 0) rc = tinker_dispatch_start(s, err);
+    if (rc == 0) rc = tinker_jobs_recover(s, err);
     if (rc == 0) rc = control_start(s, err);
     if (rc == 0) {
         struct http_config hc = {
@@ -118,6 +128,7 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
     /* The control loop first: it wakes the HTTP server's SSE streams, which must outlive it. */
     control_stop(s);
     http_server_stop(atomic_exchange(&s->http, NULL));
+    tinker_dispatch_stop(s); /* after HTTP: handlers submit to it */
     if (s->zmq) zmq_ctx_term(s->zmq);
     store_close(s->store);
     free(s);

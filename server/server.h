@@ -36,6 +36,10 @@ struct server_config {
     int heartbeat_ms;             /* agents' heartbeat (0: 1000) */
     int agent_lost_ms;            /* silence after which an agent is lost (0: 10 s) */
     int stop_grace_ms;            /* SIGTERM -> SIGKILL for cancel (0: 10 s) */
+    const char *tinker_bind;      /* ZeroMQ ROUTER the Tinker session workers connect to;
+                                     NULL: "tcp://127.0.0.1:*" (a free port) */
+    int tinker_idle_seconds;      /* a session job none of whose sessions was heard from for
+                                     this long is released (0: 600) */
     const atomic_int *stop;       /* server_run returns once *stop != 0; atomic because
                                      smeltd's signal handler may run on any of its threads */
 };

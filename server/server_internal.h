@@ -20,6 +20,7 @@ struct server {
     char files_dir[SERVER_PATH_BYTES];
     char jobs_dir[SERVER_PATH_BYTES];
     char trainer_path[SERVER_PATH_BYTES];  /* smelt-trainer, absolute */
+    char tinker_path[SERVER_PATH_BYTES];   /* smelt-tinker (beside smelt-trainer), absolute */
     char web_dir[SERVER_PATH_BYTES];
     struct store *store;
     /* Set once HTTP serves, cleared before it stops; read by HTTP handlers and the
@@ -40,6 +41,9 @@ struct server {
     pthread_t agent_thread;
     bool agent_started;
     atomic_int agent_stop;                 /* set by control_stop, read by the agent thread */
+    /* the Tinker dispatch thread (tinker_dispatch.c): its ROUTER, queues and thread */
+    char tinker_endpoint[256];             /* where session workers connect (ZMQ_LAST_ENDPOINT) */
+    struct tinker_dispatch *tinker;        /* NULL until tinker_dispatch_start */
 };
 
 /* ---- small helpers (server/util.c) ---- */
@@ -96,6 +100,35 @@ const char *jobs_method_head(const char *type);
 
 int control_start(struct server *s, struct smelt_error *err);
 void control_stop(struct server *s);
+/* Ends job id as failed with error {code, message} and an event saying so. */
+void control_job_fail(struct server *s, struct store_conn *c, const char *id, const char *code,
+                      const char *message);
+
+/* ---- Tinker session jobs (server/tinker_jobs.c; the API's shared part: tinker_internal.h) ----
+ * A session job is a jobs row of method {"type": "tinker"} whose worker (smelt-tinker) holds
+ * one base model and the LoRA models made on it in memory: it is never retried. */
+
+bool tinker_job_is_session(const json_t *job_row);
+/* The worker's argv (a new array) for a session job row launched as attempt on devices of
+ * kind device_kind ("cpu" or "cuda"). */
+json_t *tinker_worker_argv(struct server *s, const json_t *job_row, int64_t attempt, const char *device_kind,
+                           const char *metrics_path);
+/* A session job's worker is gone (how: "exited with code 1: <log tail>", ...): its queued
+ * requests are dropped, its pending futures fail, its live models are lost, and the job
+ * ends: succeeded after a release that smeltd asked for ended with exit 0, else failed. */
+void tinker_job_worker_gone(struct server *s, struct store_conn *c, const json_t *job_row, int exit_code,
+                            const char *how);
+/* A session worker's metrics line (type "tinker"): a metrics row, and an event for an
+ * optim_step; a line at or before the last offset seen (a file read again) is dropped. */
+void tinker_job_metrics_line(struct server *s, struct store_conn *c, const json_t *job_row, const json_t *event);
+/* Every control tick: idle session jobs released (their models "released", the worker
+ * stopped through send_stops); pending futures of ended session jobs failed. */
+void tinker_jobs_tick(struct server *s, struct store_conn *c);
+/* At start, before the control loop: session jobs left from the last run end (their
+ * models lived in memory): failed, pending futures failed, live models lost. */
+int tinker_jobs_recover(struct server *s, struct smelt_error *err);
+/* Drops the queued requests of job_id (its worker is gone). */
+void tinker_dispatch_forget(struct server *s, const char *job_id);
 
 /* ---- schedules (server/schedules.c) ---- */
 

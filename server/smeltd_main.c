@@ -26,6 +26,7 @@ static void usage(FILE *f) {
             "              [--agents tcp://ADDR:PORT] [--no-local-agent] [--cpu-slots N] [--cpu]\n"
             "              [--admin-key-file F] [--bin-dir DIR] [--web-dir DIR] [--threads N]\n"
             "              [--heartbeat-ms N] [--agent-lost-ms N] [--stop-grace-ms N] [--max-upload-mb N]\n"
+            "              [--tinker-bind tcp://ADDR:PORT] [--tinker-idle-seconds N]\n"
             "The admin key comes from SMELT_ADMIN_KEY, --admin-key-file, or is generated into DIR/admin_key\n"
             "at the first start. docs/operations.md explains each flag.\n");
 }
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--listen") == 0) c.listen_address = v;
         else if (strcmp(a, "--port-file") == 0) c.port_file = v;
         else if (strcmp(a, "--agents") == 0) c.agent_bind = v;
+        else if (strcmp(a, "--tinker-bind") == 0) c.tinker_bind = v;
         else if (strcmp(a, "--admin-key-file") == 0) key_file = v;
         else if (strcmp(a, "--bin-dir") == 0) c.bin_dir = v;
         else if (strcmp(a, "--web-dir") == 0) c.web_dir = v;
@@ -66,6 +68,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--heartbeat-ms") == 0) { if (!(rc = args_int(a, v, 10, 600000, &n, &err))) c.heartbeat_ms = (int)n; }
         else if (strcmp(a, "--agent-lost-ms") == 0) { if (!(rc = args_int(a, v, 100, 3600000, &n, &err))) c.agent_lost_ms = (int)n; }
         else if (strcmp(a, "--stop-grace-ms") == 0) { if (!(rc = args_int(a, v, 0, 3600000, &n, &err))) c.stop_grace_ms = (int)n; }
+        else if (strcmp(a, "--tinker-idle-seconds") == 0) { if (!(rc = args_int(a, v, 1, 31536000, &n, &err))) c.tinker_idle_seconds = (int)n; }
         else if (strcmp(a, "--max-upload-mb") == 0) { if (!(rc = args_int(a, v, 1, 1 << 20, &n, &err))) c.max_upload_bytes = (size_t)n << 20; }
         else rc = error_set(&err, SMELT_EINVAL, "unknown option %s", a);
         if (rc) goto bad;

@@ -1,0 +1,419 @@
+/* The Tinker dispatcher: one thread owns the ROUTER that session workers (smelt-tinker,
+ * DEALER, routing id "<job_id>.<attempt>") connect to. HTTP threads queue tinker.request
+ * messages per session job (tinker_dispatch_submit) and wake the thread through an
+ * eventfd polled beside the socket, so a request goes out at once. A job's queue is sent,
+ * in submit order, only to the worker of the job's current attempt, once its
+ * tinker.hello arrived; tinker.result messages are stored through tinker_future_complete.
+ * Anything else (another attempt's worker, a future of another job, garbage) is logged
+ * and dropped: nothing a peer sends stops the thread. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/common.h"
+#include "server/tinker_internal.h"
+
+#define TINKER_DEFAULT_BIND "tcp://127.0.0.1:*"
+#define TINKER_POLL_MS 250
+#define TINKER_SWEEP_MS 1000 /* how often queues of jobs that ended are looked for */
+#define TINKER_HWM 100000
+
+struct tinker_request {
+    char future_id[HTTP_ID_BYTES];
+    json_t *header;                            /* owned; "id" set */
+    struct msg_array arrays[MSG_MAX_ARRAYS];   /* owned copies */
+    int n_arrays;
+    struct tinker_request *next;
+};
+
+/* A session job's queue and its worker, once that worker said hello. */
+struct tinker_session {
+    char job_id[HTTP_ID_BYTES];
+    int64_t attempt;                           /* the connected worker's; 0: none yet */
+    struct tinker_request *head, *tail;
+    struct tinker_session *next;
+};
+
+struct tinker_dispatch {
+    void *router;
+    int wake_fd;                               /* eventfd: a submit or a stop */
+    pthread_t thread;
+    bool started;
+    atomic_int stop;
+    pthread_mutex_t lock;                      /* guards sessions (HTTP threads vs the thread) */
+    struct tinker_session *sessions;
+};
+
+/* ---- queues (callers hold d->lock) ---- */
+
+static void request_free(struct tinker_request *r) {
+    if (!r) return;
+    json_decref(r->header);
+    for (int i = 0; i < r->n_arrays; i++) free(r->arrays[i].data);
+    free(r);
+}
+
+static struct tinker_session *session_find(struct tinker_dispatch *d, const char *job_id) {
+    for (struct tinker_session *q = d->sessions; q; q = q->next)
+        if (strcmp(q->job_id, job_id) == 0) return q;
+    return NULL;
+}
+
+static struct tinker_session *session_get(struct tinker_dispatch *d, const char *job_id) {
+    struct tinker_session *q = session_find(d, job_id);
+    if (q) return q;
+    q = calloc(1, sizeof *q);
+    if (!q) return NULL;
+    snprintf(q->job_id, sizeof q->job_id, "%s", job_id);
+    q->next = d->sessions;
+    d->sessions = q;
+    return q;
+}
+
+static void session_remove(struct tinker_dispatch *d, const char *job_id) {
+    for (struct tinker_session **p = &d->sessions; *p; p = &(*p)->next) {
+        if (strcmp((*p)->job_id, job_id) != 0) continue;
+        struct tinker_session *q = *p;
+        *p = q->next;
+        while (q->head) {
+            struct tinker_request *r = q->head;
+            q->head = r->next;
+            request_free(r);
+        }
+        free(q);
+        return;
+    }
+}
+
+/* Sends q's queue to its worker while the socket takes it. A send that fails (the worker
+ * went away: ROUTER_MANDATORY) keeps the request and waits for the next hello. */
+static void session_flush(struct tinker_dispatch *d, struct tinker_session *q) {
+    char route[MSG_ROUTE_BYTES];
+    int n = snprintf(route, sizeof route, "%s.%lld", q->job_id, (long long)q->attempt);
+    while (q->attempt > 0 && q->head) {
+        struct tinker_request *r = q->head;
+        struct smelt_error err = {0};
+        if (msg_send(d->router, route, (size_t)n, MSG_TINKER_REQUEST, r->header, r->arrays, r->n_arrays, &err) != 0) {
+            log_warn("tinker: %s for %s: %s; held until the worker says hello again", r->future_id, route,
+                     err.message);
+            q->attempt = 0;
+            return;
+        }
+        q->head = r->next;
+        if (!q->head) q->tail = NULL;
+        request_free(r);
+    }
+}
+
+/* ---- submit (HTTP threads) ---- */
+
+static int request_new(const char *future_id, json_t *header, const struct msg_array *arrays, int n_arrays,
+                       struct tinker_request **out, struct smelt_error *err) {
+    if (!future_id || strlen(future_id) >= HTTP_ID_BYTES || !json_is_object(header) || n_arrays < 0 ||
+        n_arrays > MSG_MAX_ARRAYS || (n_arrays > 0 && !arrays))
+        return error_set(err, SMELT_EINVAL, "tinker_dispatch_submit: bad arguments");
+    struct tinker_request *r = calloc(1, sizeof *r);
+    if (!r) return error_set(err, SMELT_ENOMEM, "out of memory");
+    snprintf(r->future_id, sizeof r->future_id, "%s", future_id);
+    r->header = json_deep_copy(header);
+    if (r->header) json_object_del(r->header, "v"); /* msg_send sets this protocol's */
+    bool ok = r->header && json_object_set_new(r->header, "id", json_string(future_id)) == 0;
+    for (int i = 0; ok && i < n_arrays; i++) {
+        r->arrays[i].data = malloc(arrays[i].bytes ? arrays[i].bytes : 1);
+        ok = r->arrays[i].data != NULL;
+        if (ok && arrays[i].bytes) memcpy(r->arrays[i].data, arrays[i].data, arrays[i].bytes);
+        r->arrays[i].bytes = arrays[i].bytes;
+        r->n_arrays = i + 1;
+    }
+    if (!ok) {
+        request_free(r);
+        return error_set(err, SMELT_ENOMEM, "out of memory");
+    }
+    *out = r;
+    return 0;
+}
+
+static void wake(struct tinker_dispatch *d) {
+    uint64_t one = 1;
+    if (write(d->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+        log_warn("tinker: waking the dispatcher: %s", strerror(errno));
+}
+
+int tinker_dispatch_submit(struct server *s, const char *job_id, const char *future_id, json_t *header,
+                           const struct msg_array *arrays, int n_arrays, struct smelt_error *err) {
+    struct tinker_dispatch *d = s->tinker;
+    if (!d) return error_set(err, SMELT_EIO, "the Tinker dispatcher is not running");
+    if (!job_id || strlen(job_id) >= HTTP_ID_BYTES)
+        return error_set(err, SMELT_EINVAL, "tinker_dispatch_submit: bad job id");
+    struct tinker_request *r = NULL;
+    TRY(request_new(future_id, header, arrays, n_arrays, &r, err));
+    pthread_mutex_lock(&d->lock);
+    struct tinker_session *q = session_get(d, job_id);
+    if (q) {
+        if (q->tail) q->tail->next = r;
+        else q->head = r;
+        q->tail = r;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (!q) {
+        request_free(r);
+        return error_set(err, SMELT_ENOMEM, "out of memory");
+    }
+    wake(d);
+    return 0;
+}
+
+void tinker_dispatch_forget(struct server *s, const char *job_id) {
+    struct tinker_dispatch *d = s->tinker;
+    if (!d) return;
+    pthread_mutex_lock(&d->lock);
+    session_remove(d, job_id);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* ---- the worker's messages (the dispatch thread) ---- */
+
+/* "<job_id>.<attempt>" -> its parts; false when the routing id is not one. */
+static bool parse_route(const struct msg *m, char *job_id, size_t cap, int64_t *attempt) {
+    char route[MSG_ROUTE_BYTES + 1];
+    memcpy(route, m->route, m->route_len);
+    route[m->route_len] = 0;
+    if (strlen(route) != m->route_len) return false;
+    char *dot = strrchr(route, '.');
+    if (!dot || dot == route || (size_t)(dot - route) >= cap || !dot[1]) return false;
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(dot + 1, &end, 10);
+    if (*end || errno || n < 1) return false;
+    *dot = 0;
+    memcpy(job_id, route, strlen(route) + 1);
+    *attempt = n;
+    return true;
+}
+
+/* Whether attempt is the running attempt of session job job_id. */
+static bool is_current(struct store_conn *c, const char *job_id, int64_t attempt) {
+    struct smelt_error err = {0};
+    json_t *row = NULL;
+    if (store_query_one(c, &row, &err, "SELECT attempt FROM jobs WHERE id = ? AND status = 'running' AND "
+                        "devices IS NOT NULL AND json_extract(method, '$.type') = 'tinker'", "s", job_id) != 0)
+        return false;
+    bool current = json_integer_value(json_object_get(row, "attempt")) == attempt;
+    json_decref(row);
+    return current;
+}
+
+static void on_hello(struct server *s, struct store_conn *c, const struct msg *m, const char *job_id,
+                     int64_t attempt) {
+    struct tinker_dispatch *d = s->tinker;
+    const char *hj = json_string_value(json_object_get(m->header, "job_id"));
+    json_t *ha = json_object_get(m->header, "attempt");
+    if (!hj || strcmp(hj, job_id) != 0 || !json_is_integer(ha) || json_integer_value(ha) != attempt) {
+        log_warn("tinker: hello from %s.%lld names another job_id/attempt; ignored", job_id, (long long)attempt);
+        return;
+    }
+    if (!is_current(c, job_id, attempt)) {
+        log_warn("tinker: hello from %s.%lld, not the job's running attempt; ignored", job_id, (long long)attempt);
+        return;
+    }
+    pthread_mutex_lock(&d->lock);
+    struct tinker_session *q = session_get(d, job_id);
+    bool first = q && q->attempt != attempt;
+    if (q) {
+        q->attempt = attempt;
+        session_flush(d, q);
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (!first) return;
+    struct smelt_error err = {0};
+    if (jobs_event(s, c, job_id, "info", "message", NULL, &err, "Session worker ready (pid %lld): base model %.300s, "
+                   "vocabulary %lld, context %lld", (long long)json_integer_value(json_object_get(m->header, "pid")),
+                   json_string_value(json_object_get(m->header, "model")) ?: "?",
+                   (long long)json_integer_value(json_object_get(m->header, "vocab_size")),
+                   (long long)json_integer_value(json_object_get(m->header, "max_context"))) != 0)
+        log_error("tinker: event for %s: %s", job_id, err.message);
+}
+
+/* Whether future fid is job_id's (a worker answers only its own job's futures). */
+static bool future_of_job(struct store_conn *c, const char *fid, const char *job_id) {
+    struct smelt_error err = {0};
+    json_t *row = NULL;
+    if (store_query_one(c, &row, &err, "SELECT job_id FROM tinker_futures WHERE id = ?", "s", fid) != 0) return false;
+    const char *owner = json_string_value(json_object_get(row, "job_id"));
+    bool mine = owner && strcmp(owner, job_id) == 0;
+    json_decref(row);
+    return mine;
+}
+
+static void on_result(struct server *s, struct store_conn *c, const struct msg *m, const char *job_id,
+                      int64_t attempt) {
+    const char *fid = json_string_value(json_object_get(m->header, "id"));
+    if (!fid) {
+        log_warn("tinker: result from %s.%lld without an id; dropped", job_id, (long long)attempt);
+        return;
+    }
+    struct smelt_error err = {0};
+    if (store_begin(c, &err) != 0) {
+        log_error("tinker: result %s: %s", fid, err.message);
+        return;
+    }
+    if (!is_current(c, job_id, attempt))
+        log_warn("tinker: result %s from %s.%lld, not the job's running attempt; dropped", fid, job_id,
+                 (long long)attempt);
+    else if (!future_of_job(c, fid, job_id))
+        log_warn("tinker: result %s from %s.%lld: no such future of that job; dropped", fid, job_id,
+                 (long long)attempt);
+    else if (tinker_future_complete(s, c, m, &err) != 0)
+        log_warn("tinker: result %s from %s.%lld: %s", fid, job_id, (long long)attempt, err.message);
+    if (store_commit(c, &err) != 0) log_error("tinker: result %s: %s", fid, err.message);
+}
+
+static void on_message(struct server *s, const struct msg *m) {
+    char job_id[HTTP_ID_BYTES];
+    int64_t attempt = 0;
+    struct smelt_error err = {0};
+    if (!parse_route(m, job_id, sizeof job_id, &attempt)) {
+        log_warn("tinker: a %s from a peer whose routing id is not <job_id>.<attempt>; ignored", m->type);
+        return;
+    }
+    if (msg_check_version(m, &err) != 0) {
+        log_warn("tinker: %s from %s.%lld: %s; ignored", m->type, job_id, (long long)attempt, err.message);
+        return;
+    }
+    bool hello = strcmp(m->type, MSG_TINKER_HELLO) == 0, result = strcmp(m->type, MSG_TINKER_RESULT) == 0;
+    if (!hello && !result) {
+        log_warn("tinker: unknown message type %.32s from %s.%lld; ignored", m->type, job_id, (long long)attempt);
+        return;
+    }
+    struct store_conn *c = store_acquire(s->store, &err);
+    if (!c) {
+        log_error("tinker: %s", err.message);
+        return;
+    }
+    if (hello) on_hello(s, c, m, job_id, attempt);
+    else on_result(s, c, m, job_id, attempt);
+    store_release(s->store, c);
+}
+
+/* Queues of jobs that are no longer running and whose worker never connected (a submit
+ * that raced the job's end) are dropped: their futures are failed with the job. */
+static void sweep(struct server *s) {
+    struct tinker_dispatch *d = s->tinker;
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(s->store, &err);
+    if (!c) return;
+    pthread_mutex_lock(&d->lock);
+    for (struct tinker_session *q = d->sessions, *next; q; q = next) {
+        next = q->next;
+        json_t *row = NULL;
+        int rc = store_query_one(c, &row, &err, "SELECT status FROM jobs WHERE id = ?", "s", q->job_id);
+        bool ended = rc == SMELT_ENOTFOUND || (rc == 0 && jobs_status_final(json_string_value(
+                                                              json_object_get(row, "status"))));
+        json_decref(row);
+        if (ended) session_remove(d, q->job_id);
+    }
+    pthread_mutex_unlock(&d->lock);
+    store_release(s->store, c);
+}
+
+static void flush_all(struct tinker_dispatch *d) {
+    pthread_mutex_lock(&d->lock);
+    for (struct tinker_session *q = d->sessions; q; q = q->next) session_flush(d, q);
+    pthread_mutex_unlock(&d->lock);
+}
+
+static void receive_all(struct server *s) {
+    for (;;) {
+        struct msg m;
+        struct smelt_error err = {0};
+        int rc = msg_recv(s->tinker->router, true, 0, &m, &err);
+        if (rc == SMELT_ENOTFOUND) return;
+        if (rc == 0) on_message(s, &m);
+        else if (rc == SMELT_EFORMAT) log_warn("tinker: a malformed message: %s; ignored", err.message);
+        else log_error("tinker: %s", err.message);
+        msg_free(&m);
+        if (rc == SMELT_EIO) return;
+    }
+}
+
+static void *dispatch_main(void *arg) {
+    struct server *s = arg;
+    struct tinker_dispatch *d = s->tinker;
+    int64_t last_sweep = mono_ms();
+    while (!atomic_load(&d->stop)) {
+        zmq_pollitem_t items[2] = {{.socket = d->router, .events = ZMQ_POLLIN},
+                                   {.fd = d->wake_fd, .events = ZMQ_POLLIN}};
+        if (zmq_poll(items, 2, TINKER_POLL_MS) < 0 && zmq_errno() != EINTR) {
+            log_error("tinker: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            sleep_ms(TINKER_POLL_MS);
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            uint64_t n;
+            if (read(d->wake_fd, &n, sizeof n) < 0 && errno != EAGAIN) log_warn("tinker: %s", strerror(errno));
+        }
+        if (items[0].revents & ZMQ_POLLIN) receive_all(s);
+        flush_all(d);
+        if (mono_ms() - last_sweep >= TINKER_SWEEP_MS) {
+            sweep(s);
+            last_sweep = mono_ms();
+        }
+    }
+    return NULL;
+}
+
+/* ---- start / stop ---- */
+
+static int bind_router(struct server *s, struct tinker_dispatch *d, struct smelt_error *err) {
+    const char *bind = s->config.tinker_bind ? s->config.tinker_bind : TINKER_DEFAULT_BIND;
+    d->router = zmq_socket(s->zmq, ZMQ_ROUTER);
+    if (!d->router) return error_set(err, SMELT_EIO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+    int linger = 0, mandatory = 1, hwm = TINKER_HWM;
+    /* an unroutable request (its worker gone) fails instead of vanishing: it is kept */
+    if (zmq_setsockopt(d->router, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
+        return error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+    if (zmq_bind(d->router, bind) != 0)
+        return error_set_field(err, SMELT_EIO, "tinker_bind", "binding the Tinker workers' endpoint %s: %s", bind,
+                               zmq_strerror(zmq_errno()));
+    size_t len = sizeof s->tinker_endpoint;
+    if (zmq_getsockopt(d->router, ZMQ_LAST_ENDPOINT, s->tinker_endpoint, &len) != 0)
+        return error_set(err, SMELT_EIO, "ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+int tinker_dispatch_start(struct server *s, struct smelt_error *err) {
+    struct tinker_dispatch *d = calloc(1, sizeof *d);
+    if (!d) return error_set(err, SMELT_ENOMEM, "out of memory");
+    d->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    pthread_mutex_init(&d->lock, NULL);
+    s->tinker = d;
+    if (d->wake_fd < 0) return error_set(err, SMELT_EIO, "eventfd: %s", strerror(errno));
+    TRY(bind_router(s, d, err));
+    if (pthread_create(&d->thread, NULL, dispatch_main, s) != 0)
+        return error_set(err, SMELT_EIO, "starting the Tinker dispatch thread failed");
+    d->started = true;
+    log_info("tinker: session workers connect to %s", s->tinker_endpoint);
+    return 0;
+}
+
+void tinker_dispatch_stop(struct server *s) {
+    struct tinker_dispatch *d = s->tinker;
+    if (!d) return;
+    if (d->started) {
+        atomic_store(&d->stop, 1);
+        wake(d);
+        pthread_join(d->thread, NULL);
+    }
+    if (d->router) zmq_close(d->router);
+    if (d->wake_fd >= 0) close(d->wake_fd);
+    while (d->sessions) session_remove(d, d->sessions->job_id);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+    s->tinker = NULL;
+}

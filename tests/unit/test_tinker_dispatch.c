@@ -1,0 +1,212 @@
+/* server/tinker_dispatch.c: the dispatcher against fake session workers (DEALER sockets
+ * in the test speaking common/msg.h's tinker.* messages over the real tcp endpoint).
+ * Requests wait for the worker's hello and keep their submit order; a submit after the
+ * hello goes out at once (woken, not at the next poll); results are stored; a stale
+ * attempt's worker gets nothing and its results are dropped; garbage is ignored. */
+#include "tests/unit/tinker_testutil.h"
+
+#include <unistd.h>
+
+#include "common/msg.h"
+
+#define JOB "ftjob-tinker1"
+#define SLOW_MS 240 /* under the dispatcher's poll interval: only a wake-up is this fast */
+
+static void dispatch_setup(void) {
+    tinker_setup();
+    tinker_s.zmq = zmq_ctx_new();
+    cr_assert(tinker_s.zmq);
+    tinker_s.config.tinker_bind = "tcp://127.0.0.1:*";
+}
+
+TestSuite(tinker_dispatch, .init = dispatch_setup, .fini = tinker_teardown, .timeout = 60);
+
+static void start(void) {
+    struct smelt_error err = {0};
+    TEST_OK(tinker_dispatch_start(&tinker_s, &err), &err);
+    cr_assert(strncmp(tinker_s.tinker_endpoint, "tcp://127.0.0.1:", 16) == 0, "%s", tinker_s.tinker_endpoint);
+}
+
+/* A DEALER with routing id `route`, connected to the dispatcher. */
+static void *worker(const char *route) {
+    void *w = zmq_socket(tinker_s.zmq, ZMQ_DEALER);
+    cr_assert(w);
+    int linger = 0;
+    zmq_setsockopt(w, ZMQ_LINGER, &linger, sizeof linger);
+    cr_assert_eq(zmq_setsockopt(w, ZMQ_ROUTING_ID, route, strlen(route)), 0);
+    cr_assert_eq(zmq_connect(w, tinker_s.tinker_endpoint), 0);
+    return w;
+}
+
+static void send_msg(void *w, const char *type, json_t *header) {
+    struct smelt_error err = {0};
+    TEST_OK(msg_send(w, NULL, 0, type, header, NULL, 0, &err), &err);
+    json_decref(header);
+}
+
+static void hello(void *w, const char *job, int64_t attempt) {
+    send_msg(w, MSG_TINKER_HELLO, json_pack("{s:s, s:I, s:i, s:s, s:i, s:i}", "job_id", job, "attempt",
+                                            (json_int_t)attempt, "pid", 4242, "model", "/models/tiny", "vocab_size",
+                                            64, "max_context", 128));
+}
+
+static void submit(const char *future, const char *op, const int32_t *tokens, int n_tokens) {
+    json_t *h = json_pack("{s:s, s:s, s:i}", "op", op, "model_id", "m1", "v", 99);
+    struct msg_array a = {(void *)tokens, (size_t)n_tokens * sizeof *tokens};
+    struct smelt_error err = {0};
+    TEST_OK(tinker_dispatch_submit(&tinker_s, JOB, future, h, &a, tokens ? 1 : 0, &err), &err);
+    json_decref(h);
+}
+
+/* The next tinker.request within timeout_ms: its future id; "" when none came. */
+static const char *next_request(void *w, int timeout_ms, char *id, size_t cap, struct msg *out) {
+    struct msg m;
+    struct smelt_error err = {0};
+    id[0] = 0;
+    if (msg_recv(w, false, timeout_ms, &m, &err) != 0) return id;
+    cr_expect_str_eq(m.type, MSG_TINKER_REQUEST);
+    cr_expect_eq(json_integer_value(json_object_get(m.header, "v")), MSG_VERSION, "the protocol's v, not the caller's");
+    snprintf(id, cap, "%s", json_string_value(json_object_get(m.header, "id")) ?: "?");
+    if (out) *out = m;
+    else msg_free(&m);
+    return id;
+}
+
+static void wait_status(const char *future, const char *want) {
+    char status[32] = "";
+    for (int64_t deadline = mono_ms() + 5000; mono_ms() < deadline; sleep_ms(10))
+        if (strcmp(tinker_text("SELECT status FROM tinker_futures WHERE id = ?", future, "status", status,
+                               sizeof status), want) == 0)
+            return;
+    cr_assert_fail("future %s is %s, not %s", future, status, want);
+}
+
+Test(tinker_dispatch, requests_wait_for_the_hello_and_keep_their_submit_order) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    start();
+    const int32_t tokens[3] = {5, 6, 7};
+    submit("fut-1", "forward_backward", tokens, 3);
+    submit("fut-2", "optim_step", NULL, 0);
+    submit("fut-3", "forward", tokens, 2);
+    void *w = worker(JOB ".1");
+    char id[64];
+    cr_expect_str_eq(next_request(w, 300, id, sizeof id, NULL), "", "a request before the worker's hello");
+    hello(w, JOB, 1);
+    struct msg first;
+    cr_assert_str_eq(next_request(w, 3000, id, sizeof id, &first), "fut-1");
+    cr_expect_str_eq(json_string_value(json_object_get(first.header, "op")), "forward_backward");
+    cr_expect_str_eq(json_string_value(json_object_get(first.header, "model_id")), "m1");
+    cr_assert_eq(first.n_arrays, 1);
+    cr_expect_eq(first.arrays[0].bytes, sizeof tokens);
+    cr_expect_eq(memcmp(first.arrays[0].data, tokens, sizeof tokens), 0, "the array as submitted");
+    msg_free(&first);
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-2");
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-3");
+    int64_t t0 = mono_ms();
+    submit("fut-4", "forward", tokens, 1);
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-4");
+    cr_expect_lt(mono_ms() - t0, SLOW_MS, "a submit after the hello waited for the poll (%lld ms)",
+                 (long long)(mono_ms() - t0));
+    char message[256];
+    tinker_text("SELECT message FROM events WHERE job_id = ? ORDER BY id DESC LIMIT 1", JOB, "message", message,
+                sizeof message);
+    cr_expect(strstr(message, "Session worker ready (pid 4242)"), "event: %s", message);
+    zmq_close(w);
+}
+
+Test(tinker_dispatch, a_result_is_stored_for_its_own_jobs_future_only) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    tinker_insert_job("ftjob-other", "default", "running", 1, 0);
+    tinker_insert_future("fut-mine", JOB, "pending", 0);
+    tinker_insert_future("fut-theirs", "ftjob-other", "pending", 0);
+    start();
+    void *w = worker(JOB ".1");
+    hello(w, JOB, 1);
+    send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b}", "id", "fut-theirs", "ok", 1));
+    send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{s:{s:f}}}", "id", "fut-mine", "ok", 1, "result",
+                                             "metrics", "loss:sum", 1.5));
+    wait_status("fut-mine", "done");
+    json_t *row = tinker_row("SELECT result AS result__json FROM tinker_futures WHERE id = ?", "fut-mine");
+    cr_expect_eq(json_real_value(json_object_get(json_object_get(json_object_get(row, "result"), "metrics"),
+                                                 "loss:sum")), 1.5);
+    json_decref(row);
+    char status[32];
+    cr_expect_str_eq(tinker_text("SELECT status FROM tinker_futures WHERE id = ?", "fut-theirs", "status", status,
+                                 sizeof status), "pending", "another job's future answered by this worker");
+    zmq_close(w);
+}
+
+Test(tinker_dispatch, a_stale_attempts_worker_gets_nothing_and_its_results_are_dropped) {
+    tinker_insert_job(JOB, "default", "running", 2, 0);
+    tinker_insert_future("fut-1", JOB, "pending", 0);
+    start();
+    void *stale = worker(JOB ".1");
+    hello(stale, JOB, 1);
+    send_msg(stale, MSG_TINKER_RESULT, json_pack("{s:s, s:b}", "id", "fut-1", "ok", 1));
+    submit("fut-1", "forward", NULL, 0);
+    char id[64];
+    cr_expect_str_eq(next_request(stale, 500, id, sizeof id, NULL), "", "the stale worker got a request");
+    char status[32];
+    cr_expect_str_eq(tinker_text("SELECT status FROM tinker_futures WHERE id = ?", "fut-1", "status", status,
+                                 sizeof status), "pending", "the stale worker's result was stored");
+    void *current = worker(JOB ".2");
+    hello(current, JOB, 2);
+    cr_expect_str_eq(next_request(current, 3000, id, sizeof id, NULL), "fut-1");
+    send_msg(current, MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{s:s, s:s}}", "id", "fut-1", "ok", 0, "error",
+                                                   "message", "loss_fn: unknown \"foo\"", "category", "user"));
+    wait_status("fut-1", "failed");
+    zmq_close(stale);
+    zmq_close(current);
+}
+
+/* Raw frames, for what msg_send would never send. */
+static void send_frames(void *w, const char *const *frames, int n) {
+    for (int i = 0; i < n; i++)
+        cr_assert(zmq_send(w, frames[i], strlen(frames[i]), i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
+}
+
+Test(tinker_dispatch, garbage_is_ignored_and_the_dispatcher_keeps_serving) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    tinker_insert_future("fut-1", JOB, "pending", 0);
+    start();
+    void *w = worker(JOB ".1"), *nameless = worker("no-attempt");
+    send_frames(w, (const char *const[]){"junk"}, 1);
+    send_frames(w, (const char *const[]){MSG_TINKER_HELLO, "{not json"}, 2);
+    send_frames(w, (const char *const[]){MSG_TINKER_HELLO, "[1, 2]"}, 2);
+    send_frames(w, (const char *const[]){MSG_TINKER_HELLO, "{\"v\": 99, \"job_id\": \"" JOB "\", \"attempt\": 1}"}, 2);
+    send_frames(w, (const char *const[]){"tinker.bogus", "{\"v\": 1}"}, 2);
+    send_frames(w, (const char *const[]){MSG_TINKER_RESULT, "{\"v\": 1, \"id\": 7}"}, 2);
+    send_msg(w, MSG_TINKER_HELLO, json_pack("{s:s, s:i}", "job_id", "ftjob-else", "attempt", 1));
+    hello(nameless, JOB, 1);
+    submit("fut-1", "forward", NULL, 0);
+    char id[64];
+    cr_expect_str_eq(next_request(w, 400, id, sizeof id, NULL), "", "a request after garbage alone");
+    cr_expect_str_eq(next_request(nameless, 100, id, sizeof id, NULL), "", "a peer that is no job's worker");
+    hello(w, JOB, 1);
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-1");
+    send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b}", "id", "fut-1", "ok", 1));
+    wait_status("fut-1", "done");
+    zmq_close(w);
+    zmq_close(nameless);
+}
+
+Test(tinker_dispatch, a_forgotten_jobs_queue_is_dropped) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    start();
+    submit("fut-1", "forward", NULL, 0);
+    tinker_dispatch_forget(&tinker_s, JOB);
+    submit("fut-2", "forward", NULL, 0);
+    void *w = worker(JOB ".1");
+    hello(w, JOB, 1);
+    char id[64];
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-2", "fut-1 was forgotten");
+    cr_expect_str_eq(next_request(w, 300, id, sizeof id, NULL), "");
+    zmq_close(w);
+}
+
+Test(tinker_dispatch, submit_without_a_dispatcher_is_an_error) {
+    struct smelt_error err = {0};
+    json_t *h = json_pack("{s:s}", "op", "forward");
+    TEST_EXPECT_ERROR(tinker_dispatch_submit(&tinker_s, JOB, "fut-1", h, NULL, 0, &err), SMELT_EIO, &err);
+    json_decref(h);
+}
