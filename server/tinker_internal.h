@@ -1,0 +1,31 @@
+/* The Tinker API's parts inside smeltd (docs/tinker.md). */
+#ifndef SMELT_SERVER_TINKER_INTERNAL_H
+#define SMELT_SERVER_TINKER_INTERNAL_H
+
+#include "server/server_internal.h"
+#include "common/msg.h"
+/* ---- S1: futures and results (server/tinker_futures.c) ---- */
+/* A new pending future of op for model_id (may be NULL) on session job job_id; id_out gets "fut-<24 hex>". */
+int tinker_future_create(struct store_conn *c, const char *project, const char *model_id, const char *job_id,
+                         const char *op, char *id_out, size_t cap, struct smelt_error *err);
+/* The worker's tinker.result for a future: converted to the SDK's result object for the future's op and stored
+ * (status done), or its error stored (status failed). Unknown or finished futures: SMELT_ENOTFOUND, nothing changed. */
+int tinker_future_complete(struct server *s, struct store_conn *c, const struct msg *result, struct smelt_error *err);
+/* Fails every pending future of job_id with a server-category error (the worker is gone), and marks the job's
+ * live models "lost". */
+int tinker_futures_fail_job(struct store_conn *c, const char *job_id, const char *message, struct smelt_error *err);
+/* ---- S2: session jobs and dispatch (server/tinker_dispatch.c, server/tinker_jobs.c) ---- */
+/* Binds the tinker ROUTER (s->config.tinker_bind, default "tcp://127.0.0.1:*"), records the endpoint workers
+ * connect to in s->tinker_endpoint, starts the dispatch thread. */
+int tinker_dispatch_start(struct server *s, struct smelt_error *err);
+void tinker_dispatch_stop(struct server *s);
+/* Queues a tinker.request for the worker of session job job_id: header is the request header without "v"/"id"
+ * (the dispatcher adds id = future_id); arrays copied. Sent in submit order once the worker's hello arrived. */
+int tinker_dispatch_submit(struct server *s, const char *job_id, const char *future_id, json_t *header,
+                           const struct msg_array *arrays, int n_arrays, struct smelt_error *err);
+/* The session job of project serving base model base_dir (its model name base_name): a running or queued one,
+ * else a new queued jobs row (method "tinker") that the scheduler places like any job. job_id gets its id. */
+int tinker_session_job(struct server *s, struct store_conn *c, const char *project, const char *base_name,
+                       const char *base_dir, char *job_id, size_t cap, struct smelt_error *err);
+
+#endif
