@@ -33,11 +33,14 @@ int tinker_fwdbwd_decode(const void *body, size_t len, struct tinker_fwdbwd *out
 int tinker_fwdbwd_check_tokens(const struct tinker_fwdbwd *r, int64_t vocab_size, struct smelt_error *err);
 void tinker_fwdbwd_free(struct tinker_fwdbwd *r);
 
-/* The SDK's result object of a worker's successful tinker.result for op (JSON; for
- * forward(_backward) and sample the JSON form of the protobuf answer, which
- * tinker_result_proto encodes). New reference in *out. SMELT_EFORMAT naming the field
- * when the worker's answer does not fit msg.h. */
-int tinker_result_object(const char *op, const struct msg *result, json_t **out, struct smelt_error *err);
+/* The SDK's result object of a worker's successful tinker.result for op: base (what the
+ * API decided at submission, e.g. {"type":"save_weights","path":"tinker://..."}; may be
+ * NULL) with the worker's answer added. For forward(_backward) and sample it is the JSON
+ * form of the protobuf answer, which tinker_result_proto encodes; floats are kept as
+ * doubles so they convert back to the same f32. New reference in *out. SMELT_EFORMAT
+ * naming the field when the worker's answer does not fit msg.h. */
+int tinker_result_object(const char *op, const json_t *base, const struct msg *result, json_t **out,
+                         struct smelt_error *err);
 /* The protobuf body of a stored forward(_backward) or sample result (malloc'd, *len). */
 int tinker_result_proto(const char *op, const json_t *result, uint8_t **out, size_t *len,
                         struct smelt_error *err);

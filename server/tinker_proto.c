@@ -126,13 +126,13 @@ static int datum_input(const char *field, const char *name, const TinkerPublic__
                                want_int ? "int64" : "float32");
     if (t->encoding_case != TINKER_PUBLIC__TENSOR__ENCODING_DENSE)
         return error_set_field(err, SMELT_EUNSUPPORTED, field, "%s: only dense 1-D tensors are supported", field);
-    if (t->n_shape > 1 || (t->n_shape == 1 && t->shape[0] != n))
-        return error_set_field(err, SMELT_EINVAL, field,
-                               "%s: shape must be [%lld], the length of model_input", field, (long long)n);
     size_t elem = want_int ? 8 : 4;
     if (t->dense.len != (size_t)n * elem)
         return error_set_field(err, SMELT_EINVAL, field, "%s: %zu values, model_input has %lld tokens", field,
                                t->dense.len / elem, (long long)n);
+    if (t->n_shape > 1 || (t->n_shape == 1 && t->shape[0] != n))
+        return error_set_field(err, SMELT_EINVAL, field,
+                               "%s: shape must be [%lld] (1-D, the length of model_input)", field, (long long)n);
     size_t offset = want_int ? ints->bytes / 4 : floats->bytes / 4;
     if (want_int) {
         for (int64_t i = 0; i < n; i++) {
