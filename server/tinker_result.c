@@ -116,7 +116,7 @@ int tinker_result_object(const char *op, const json_t *base, const struct msg *r
     *out = NULL;
     const json_t *res = json_object_get(result->header, "result");
     if (!json_is_object(res)) return bad(err, "result", "not an object");
-    json_t *o = base ? json_deep_copy(base) : json_object();
+    json_t *o = json_is_object(base) ? json_deep_copy(base) : json_object();
     if (!o) return error_set(err, SMELT_ENOMEM, "out of memory converting a result");
     int rc = 0;
     if (strcmp(op, "forward") == 0 || strcmp(op, "forward_backward") == 0) rc = fwdbwd_object(res, result, o, err);
