@@ -214,6 +214,26 @@ static bool bearer_key(const char *header, char key[HTTP_MAX_KEY_BYTES], bool *t
     return true;
 }
 
+/* The Tinker SDK's "X-API-Key: tml-<key>" on /api/v1/ routes (docs/tinker.md): the SDK
+ * refuses keys without its "tml-" prefix, so users put it in front of a smelt key and it
+ * is taken off here. */
+static bool tinker_key(struct MHD_Connection *conn, const struct request_state *st,
+                       char key[HTTP_MAX_KEY_BYTES], bool *too_long) {
+    *too_long = false;
+    if (strncmp(st->route->pattern, "/api/v1/", 8) != 0) return false;
+    const char *k = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-API-Key");
+    if (!k || !*k) return false;
+    if (strncmp(k, "tml-", 4) == 0) k += 4;
+    size_t len = strlen(k);
+    if (len == 0) return false;
+    if (len >= HTTP_MAX_KEY_BYTES) {
+        *too_long = true;
+        return true;
+    }
+    memcpy(key, k, len + 1);
+    return true;
+}
+
 /* 0 with st->identity filled, or -1 with res filled (401, 403, 500). */
 static int authenticate(const struct http_server *server, struct MHD_Connection *conn,
                         struct request_state *st, struct http_response *res) {
@@ -221,7 +241,7 @@ static int authenticate(const struct http_server *server, struct MHD_Connection 
     bool too_long;
     const char *header =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!bearer_key(header, key, &too_long)) {
+    if (!bearer_key(header, key, &too_long) && !tinker_key(conn, st, key, &too_long)) {
         http_reply_error(res, 401, NULL, "missing_api_key",
                          "You didn't provide an API key: send 'Authorization: Bearer <key>'.");
         http_add_header(res, "WWW-Authenticate", "Bearer");

@@ -94,6 +94,30 @@ static const char *const MIGRATIONS[] = {
     /* 2: what a model's head does ("lm" generates; "reward" will score), beside its
      * weights' form (kind). Every model made before was a supervised job's: "lm". */
     "ALTER TABLE models ADD COLUMN head TEXT NOT NULL DEFAULT 'lm';",
+    /* 3: the Tinker API (docs/tinker.md): sessions, LoRA models served by session jobs,
+     * futures (one per request, result or error kept as JSON), checkpoints (id: the
+     * tinker:// path) and sampling sessions. */
+    "CREATE TABLE tinker_sessions ("
+    "  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, created_at INTEGER NOT NULL,"
+    "  last_seen INTEGER NOT NULL, tags TEXT, metadata TEXT, sdk_version TEXT);"
+    "CREATE TABLE tinker_models ("
+    "  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, session_id TEXT NOT NULL, job_id TEXT NOT NULL,"
+    "  base_model TEXT NOT NULL, base_dir TEXT NOT NULL, lora TEXT NOT NULL, created_at INTEGER NOT NULL,"
+    "  status TEXT NOT NULL DEFAULT 'live');"
+    "CREATE INDEX tinker_models_project ON tinker_models(project_id, created_at);"
+    "CREATE INDEX tinker_models_job ON tinker_models(job_id);"
+    "CREATE TABLE tinker_futures ("
+    "  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, model_id TEXT, job_id TEXT, op TEXT NOT NULL,"
+    "  status TEXT NOT NULL, created_at INTEGER NOT NULL, finished_at INTEGER,"
+    "  result TEXT, error TEXT);"
+    "CREATE INDEX tinker_futures_job ON tinker_futures(job_id, status);"
+    "CREATE TABLE tinker_checkpoints ("
+    "  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, model_id TEXT NOT NULL,"
+    "  kind TEXT NOT NULL, name TEXT NOT NULL, path TEXT NOT NULL, created_at INTEGER NOT NULL);"
+    "CREATE INDEX tinker_checkpoints_model ON tinker_checkpoints(model_id, created_at);"
+    "CREATE TABLE tinker_samplers ("
+    "  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, session_id TEXT, job_id TEXT NOT NULL,"
+    "  base_model TEXT NOT NULL, model_id TEXT, adapter_path TEXT, created_at INTEGER NOT NULL);",
 };
 #define N_MIGRATIONS ((int)(sizeof MIGRATIONS / sizeof MIGRATIONS[0]))
 

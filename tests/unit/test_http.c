@@ -151,6 +151,7 @@ static const struct http_route ROUTES[] = {
     {"GET", "/v1/many_headers", h_many_headers, 0},
     {"GET", "/v1/events", h_events, 0},
     {"GET", "/static/*", h_static, HTTP_PUBLIC},
+    {"POST", "/api/v1/echo", h_echo, 0},
 };
 
 static void server_up(void) {
@@ -500,6 +501,29 @@ Test(http, auth_401_403) {
     expect_status("GET", "/healthz", NULL, 200);
     /* An unknown route says 404 before asking for a key. */
     expect_status("GET", "/v1/unknown", NULL, 404);
+}
+
+/* The Tinker SDK's "X-API-Key: tml-<key>" counts on /api/v1/ routes only. */
+Test(http, tinker_sdk_key_header) {
+    struct reply r;
+    const char tinker[] = "POST /api/v1/echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                          "X-API-Key: tml-sk-user\r\nContent-Length: 0\r\n\r\n";
+    exchange(tinker, sizeof tinker - 1, &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_str_eq(json_str(r.json, "project"), "proj-a");
+    reply_free(&r);
+
+    const char wrong[] = "POST /api/v1/echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                         "X-API-Key: tml-sk-wrong\r\nContent-Length: 0\r\n\r\n";
+    exchange(wrong, sizeof wrong - 1, &r);
+    expect_error(&r, 401, "authentication_error", "invalid_api_key");
+    reply_free(&r);
+
+    const char elsewhere[] = "POST /v1/echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                             "X-API-Key: tml-sk-user\r\nContent-Length: 0\r\n\r\n";
+    exchange(elsewhere, sizeof elsewhere - 1, &r);
+    expect_error(&r, 401, "authentication_error", "missing_api_key");
+    reply_free(&r);
 }
 
 Test(http, post_body_reaches_handler) {

@@ -1,0 +1,84 @@
+/* Tinker futures in the store (tinker_futures): one per request, pending until the
+ * worker's tinker.result arrives; then its SDK result object (status done) or its error
+ * {"error": message, "category": "user"|"server"} (status failed), which is exactly the
+ * failure shape retrieve_future answers. */
+#include <string.h>
+
+#include "common/common.h"
+#include "server/tinker_api.h"
+
+int tinker_future_create(struct store_conn *c, const char *project, const char *model_id, const char *job_id,
+                         const char *op, char *id_out, size_t cap, struct smelt_error *err) {
+    server_new_id("fut-", id_out, cap);
+    int rc = store_exec(c, err,
+                        "INSERT INTO tinker_futures (id, project_id, model_id, job_id, op, status, created_at) "
+                        "VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+                        "sssssi", id_out, project, model_id, job_id, op, server_now());
+    return rc < 0 ? rc : 0;
+}
+
+/* The failure object the SDK raises as RequestFailedError(message, category). */
+static json_t *failure_object(const char *message, const char *field, const char *category) {
+    json_t *e = json_pack("{s:s, s:s}", "error", message, "category", category);
+    if (e && field && field[0]) json_object_set_new(e, "param", json_string(field));
+    return e;
+}
+
+static int finish(struct store_conn *c, const char *id, const char *status, json_t *result, json_t *error,
+                  struct smelt_error *err) {
+    int rc = store_exec(c, err,
+                        "UPDATE tinker_futures SET status = ?, result = ?, error = ?, finished_at = ? "
+                        "WHERE id = ? AND status = 'pending'",
+                        "sjjis", status, result, error, server_now(), id);
+    if (rc == 0) return error_set(err, SMELT_ENOTFOUND, "no pending future %s", id);
+    return rc < 0 ? rc : 0;
+}
+
+/* A worker's {ok:false, error:{message, field?, category}}: the message names the field. */
+static json_t *worker_failure(const json_t *e) {
+    const char *message = json_string_value(json_object_get(e, "message"));
+    const char *field = json_string_value(json_object_get(e, "field"));
+    const char *category = json_string_value(json_object_get(e, "category"));
+    if (!category || (strcmp(category, "user") && strcmp(category, "server"))) category = "server";
+    return failure_object(message ? message : "the worker failed without a message", field, category);
+}
+
+int tinker_future_complete(struct server *s, struct store_conn *c, const struct msg *result,
+                           struct smelt_error *err) {
+    (void)s;
+    const char *id = json_string_value(json_object_get(result->header, "id"));
+    if (!id) return error_set_field(err, SMELT_EFORMAT, "id", "tinker.result without an id");
+    json_t *row = NULL;
+    TRY(store_query_one(c, &row, err, "SELECT op, result AS result__json FROM tinker_futures WHERE id = ? AND status = 'pending'",
+                        "s", id));
+    const char *op = json_string_value(json_object_get(row, "op"));
+    json_t *out = NULL, *failure = NULL;
+    int rc = 0;
+    if (!json_is_true(json_object_get(result->header, "ok"))) {
+        failure = worker_failure(json_object_get(result->header, "error"));
+    } else {
+        struct smelt_error cerr = {0};
+        if (tinker_result_object(op, json_object_get(row, "result"), result, &out, &cerr) != 0)
+            failure = failure_object(cerr.message, cerr.field, "server");
+    }
+    if (!out && !failure) rc = error_set(err, SMELT_ENOMEM, "out of memory storing a result");
+    else rc = out ? finish(c, id, "done", out, NULL, err) : finish(c, id, "failed", NULL, failure, err);
+    json_decref(out);
+    json_decref(failure);
+    json_decref(row);
+    return rc;
+}
+
+int tinker_futures_fail_job(struct store_conn *c, const char *job_id, const char *message, struct smelt_error *err) {
+    json_t *failure = failure_object(message, NULL, "server");
+    if (!failure) return error_set(err, SMELT_ENOMEM, "out of memory failing futures");
+    int rc = store_exec(c, err,
+                        "UPDATE tinker_futures SET status = 'failed', error = ?, finished_at = ? "
+                        "WHERE job_id = ? AND status = 'pending'",
+                        "jis", failure, server_now(), job_id);
+    json_decref(failure);
+    if (rc < 0) return rc;
+    rc = store_exec(c, err, "UPDATE tinker_models SET status = 'lost' WHERE job_id = ? AND status = 'live'", "s",
+                    job_id);
+    return rc < 0 ? rc : 0;
+}
