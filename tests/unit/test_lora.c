@@ -321,8 +321,8 @@ Test(lora, dropout_mask) {
     float *ones = malloc((size_t)n * sizeof *ones), *out0 = test_zeros_f32(n), *out1 = test_zeros_f32(n);
     for (int64_t i = 0; i < n; i++) ones[i] = 1.0f;
     struct tensor x = tensor_f32(ones, 2, shape), y0 = tensor_f32(out0, 2, shape), y1 = tensor_f32(out1, 2, shape);
-    TEST_OK(lora_dropout_forward(l, &l->state->modules[0], &x, &y0, &err), &err);
-    TEST_OK(lora_dropout_forward(l, &l->state->modules[1], &x, &y1, &err), &err);
+    TEST_OK(lora_dropout_forward(l, &l->state->modules[0], 0, &x, &y0, &err), &err);
+    TEST_OK(lora_dropout_forward(l, &l->state->modules[1], 0, &x, &y1, &err), &err);
     int64_t dropped = 0, same = 0, bad = 0;
     for (int64_t i = 0; i < n; i++) {
         dropped += out0[i] == 0.0f;
@@ -445,7 +445,7 @@ Test(lora, create_errors) {
     expect_create_error("llama", "c_attn", "c_attn");
     expect_create_error("gpt2", "q_proj", "q_proj");
     expect_create_error("gpt2", "q", "'q'");
-    expect_create_error("llama", "lm_head", "lm_head");
+    expect_create_error("llama-rm", "lm_head", "sequence classifier"); /* its head is score */
     expect_create_error("llama", "model.layers.2.self_attn.q_proj", "layers.2"); /* 2 layers */
     expect_create_error("llama", "proj", "proj"); /* a suffix, but not at a '.' */
     struct smelt_error err;
