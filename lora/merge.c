@@ -33,16 +33,21 @@ static int merge_lm_head(const struct lora *lora, const struct lora_module *mod,
     return rc ? error_wrap(err, rc, "lora_merge: %s", lora->params[mod->param_a].name) : SMELT_OK;
 }
 
-int lora_merge(const struct lora *lora, struct smelt_error *err) {
-    struct model *m = lora->model;
-    if (m->adapter == &lora->adapter)
-        return error_set(err, SMELT_EINVAL, "lora_merge: detach the adapter first (merged and attached, it would count twice)");
-    const struct lora_state *s = lora->state;
-    if (s->head_module >= 0 && m->config.tie_word_embeddings)
+int lora_merge_check(const struct lora *lora, struct smelt_error *err) {
+    if (lora->state->head_module >= 0 && lora->model->config.tie_word_embeddings)
         return error_set(err, SMELT_EUNSUPPORTED,
                          "lora_merge: the adapter wraps lm_head, which is tied to the token embeddings "
                          "(tie_word_embeddings): merging it would change the embeddings too; use the adapter "
                          "unmerged, or untie the base model first");
+    return SMELT_OK;
+}
+
+int lora_merge(const struct lora *lora, struct smelt_error *err) {
+    struct model *m = lora->model;
+    if (m->adapter == &lora->adapter)
+        return error_set(err, SMELT_EINVAL, "lora_merge: detach the adapter first (merged and attached, it would count twice)");
+    TRY(lora_merge_check(lora, err));
+    const struct lora_state *s = lora->state;
     int n_kinds;
     const struct lora_kind *kinds = lora_kinds(m, &n_kinds);
     for (int i = 0; i < s->n_modules; i++) {
