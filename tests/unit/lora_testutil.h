@@ -40,6 +40,18 @@ static inline void lora_fill_random(struct lora *lora, uint64_t seed, double sca
     for (int64_t i = 0; i < lora->n_weights; i++) w[i] = (float)test_rng_uniform(&rng, -scale, scale);
 }
 
+/* An attached adapter on targets with random A and B ~ U(-scale, scale). */
+static inline struct lora *lora_test_adapter(struct model *m, const char *const *targets, int n, float dropout,
+                                             uint64_t seed, double scale) {
+    struct smelt_error err;
+    struct lora_config c = lora_test_config(targets, n, dropout);
+    struct lora *l;
+    TEST_OK(lora_create(m, &c, seed, &l, &err), &err);
+    lora_fill_random(l, seed + 1, scale);
+    TEST_OK(lora_attach(l, &err), &err);
+    return l;
+}
+
 /* Forward to logits [T, V] (and logprobs [T] when lp is not NULL). */
 static inline void lora_forward(struct model *m, struct model_acts *acts, const struct parity_packed *p,
                                 float *logits, float *lp) {

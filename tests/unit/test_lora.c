@@ -9,15 +9,12 @@
 static const char *const all_linear[] = {"all-linear"};
 
 /* An attached adapter over every linear with random A and B. */
+/* An attached adapter over every linear with random A and B. */
 static struct lora *random_adapter(struct model *m, float dropout, uint64_t seed) {
-    struct smelt_error err;
-    struct lora_config c = lora_test_config(all_linear, 1, dropout);
-    struct lora *l;
-    TEST_OK(lora_create(m, &c, seed, &l, &err), &err);
-    lora_fill_random(l, seed + 1, 0.3);
-    TEST_OK(lora_attach(l, &err), &err);
-    return l;
+    return lora_test_adapter(m, all_linear, 1, dropout, seed, 0.3);
 }
+
+static const char *const head_and_blocks[] = {"all-linear", "lm_head"};
 
 /* ---- gradients ---- */
 
@@ -107,10 +104,10 @@ Test(lora, grads_accumulate) {
 
 /* ---- merge ---- */
 
-static void check_merge(const char *type) {
+static void check_merge(const char *type, const char *const *targets, int n_targets) {
     struct smelt_error err;
     struct model *m = lora_test_model(type, 8);
-    struct lora *l = random_adapter(m, 0.1f, 9);
+    struct lora *l = lora_test_adapter(m, targets, n_targets, 0.1f, 9, 0.3);
     struct parity_packed p;
     parity_load_inputs(type, &p);
     int64_t n = p.T * m->config.vocab_size;
@@ -135,16 +132,18 @@ static void check_merge(const char *type) {
     model_free(m);
 }
 
-Test(lora, merge_llama) { check_merge("llama"); }
-Test(lora, merge_qwen3) { check_merge("qwen3"); }
-Test(lora, merge_gpt2) { check_merge("gpt2"); }
+Test(lora, merge_llama) { check_merge("llama", all_linear, 1); }
+Test(lora, merge_qwen3) { check_merge("qwen3", all_linear, 1); }
+Test(lora, merge_gpt2) { check_merge("gpt2", all_linear, 1); }
+/* An untied lm_head merges too (a tied one is refused: test_lora_head.c). */
+Test(lora, merge_llama_lm_head) { check_merge("llama", head_and_blocks, 2); }
 
 /* ---- save / load ---- */
 
-static void check_save_load(const char *type, bool rslora) {
+static void check_save_load(const char *type, bool rslora, const char *const *targets, int n_targets) {
     struct smelt_error err;
     struct model *m = lora_test_model(type, 10);
-    struct lora_config c = lora_test_config(all_linear, 1, 0.05f);
+    struct lora_config c = lora_test_config(targets, n_targets, 0.05f);
     c.alpha = 12.5f;
     c.use_rslora = rslora;
     struct lora *a, *b;
@@ -191,9 +190,16 @@ static void check_save_load(const char *type, bool rslora) {
     model_free(m);
 }
 
-Test(lora, save_load_llama, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("llama", false); }
-Test(lora, save_load_qwen3, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("qwen3", true); }
-Test(lora, save_load_gpt2, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("gpt2", false); }
+Test(lora, save_load_llama, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("llama", false, all_linear, 1); }
+Test(lora, save_load_qwen3, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("qwen3", true, all_linear, 1); }
+Test(lora, save_load_gpt2, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("gpt2", false, all_linear, 1); }
+/* With the output projection: PEFT's lm_head tensors and "lm_head" in target_modules. */
+Test(lora, save_load_llama_lm_head, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    check_save_load("llama", false, head_and_blocks, 2);
+}
+Test(lora, save_load_gpt2_tied_lm_head, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    check_save_load("gpt2", false, head_and_blocks, 2);
+}
 
 /* A selection that differs between layers is saved as full module paths and loads
  * back as the same selection. */

@@ -2,8 +2,9 @@
  * train_unembed): finite differences with the head and the blocks' adapters (untied
  * Llama, tied GPT-2, recompute, dropout over logits chunks), the forward's formula, no
  * head adapter leaving the logits exactly the base matmul's, targets on every
- * architecture, save/load, merge (refused when tied), and the paged engine's greedy
- * output against the reference generator with a head adapter attached. */
+ * architecture, a tied head's merge refused, and the paged engine's greedy output
+ * against the reference generator with a head adapter attached. Save/load and an
+ * untied merge are test_lora.c's (check_save_load, check_merge with lm_head). */
 #include "tests/unit/lora_testutil.h"
 #include "tests/unit/rollout_testutil.h"
 
@@ -13,24 +14,13 @@
 
 static const char *const head_and_blocks[] = {"all-linear", "lm_head"};
 
-static struct lora *head_adapter(struct model *m, const char *const *targets, int n, float dropout, uint64_t seed,
-                                 double scale) {
-    struct smelt_error err;
-    struct lora_config c = lora_test_config(targets, n, dropout);
-    struct lora *l;
-    TEST_OK(lora_create(m, &c, seed, &l, &err), &err);
-    lora_fill_random(l, seed + 1, scale);
-    TEST_OK(lora_attach(l, &err), &err);
-    return l;
-}
-
 /* ---- gradients ---- */
 
 /* chunk_rows 0: the activations' own (every row in one chunk on these models). */
 static void check_fd(const char *type, bool recompute, float dropout, int64_t chunk_rows) {
     struct smelt_error err;
     struct model *m = lora_test_model(type, 7);
-    struct lora *l = head_adapter(m, head_and_blocks, 2, dropout, 21, 0.3);
+    struct lora *l = lora_test_adapter(m, head_and_blocks, 2, dropout, 21, 0.3);
     cr_assert(l->state->head_module >= 0, "%s: lm_head not wrapped", type);
     if (dropout > 0) {
         lora_set_training(l, true);
@@ -61,7 +51,7 @@ Test(lora_head, dropout_masks_do_not_depend_on_chunks) {
     struct smelt_error err;
     struct model *m = lora_test_model("llama", 3);
     static const char *const head[] = {"lm_head"};
-    struct lora *l = head_adapter(m, head, 1, 0.5f, 4, 0.5);
+    struct lora *l = lora_test_adapter(m, head, 1, 0.5f, 4, 0.5);
     lora_set_training(l, true);
     lora_set_dropout_seed(l, 7);
     struct parity_packed p;
@@ -109,7 +99,7 @@ static void check_forward(const char *type) {
     struct tensor tb = tensor_f32(base, 2, ls), th = tensor_f32(hidden, 2, hs);
 
     static const char *const blocks[] = {"all-linear"};
-    struct lora *l = head_adapter(m, blocks, 1, 0.0f, 6, 0.3);
+    struct lora *l = lora_test_adapter(m, blocks, 1, 0.0f, 6, 0.3);
     cr_expect(l->adapter.head_forward == NULL && l->adapter.head_backward == NULL, "%s: head hooks without lm_head", type);
     forward_outputs(m, acts, &p, logits, hidden);
     TEST_OK(ops_matmul(&tb, &th, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, &err), &err);
@@ -117,7 +107,7 @@ static void check_forward(const char *type) {
               "the base matmul's", type);
     lora_free(l);
 
-    l = head_adapter(m, head_and_blocks, 2, 0.0f, 6, 0.3);
+    l = lora_test_adapter(m, head_and_blocks, 2, 0.0f, 6, 0.3);
     forward_outputs(m, acts, &p, logits, hidden);
     const struct lora_module *mod = &l->state->modules[l->state->head_module];
     const float *a = (const float *)l->weights.data + l->params[mod->param_a].offset;
@@ -185,81 +175,13 @@ Test(lora_head, job_spec_accepts_lm_head) {
     json_decref(root);
 }
 
-/* ---- save / load ---- */
-
-static void check_save_load(const char *type, const char *block_target) {
-    struct smelt_error err;
-    struct model *m = lora_test_model(type, 10);
-    const char *targets[] = {block_target, "lm_head"};
-    struct lora *a = head_adapter(m, targets, 2, 0.0f, 11, 0.3), *b;
-    lora_detach(a);
-    char dir[256];
-    TEST_OK(lora_save(a, test_tmp_path(dir, sizeof dir, "adapter"), "base", &err), &err);
-    char path[512];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    json_t *cfg;
-    TEST_OK(json_load_path(path, &cfg, &err), &err);
-    json_t *tm = json_object_get(cfg, "target_modules");
-    bool listed = false;
-    for (size_t i = 0; i < json_array_size(tm); i++) listed |= strcmp(json_string_value(json_array_get(tm, i)), "lm_head") == 0;
-    cr_expect(listed, "%s: target_modules does not list lm_head", type);
-    json_decref(cfg);
-    TEST_OK(lora_load(m, dir, &b, &err), &err);
-    cr_assert_eq(b->n_params, a->n_params);
-    for (int i = 0; i < a->n_params; i++) cr_expect_str_eq(b->params[i].name, a->params[i].name);
-    cr_expect(memcmp(a->weights.data, b->weights.data, (size_t)a->n_weights * sizeof(float)) == 0, "%s: weights", type);
-    struct parity_packed p;
-    parity_load_inputs(type, &p);
-    int64_t n = p.T * m->config.vocab_size;
-    float *la = test_zeros_f32(n), *lb = test_zeros_f32(n);
-    struct model_acts *acts;
-    TEST_OK(model_acts_alloc(m, p.T, false, &acts, &err), &err);
-    TEST_OK(lora_attach(a, &err), &err);
-    lora_forward(m, acts, &p, la, NULL);
-    lora_detach(a);
-    TEST_OK(lora_attach(b, &err), &err);
-    lora_forward(m, acts, &p, lb, NULL);
-    cr_expect(memcmp(la, lb, (size_t)n * sizeof(float)) == 0, "%s: logits differ after save/load", type);
-    free(la), free(lb);
-    model_acts_free(acts);
-    lora_free(a);
-    lora_free(b);
-    model_free(m);
-}
-
-Test(lora_head, save_load_llama, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("llama", "q_proj"); }
-Test(lora_head, save_load_gpt2_tied, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("gpt2", "c_attn"); }
-
-/* ---- merge ---- */
-
-Test(lora_head, merge_untied_matches_unmerged) {
-    struct smelt_error err;
-    struct model *m = lora_test_model("llama", 8);
-    cr_assert(!m->config.tie_word_embeddings);
-    struct lora *l = head_adapter(m, head_and_blocks, 2, 0.0f, 9, 0.3);
-    struct parity_packed p;
-    parity_load_inputs("llama", &p);
-    int64_t n = p.T * m->config.vocab_size;
-    float *attached = test_zeros_f32(n), *merged = test_zeros_f32(n);
-    struct model_acts *acts;
-    TEST_OK(model_acts_alloc(m, p.T, false, &acts, &err), &err);
-    lora_forward(m, acts, &p, attached, NULL);
-    lora_detach(l);
-    TEST_OK(lora_merge(l, &err), &err);
-    lora_forward(m, acts, &p, merged, NULL);
-    double *want = test_to_f64(attached, n);
-    test_expect_close("merged logits", merged, want, n, 1e-5, 1e-5);
-    free(want), free(attached), free(merged);
-    model_acts_free(acts);
-    lora_free(l);
-    model_free(m);
-}
+/* ---- merge (an untied lm_head's: test_lora.c) ---- */
 
 Test(lora_head, merge_tied_is_refused_untouched) {
     struct smelt_error err;
     struct model *m = lora_test_model("gpt2", 8);
     cr_assert(m->config.tie_word_embeddings);
-    struct lora *l = head_adapter(m, head_and_blocks, 2, 0.0f, 9, 0.3);
+    struct lora *l = lora_test_adapter(m, head_and_blocks, 2, 0.0f, 9, 0.3);
     lora_detach(l);
     size_t bytes = (size_t)m->n_weights * sizeof(float);
     float *before = malloc(bytes);
@@ -281,7 +203,7 @@ static void check_greedy(const char *type) {
     struct model *m = rollout_test_load(type);
     int64_t V = m->config.vocab_size;
     static const char *const head[] = {"lm_head"};
-    struct lora *l = head_adapter(m, head, 1, 0.0f, 31, 1.0);
+    struct lora *l = lora_test_adapter(m, head, 1, 0.0f, 31, 1.0);
     struct rollout_engine *e = rollout_test_engine(m, NULL, 1024, 256, 8, 256);
     enum { N = 4, MAX_NEW = 12 };
     int32_t prompts[N][32];
