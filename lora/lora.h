@@ -32,6 +32,9 @@
  * Loading refuses what would change the maths silently (use_dora, rank_pattern,
  * alpha_pattern, layers_to_transform, modules_to_save other than a classifier's head,
  * bias other than "none", a tensor missing or of the wrong shape, an unknown tensor).
+ * PEFT also saves a targeted lm_head's base weight (base_model.model.lm_head.base_layer.
+ * weight); it is accepted when it is the model's own lm_head bit for bit, and refused
+ * (SMELT_EUNSUPPORTED) otherwise: an adapter never replaces base weights.
  *
  * Sequence classifiers (reward models, model/score_head.h) are PEFT's task_type
  * "SEQ_CLS": the LoRA pairs train and the head `score` [1, C] trains in full beside them
