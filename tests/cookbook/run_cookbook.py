@@ -25,6 +25,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from importlib.metadata import version
 
 # offline: no hub lookups, no telemetry; set before the libraries read them
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -217,9 +218,10 @@ def main():
         base_url = server.base_url
 
         sl_losses, sl_tests, sl_lines = summarize_supervised(run_supervised(base_url, tmp, args.sl_steps))
-        print("\n".join(sl_lines), flush=True)
         rewards, kls, kl2, rl_lines = summarize_rl(run_rl(base_url, tmp, args.rl_iterations))
-        print("\n".join(rl_lines), flush=True)
+        # after the cookbook's own (long) per-step tables, where the end of a log shows it
+        print("\n== tinker-cookbook %s against smeltd ==" % version("tinker-cookbook"))
+        print("\n".join(sl_lines + rl_lines), flush=True)
 
         check(len(sl_losses) == args.sl_steps, "supervised loop logged every step", failures)
         k = max(1, len(sl_losses) // 5)
