@@ -42,15 +42,32 @@ static void add_head(struct lora *lora, int64_t *offset) {
     *offset += p->numel;
 }
 
-/* Modules and parameters in layer order, then kind order; the head last. */
+/* lm_head's module after every block's: A [r, C], B [V, r]. */
+static void add_lm_head(struct lora *lora, int64_t *offset) {
+    struct lora_state *s = lora->state;
+    const struct model_config *c = &lora->model->config;
+    struct lora_module *mod = &s->modules[s->n_modules];
+    *mod = (struct lora_module){.layer = c->n_layers, .kind = LORA_HEAD_KIND, .param_a = 2 * s->n_modules,
+                                .in = c->hidden_size, .out = c->vocab_size};
+    set_param(lora, mod->param_a, LORA_HEAD_PATH, "lora_A", lora->config.rank, mod->in, offset);
+    set_param(lora, mod->param_a + 1, LORA_HEAD_PATH, "lora_B", mod->out, lora->config.rank, offset);
+    if (mod->in > s->max_in) s->max_in = mod->in;
+    s->head_module = s->n_modules++;
+    lora->adapter.head_forward = lora_hook_head_forward;
+    lora->adapter.head_backward = lora_hook_head_backward;
+}
+
+/* Modules and parameters in layer order, then kind order; lm_head's after them; a
+ * classifier's head last. */
 static int build_table(struct lora *lora, bool head, struct smelt_error *err) {
     struct lora_state *s = lora->state;
     const struct model *m = lora->model;
     int n_kinds;
     const struct lora_kind *kinds = lora_kinds(m, &n_kinds);
     const struct lora_selection *sel = &s->selection;
-    int n = 0;
+    int n = sel->lm_head;
     for (int64_t i = 0; i < sel->n_layers * n_kinds; i++) n += sel->wrapped[i];
+    s->head_module = -1;
     s->modules = calloc((size_t)n, sizeof *s->modules);
     lora->params = calloc((size_t)n * 2 + head, sizeof *lora->params);
     s->hooks = malloc((size_t)(sel->n_layers * MODEL_LINEAR_COUNT) * sizeof *s->hooks);
@@ -78,6 +95,7 @@ static int build_table(struct lora *lora, bool head, struct smelt_error *err) {
             if (mod->in > s->max_in) s->max_in = mod->in;
             s->n_modules++;
         }
+    if (sel->lm_head) add_lm_head(lora, &offset);
     lora->n_params = 2 * s->n_modules;
     if (head) add_head(lora, &offset);
     lora->n_weights = offset;

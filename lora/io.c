@@ -40,6 +40,31 @@ int lora_save(const struct lora *lora, const char *dir, const char *base_model_n
     return rc;
 }
 
+/* PEFT saves the base layer of a targeted lm_head too (save_embedding_layers "auto"
+ * turns on when target_modules names an embedding layer), and its loader writes it
+ * into the model. smelt never replaces base weights from an adapter: the tensor is
+ * accepted when it is the model's own lm_head, bit for bit, and refused otherwise. */
+#define LM_HEAD_BASE_NAME "base_model.model.lm_head.base_layer.weight"
+
+static int check_lm_head_base(const struct lora *lora, const struct safetensors *st, struct smelt_error *err) {
+    const struct tensor *w = &lora->model->w.lm_head;
+    if (lora->state->head_module < 0 || !w->data)
+        return error_set(err, SMELT_EFORMAT, "%s: tensor '%s' is not part of this adapter (it does not wrap lm_head)",
+                         st->path, LM_HEAD_BASE_NAME);
+    int64_t n = tensor_numel(w);
+    float *file = malloc((size_t)n * sizeof *file), *own = malloc((size_t)n * sizeof *own);
+    int rc = file && own ? SMELT_OK : error_set(err, SMELT_ENOMEM, "lora_load: out of memory");
+    if (!rc) rc = safetensors_read_f32(st, LM_HEAD_BASE_NAME, file, 2, w->shape, err);
+    struct tensor host = tensor_f32(own, 2, w->shape);
+    if (!rc) rc = tensor_copy(&host, w, err);
+    if (!rc && memcmp(file, own, (size_t)n * sizeof *own) != 0)
+        rc = error_set(err, SMELT_EUNSUPPORTED, "%s: tensor '%s' (PEFT's copy of the base lm_head) differs from this "
+                       "model's lm_head: smelt does not replace base weights from an adapter; load the adapter on the "
+                       "base it was saved with", st->path, LM_HEAD_BASE_NAME);
+    free(file), free(own);
+    return rc;
+}
+
 /* Reads every parameter from st into host and refuses tensors the adapter lacks. */
 static int read_tensors(const struct lora *lora, const struct safetensors *st, float *host,
                         struct smelt_error *err) {
@@ -57,7 +82,9 @@ static int read_tensors(const struct lora *lora, const struct safetensors *st, f
         rc = safetensors_read_f32(st, p->name, host + p->offset, 2, p->shape, err);
     }
     for (size_t i = 0; !rc && i < st->n_entries; i++)
-        if (!used[i])
+        if (!used[i] && strcmp(st->entries[i].name, LM_HEAD_BASE_NAME) == 0)
+            rc = check_lm_head_base(lora, st, err);
+        else if (!used[i])
             rc = error_set(err, SMELT_EFORMAT,
                            "%s: tensor '%s' is not part of this adapter (r %d, target_modules as in %s)",
                            st->path, st->entries[i].name, lora->config.rank, CONFIG_FILE);

@@ -229,7 +229,9 @@ int lora_file_config_save(const struct lora *lora, const char *path,
         {"auto_mapping", json_null()},
         {"base_model_name_or_path", base},
         {"bias", json_string("none")},
-        {"fan_in_fan_out", json_boolean(lora->model->config.type == MODEL_TYPE_GPT2)},
+        /* What PEFT's file ends up saying: it sets the flag module by module, true at a
+         * Conv1D (GPT-2's blocks), false at a Linear, and lm_head comes last. */
+        {"fan_in_fan_out", json_boolean(lora->model->config.type == MODEL_TYPE_GPT2 && lora->state->head_module < 0)},
         {"inference_mode", json_true()},
         {"init_lora_weights", json_true()},
         {"layers_pattern", json_null()},

@@ -8,7 +8,11 @@
  * down_proj for Llama/Mistral/Qwen; c_attn c_proj c_fc for GPT-2 (c_proj matches both
  * attn.c_proj and mlp.c_proj, as PEFT's suffix match does); the short forms q k v o
  * gate up down are accepted, and "all-linear" takes every linear of a block (never
- * lm_head). Like PEFT, a name matches a module whose full path equals it or ends with
+ * lm_head). "lm_head" wraps the output projection (A [r, C], B [V, r]; the Tinker
+ * API's train_unembed) on every architecture, tied embeddings included: as PEFT does,
+ * the adapter is its own while the base weight is the shared embedding, and merging
+ * such an adapter is refused (lora_merge_check); a sequence classifier has no lm_head
+ * (its score head trains in full, below). Like PEFT, a name matches a module whose full path equals it or ends with
  * "." + name, so "attn.c_proj" or "model.layers.0.self_attn.q_proj" work too. GPT-2's
  * c_attn has one A shared by q, k and v and one B [3C, r] whose row blocks feed q, k
  * and v.
@@ -23,10 +27,14 @@
  * "task_type": "CAUSAL_LM" (or "SEQ_CLS", below), "base_model_name_or_path", ...}) and
  * adapter_model.safetensors with PEFT's names, e.g.
  * base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight [r, in] and
- * ...lora_B.weight [out, r]; GPT-2: base_model.model.transformer.h.0.attn.c_attn....
+ * ...lora_B.weight [out, r]; GPT-2: base_model.model.transformer.h.0.attn.c_attn....;
+ * the output projection: base_model.model.lm_head.lora_A.weight / .lora_B.weight.
  * Loading refuses what would change the maths silently (use_dora, rank_pattern,
  * alpha_pattern, layers_to_transform, modules_to_save other than a classifier's head,
  * bias other than "none", a tensor missing or of the wrong shape, an unknown tensor).
+ * PEFT also saves a targeted lm_head's base weight (base_model.model.lm_head.base_layer.
+ * weight); it is accepted when it is the model's own lm_head bit for bit, and refused
+ * (SMELT_EUNSUPPORTED) otherwise: an adapter never replaces base weights.
  *
  * Sequence classifiers (reward models, model/score_head.h) are PEFT's task_type
  * "SEQ_CLS": the LoRA pairs train and the head `score` [1, C] trains in full beside them
@@ -154,11 +162,17 @@ void lora_detach(struct lora *lora);
 void lora_set_training(struct lora *lora, bool training);
 void lora_set_dropout_seed(struct lora *lora, uint64_t seed);
 
-/* W += scaling * B A for every wrapped module, in the model's weights, and the
+/* W += scaling * B A for every wrapped module (lm_head too, when untied), in the model's weights, and the
  * adapter's head (if any) copied over the model's score.weight, as PEFT's
  * merge_and_unload keeps the trained copy (detach first: a merged adapter still
  * attached would count twice). */
 int lora_merge(const struct lora *lora, struct smelt_error *err);
+
+/* What lora_merge refuses before it touches a weight, for callers that merge only at
+ * the end (save_merged): SMELT_EUNSUPPORTED when the adapter wraps lm_head and the
+ * model's lm_head is its token embedding (tie_word_embeddings), since merging it would
+ * change the input embeddings too. */
+int lora_merge_check(const struct lora *lora, struct smelt_error *err);
 
 void lora_free(struct lora *lora);
 

@@ -21,6 +21,14 @@ struct lora_kind {
 
 #define LORA_MAX_KINDS 8
 
+/* The output projection is no block's linear: its module (when wrapped) has this kind,
+ * layer n_layers, input C and output V, and comes after every block's modules. PEFT
+ * names it "lm_head" on every architecture smelt loads, tied embeddings included (the
+ * adapter is its own; the base weight is the shared one). "all-linear" leaves it out,
+ * as PEFT does the output layer. */
+#define LORA_HEAD_KIND LORA_MAX_KINDS
+#define LORA_HEAD_PATH "lm_head"
+
 /* The kinds of this model's architecture and the prefix of block l's modules
  * ("model.layers.%lld." or "transformer.h.%lld."). */
 const struct lora_kind *lora_kinds(const struct model *model, int *n_kinds);
@@ -32,6 +40,7 @@ struct lora_selection {
     int64_t n_layers;
     int n_kinds;
     bool *wrapped; /* malloc'd */
+    bool lm_head;  /* the output projection too */
 };
 
 /* Resolves target names (PEFT names, short forms, "all-linear", dotted suffixes of a
@@ -81,6 +90,7 @@ struct lora_state {
     struct lora_module *modules;    /* [n_modules] */
     int n_modules;
     struct lora_hook *hooks;        /* [n_layers * MODEL_LINEAR_COUNT] */
+    int head_module;                /* lm_head's module, -1 when not wrapped */
     int64_t max_in;                 /* widest module input */
     bool training;
     uint64_t dropout_seed;
@@ -115,10 +125,11 @@ int lora_scratch_reserve(struct lora *lora, int64_t rows, bool wide, struct smel
 /* Dropout of a module's input, masks from a hash of (seed, layer, kind, row, column):
  *   lora_dropout_forward:  out = mask * x / (1 - p)
  *   lora_dropout_backward: dx += mask * dout / (1 - p)
- * x, out, dout, dx: [T, in] on the model's backend. */
-int lora_dropout_forward(struct lora *lora, const struct lora_module *module,
+ * x, out, dout, dx: [T, in] on the model's backend, rows row0 .. row0 + T - 1 of the
+ * batch (the head sees its rows in chunks). */
+int lora_dropout_forward(struct lora *lora, const struct lora_module *module, int64_t row0,
                          const struct tensor *x, struct tensor *out, struct smelt_error *err);
-int lora_dropout_backward(struct lora *lora, const struct lora_module *module,
+int lora_dropout_backward(struct lora *lora, const struct lora_module *module, int64_t row0,
                           const struct tensor *dout, struct tensor *dx, struct smelt_error *err);
 bool lora_dropout_active(const struct lora *lora);
 
@@ -128,6 +139,11 @@ int lora_hook_forward(void *ctx, int64_t layer, enum model_linear linear,
 int lora_hook_backward(void *ctx, int64_t layer, enum model_linear linear,
                        const struct tensor *x, const struct tensor *dy, struct tensor *dx,
                        struct smelt_error *err);
+/* lm_head's (installed only when it is wrapped). */
+int lora_hook_head_forward(void *ctx, int64_t row0, const struct tensor *x, struct tensor *y,
+                           struct smelt_error *err);
+int lora_hook_head_backward(void *ctx, int64_t row0, const struct tensor *x, const struct tensor *dy,
+                            struct tensor *dx, struct smelt_error *err);
 
 /* adapter_config.json: what it says, checked (errors name path and field). */
 struct lora_file_config {

@@ -75,12 +75,18 @@ static void module_path(const char *prefix, int64_t layer, const struct lora_kin
     snprintf(buf, bytes, "%s%s", block, kind->path);
 }
 
-/* Marks what name matches in sel; returns how many modules it matched. */
-static int64_t select_name(const char *prefix, const struct lora_kind *kinds, int n_kinds,
+/* Marks what name matches in sel; returns how many modules it matched. lm_head is
+ * matched by name only ("all-linear" leaves it out, as PEFT does the output layer),
+ * and only where the model has one (has_head). */
+static int64_t select_name(const char *prefix, const struct lora_kind *kinds, int n_kinds, bool has_head,
                            const char *name, struct lora_selection *sel) {
     bool all = strcmp(name, "all-linear") == 0;
     name = expand_short(name);
     int64_t matched = 0;
+    if (!all && has_head && suffix_match(LORA_HEAD_PATH, name)) {
+        sel->lm_head = true;
+        matched++;
+    }
     char path[256];
     for (int64_t l = 0; l < sel->n_layers; l++)
         for (int k = 0; k < n_kinds; k++) {
@@ -111,9 +117,15 @@ int lora_select(const struct model *model, const char *const *names, int n_names
         names = is_gpt2(model) ? gpt2_default : llama_default;
         n_names = is_gpt2(model) ? COUNT(gpt2_default) : COUNT(llama_default);
     }
+    bool classifier = model->config.score_head;
     for (int i = 0; i < n_names; i++) {
-        if (select_name(prefix, kinds, n_kinds, names[i], &sel) > 0) continue;
+        if (select_name(prefix, kinds, n_kinds, !classifier, names[i], &sel) > 0) continue;
         lora_selection_free(&sel);
+        if (classifier && suffix_match(LORA_HEAD_PATH, names[i]))
+            return error_set(err, SMELT_EINVAL,
+                             "%s: target_modules: '%s': this model is a sequence classifier: it has no lm_head "
+                             "(its head, score, trains in full beside the adapter, PEFT's modules_to_save)",
+                             where, names[i]);
         return error_set(err, SMELT_EINVAL,
                          "%s: target_modules: '%s' names no linear layer of this %s model",
                          where, names[i], model_type_name(model->config.type));
@@ -123,7 +135,7 @@ int lora_select(const struct model *model, const char *const *names, int n_names
 }
 
 bool lora_target_known(const char *name) {
-    if (strcmp(name, "all-linear") == 0) return true;
+    if (strcmp(name, "all-linear") == 0 || strcmp(name, LORA_HEAD_PATH) == 0) return true;
     name = expand_short(name);
     /* Any block: try a layer number as written in name when it holds one. */
     struct {
@@ -174,6 +186,10 @@ void lora_selection_names(const struct model *model, const struct lora_selection
         if (dup) continue;
         SMELT_ASSERT(n < max_names);
         snprintf(names[n++], 32, "%s", name);
+    }
+    if (sel->lm_head) {
+        SMELT_ASSERT(n < max_names);
+        snprintf(names[n++], 32, "%s", LORA_HEAD_PATH);
     }
     *n_names = n;
 }

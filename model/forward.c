@@ -457,7 +457,7 @@ static int head_forward(struct model *m, struct model_acts *a, int64_t T, struct
     if (hidden) TRY(tensor_copy(hidden, &hf, err));
     if (logits) {
         struct tensor lv = rows2(logits, T, d.V);
-        TRY(ops_matmul(&lv, &hf, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
+        TRY(model_lm_head_forward(m, 0, &lv, &hf, err));
     }
     if (logprobs) {
         for (int64_t r0 = 0; r0 < T; r0 += a->chunk_rows) {
@@ -466,7 +466,7 @@ static int head_forward(struct model *m, struct model_acts *a, int64_t T, struct
             struct tensor lp = slice_rows(logprobs, r0, n, 1), lse = slice_rows(&a->lse, r0, n, 1);
             struct tensor tg = slice_rows(&a->targets, r0, n, 1);
             lp = rows1(&lp, n), lse = rows1(&lse, n), tg = rows1(&tg, n);
-            TRY(ops_matmul(&lg, &h, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
+            TRY(model_lm_head_forward(m, r0, &lg, &h, err));
             TRY(ops_logprobs(&lp, &lse, &lg, &tg, err));
         }
     }
@@ -536,10 +536,10 @@ static int head_backward(struct model *m, struct model_acts *a, const struct ten
             struct tensor dlp = slice_rows(dlogprobs, r0, n, 1), lse = slice_rows(&a->lse, r0, n, 1);
             struct tensor tg = slice_rows(&a->targets, r0, n, 1);
             dlp = rows1(&dlp, n), lse = rows1(&lse, n), tg = rows1(&tg, n);
-            TRY(ops_matmul(&lg, &h, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
+            TRY(model_lm_head_forward(m, r0, &lg, &h, err));
             TRY(tensor_zero(&dlg, err));
             TRY(ops_logprobs_backward(&dlg, &dlp, &lg, &tg, &lse, err));
-            TRY(ops_matmul_backward(&dhc, opt_mut(&m->g.lm_head), NULL, &dlg, &h, &m->w.lm_head, false, true, 1.0f, err));
+            TRY(model_lm_head_backward(m, r0, &dhc, &dlg, &h, err));
         }
     }
     struct tensor xf = rows2(&a->x_final, T, d.C);

@@ -216,7 +216,7 @@ int model_forward_paged(struct model *m, struct model_step_buffers *b, struct mo
     TRY(model_norm_forward(m, &hn, c->norm == MODEL_NORM_LAYERNORM ? &mean : NULL, &rstd, &last, &m->w.final_norm_w,
                            m->w.final_norm_b.data ? &m->w.final_norm_b : NULL, err));
     struct tensor lg = rows2(&b->logits, S, d.V);
-    TRY(ops_matmul(&lg, &hn, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err));
+    TRY(model_lm_head_forward(m, 0, &lg, &hn, err));
     b->n_seqs = (int)S;
     return SMELT_OK;
 }

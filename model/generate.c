@@ -1,5 +1,6 @@
 /* The reference generator: the whole sequence through the model for every token. */
 #include "model/generate.h"
+#include "model/model_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -78,7 +79,7 @@ int model_generate_reference(struct model *m, const int32_t *prompt, int64_t n_p
         /* Only the last position's logits are needed. */
         struct tensor last = tensor_make(hidden.backend, DTYPE_F32, (float *)hidden.data + (n - 1) * C, 2, one);
         struct tensor host_logits = tensor_f32(logits, 2, logits_shape);
-        rc = ops_matmul(&dev_logits, &last, &m->w.lm_head, NULL, false, true, 1.0f, 0.0f, err);
+        rc = model_lm_head_forward(m, n - 1, &dev_logits, &last, err);
         if (!rc) rc = tensor_copy(&host_logits, &dev_logits, err);
         if (rc) break;
         int32_t tok = sample_token(logits, V, &sp, &rng, work);

@@ -68,6 +68,15 @@ int model_unit_grads_ready(struct model *m, int64_t unit, struct smelt_error *er
 
 /* ---- shared by forward.c (training) and forward_paged.c (generation) ---- */
 
+/* lm_head.c: logits y = x lm_head^T, plus the adapter's head hook when it has one
+ * (x: final-norm hidden states [n, C] from batch row row0, y: [n, V]); and its
+ * backward: dx += dy lm_head (and the lm_head gradient when the base trains), and the
+ * adapter's head backward. Every path that computes logits goes through these. */
+int model_lm_head_forward(const struct model *m, int64_t row0, struct tensor *y, const struct tensor *x,
+                          struct smelt_error *err);
+int model_lm_head_backward(struct model *m, int64_t row0, struct tensor *dx, const struct tensor *dy,
+                           const struct tensor *x, struct smelt_error *err);
+
 /* Logits need an lm_head; a sequence classifier (reward model) has only its score. */
 static inline int model_check_lm_head(const struct model *m, const char *fn, struct smelt_error *err) {
     /* The config, not the view: under a provider the view is empty between uses. */

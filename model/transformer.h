@@ -82,6 +82,15 @@ struct model_adapter {
                    struct tensor *y, struct smelt_error *err);
     int (*backward)(void *ctx, int64_t layer, enum model_linear linear, const struct tensor *x,
                     const struct tensor *dy, struct tensor *dx, struct smelt_error *err);
+    /* The output projection (lm_head), the same way, called after every lm_head matmul
+     * (training, generation, the paged step); NULL when the adapter does not wrap it.
+     * x: final-norm hidden states [n, C], y: their logits [n, V]. Logits are computed
+     * in chunks of rows: row0 is x's first row in the batch, so that what depends on
+     * the row (dropout masks) is the same whatever the chunking. */
+    int (*head_forward)(void *ctx, int64_t row0, const struct tensor *x, struct tensor *y,
+                        struct smelt_error *err);
+    int (*head_backward)(void *ctx, int64_t row0, const struct tensor *x, const struct tensor *dy,
+                         struct tensor *dx, struct smelt_error *err);
 };
 
 struct model_param_provider; /* below: parameters served unit by unit (ZeRO-3) */

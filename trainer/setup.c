@@ -223,6 +223,8 @@ static int setup_trainable(struct trainer_run *r, struct smelt_error *err) {
     bool stage3 = s->hp.zero_stage == 3 && r->dist.ranks > 1;
     if (s->has_lora) {
         TRY(lora_create(r->model, &s->lora, s->seed ^ 0x10aa1234u, &r->lora, err));
+        /* Found out now, not after the training: a tied lm_head adapter cannot merge. */
+        if (s->save_merged) TRY(error_wrap(err, lora_merge_check(r->lora, err), "save_merged"));
         TRY(lora_attach(r->lora, err));
         lora_set_training(r->lora, true);
         r->params = &r->lora->weights;

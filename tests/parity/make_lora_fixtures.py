@@ -16,6 +16,10 @@ adapter changes every output, and writes:
 The three adapters differ on purpose: llama lists PEFT names, gpt2 uses the Conv1D
 names (c_attn, and c_proj for both attention and MLP) with lora_dropout 0.05 (inactive
 in eval), qwen3 uses "all-linear" (which PEFT saves as full module paths) with rsLoRA.
+gpt2-head (into gpt2-head-lora/, on the gpt2 base) wraps c_attn and the output
+projection "lm_head", tied to the embeddings there; PEFT saves the head's base weight
+beside the adapter (lm_head.base_layer.weight) and writes fan_in_fan_out false (its
+last module, lm_head, is a Linear).
 
 Regenerate with `python3 tests/parity/make_lora_fixtures.py` (needs torch,
 transformers, peft, safetensors); the outputs are committed so `make test` needs no
@@ -36,6 +40,7 @@ ADAPTERS = {
     "llama": dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "gpt2": dict(target_modules=["c_attn", "c_proj", "c_fc"], lora_dropout=0.05),
     "qwen3": dict(target_modules="all-linear", use_rslora=True),
+    "gpt2-head": dict(target_modules=["c_attn", "lm_head"]),
 }
 
 
@@ -44,12 +49,14 @@ def saved_name(param_name):
     return param_name.replace(".default.", ".")
 
 
-def run(model_type):
+def run(fixture):
+    """fixture: a key of ADAPTERS, "<base type>[-<variant>]"."""
+    model_type = fixture.split("-")[0]
     base_dir = os.path.join(PARITY, model_type)
-    out_dir = os.path.join(PARITY, f"{model_type}-lora")
+    out_dir = os.path.join(PARITY, f"{fixture}-lora")
     base = transformers.AutoModelForCausalLM.from_pretrained(
         base_dir, attn_implementation="eager", dtype=torch.float32)
-    config = peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", **ADAPTERS[model_type])
+    config = peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", **ADAPTERS[fixture])
     model = peft.get_peft_model(base, config)
     # A path relative to the repository root rather than this machine's checkout.
     model.peft_config["default"].base_model_name_or_path = f"tests/data/parity/{model_type}"
@@ -85,7 +92,7 @@ def run(model_type):
               metadata={"peft_version": peft.__version__, "transformers_version": transformers.__version__,
                         "torch_version": torch.__version__})
     n = sum(p.numel() for name, p in model.named_parameters() if p.requires_grad)
-    print(f"{model_type}-lora: {n} adapter parameters -> {out_dir}")
+    print(f"{fixture}-lora: {n} adapter parameters -> {out_dir}")
 
 
 def main():

@@ -6,45 +6,21 @@
 
 #include "lora/lora_internal.h"
 
-static struct model *random_model(const char *type, uint64_t seed) {
-    char dir[256];
-    snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
-    struct smelt_error err;
-    struct model_config cfg;
-    TEST_OK(model_config_load(dir, &cfg, &err), &err);
-    struct model *m;
-    TEST_OK(model_init_random(&cfg, seed, BACKEND_CPU, &m, &err), &err);
-    /* Larger weights than the 0.02 init so every path carries gradient. */
-    float *w = m->weights.data;
-    struct test_rng rng = {seed + 100};
-    for (int64_t i = 0; i < m->n_weights; i++) w[i] += (float)test_rng_uniform(&rng, -0.2, 0.2);
-    return m;
-}
-
-static struct lora_config config_of(const char *const *targets, int n, float dropout) {
-    struct lora_config c = {.rank = 4, .alpha = 8.0f, .dropout = dropout, .n_targets = n};
-    for (int i = 0; i < n; i++) snprintf(c.targets[i], sizeof c.targets[i], "%s", targets[i]);
-    return c;
-}
-
 static const char *const all_linear[] = {"all-linear"};
 
 /* An attached adapter over every linear with random A and B. */
+/* An attached adapter over every linear with random A and B. */
 static struct lora *random_adapter(struct model *m, float dropout, uint64_t seed) {
-    struct smelt_error err;
-    struct lora_config c = config_of(all_linear, 1, dropout);
-    struct lora *l;
-    TEST_OK(lora_create(m, &c, seed, &l, &err), &err);
-    lora_fill_random(l, seed + 1, 0.3);
-    TEST_OK(lora_attach(l, &err), &err);
-    return l;
+    return lora_test_adapter(m, all_linear, 1, dropout, seed, 0.3);
 }
+
+static const char *const head_and_blocks[] = {"all-linear", "lm_head"};
 
 /* ---- gradients ---- */
 
 static void check_fd(const char *type, bool recompute, float dropout) {
     struct smelt_error err;
-    struct model *m = random_model(type, 7);
+    struct model *m = lora_test_model(type, 7);
     struct lora *l = random_adapter(m, dropout, 21);
     if (dropout > 0) {
         lora_set_training(l, true);
@@ -54,34 +30,9 @@ static void check_fd(const char *type, bool recompute, float dropout) {
     parity_load_inputs(type, &p);
     struct model_acts *acts;
     TEST_OK(model_acts_alloc(m, p.T, recompute, &acts, &err), &err);
-    lora_loss(m, acts, &p);
-    TEST_OK(tensor_zero(&l->grads, &err), &err);
-    lora_backward(m, acts, &p);
-    cr_expect(m->grads.data == NULL, "the backward allocated base gradients");
-    float *w = l->weights.data;
-    const float *g = l->grads.data;
-    struct test_rng rng = {5};
-    double grad_mass = 0;
-    for (int i = 0; i < l->n_params; i++) {
-        const struct lora_param *par = &l->params[i];
-        for (int k = 0; k < 3; k++) {
-            int64_t j = par->offset + (int64_t)(test_rng_next(&rng) % (uint64_t)par->numel);
-            float saved = w[j];
-            const float h = 1e-2f;
-            w[j] = saved + h;
-            double lp = lora_loss(m, acts, &p);
-            w[j] = saved - h;
-            double lm = lora_loss(m, acts, &p);
-            w[j] = saved;
-            double fd = (lp - lm) / (2.0 * (double)h);
-            grad_mass += fabs(fd);
-            cr_expect(fabs(fd - g[j]) <= 2e-2 * fabs(fd) + 2e-3,
-                      "%s%s, dropout %g: %s[%lld]: backward %.6g, finite difference %.6g", type,
-                      recompute ? " (recompute)" : "", (double)dropout, par->name,
-                      (long long)(j - par->offset), (double)g[j], fd);
-        }
-    }
-    cr_expect(grad_mass > 1e-2 * l->n_params, "%s: the adapter barely affects the loss (%g)", type, grad_mass);
+    char label[128];
+    snprintf(label, sizeof label, "%s%s, dropout %g", type, recompute ? " (recompute)" : "", (double)dropout);
+    lora_expect_fd(m, l, acts, &p, label);
     model_acts_free(acts);
     lora_free(l);
     model_free(m);
@@ -99,7 +50,7 @@ Test(lora, fd_gpt2_dropout_recompute) { check_fd("gpt2", true, 0.3f); }
 
 static void check_frozen(const char *type) {
     struct smelt_error err;
-    struct model *m = random_model(type, 3);
+    struct model *m = lora_test_model(type, 3);
     struct lora *l = random_adapter(m, 0.0f, 4);
     size_t base_bytes = (size_t)m->n_weights * sizeof(float);
     float *before = malloc(base_bytes);
@@ -130,7 +81,7 @@ Test(lora, frozen_base_gpt2) { check_frozen("gpt2"); }
 /* Backward accumulates into the adapter's grads (the trainer zeroes them). */
 Test(lora, grads_accumulate) {
     struct smelt_error err;
-    struct model *m = random_model("llama", 3);
+    struct model *m = lora_test_model("llama", 3);
     struct lora *l = random_adapter(m, 0.0f, 4);
     struct parity_packed p;
     parity_load_inputs("llama", &p);
@@ -153,10 +104,10 @@ Test(lora, grads_accumulate) {
 
 /* ---- merge ---- */
 
-static void check_merge(const char *type) {
+static void check_merge(const char *type, const char *const *targets, int n_targets) {
     struct smelt_error err;
-    struct model *m = random_model(type, 8);
-    struct lora *l = random_adapter(m, 0.1f, 9);
+    struct model *m = lora_test_model(type, 8);
+    struct lora *l = lora_test_adapter(m, targets, n_targets, 0.1f, 9, 0.3);
     struct parity_packed p;
     parity_load_inputs(type, &p);
     int64_t n = p.T * m->config.vocab_size;
@@ -181,16 +132,18 @@ static void check_merge(const char *type) {
     model_free(m);
 }
 
-Test(lora, merge_llama) { check_merge("llama"); }
-Test(lora, merge_qwen3) { check_merge("qwen3"); }
-Test(lora, merge_gpt2) { check_merge("gpt2"); }
+Test(lora, merge_llama) { check_merge("llama", all_linear, 1); }
+Test(lora, merge_qwen3) { check_merge("qwen3", all_linear, 1); }
+Test(lora, merge_gpt2) { check_merge("gpt2", all_linear, 1); }
+/* An untied lm_head merges too (a tied one is refused: test_lora_head.c). */
+Test(lora, merge_llama_lm_head) { check_merge("llama", head_and_blocks, 2); }
 
 /* ---- save / load ---- */
 
-static void check_save_load(const char *type, bool rslora) {
+static void check_save_load(const char *type, bool rslora, const char *const *targets, int n_targets) {
     struct smelt_error err;
-    struct model *m = random_model(type, 10);
-    struct lora_config c = config_of(all_linear, 1, 0.05f);
+    struct model *m = lora_test_model(type, 10);
+    struct lora_config c = lora_test_config(targets, n_targets, 0.05f);
     c.alpha = 12.5f;
     c.use_rslora = rslora;
     struct lora *a, *b;
@@ -237,17 +190,24 @@ static void check_save_load(const char *type, bool rslora) {
     model_free(m);
 }
 
-Test(lora, save_load_llama, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("llama", false); }
-Test(lora, save_load_qwen3, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("qwen3", true); }
-Test(lora, save_load_gpt2, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("gpt2", false); }
+Test(lora, save_load_llama, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("llama", false, all_linear, 1); }
+Test(lora, save_load_qwen3, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("qwen3", true, all_linear, 1); }
+Test(lora, save_load_gpt2, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_save_load("gpt2", false, all_linear, 1); }
+/* With the output projection: PEFT's lm_head tensors and "lm_head" in target_modules. */
+Test(lora, save_load_llama_lm_head, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    check_save_load("llama", false, head_and_blocks, 2);
+}
+Test(lora, save_load_gpt2_tied_lm_head, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    check_save_load("gpt2", false, head_and_blocks, 2);
+}
 
 /* A selection that differs between layers is saved as full module paths and loads
  * back as the same selection. */
 Test(lora, save_load_some_layers, .init = test_tmp_setup, .fini = test_tmp_teardown) {
     struct smelt_error err;
-    struct model *m = random_model("gpt2", 10);
+    struct model *m = lora_test_model("gpt2", 10);
     static const char *const targets[] = {"transformer.h.1.attn.c_attn", "h.0.mlp.c_proj"};
-    struct lora_config c = config_of(targets, 2, 0.0f);
+    struct lora_config c = lora_test_config(targets, 2, 0.0f);
     struct lora *a, *b;
     TEST_OK(lora_create(m, &c, 11, &a, &err), &err);
     cr_assert_eq(a->n_params, 4);
@@ -267,7 +227,7 @@ Test(lora, save_load_some_layers, .init = test_tmp_setup, .fini = test_tmp_teard
 
 Test(lora, dropout_deterministic) {
     struct smelt_error err;
-    struct model *m = random_model("llama", 13);
+    struct model *m = lora_test_model("llama", 13);
     struct lora *l = random_adapter(m, 0.5f, 14);
     struct parity_packed p;
     parity_load_inputs("llama", &p);
@@ -293,7 +253,7 @@ Test(lora, dropout_deterministic) {
 
     /* Training off equals an adapter without dropout and the same weights. */
     lora_detach(l);
-    struct lora_config c = config_of(all_linear, 1, 0.0f);
+    struct lora_config c = lora_test_config(all_linear, 1, 0.0f);
     struct lora *plain;
     TEST_OK(lora_create(m, &c, 14, &plain, &err), &err);
     memcpy(plain->weights.data, l->weights.data, (size_t)l->n_weights * sizeof(float));
@@ -312,7 +272,7 @@ Test(lora, dropout_deterministic) {
  * between modules. */
 Test(lora, dropout_mask) {
     struct smelt_error err;
-    struct model *m = random_model("llama", 15);
+    struct model *m = lora_test_model("llama", 15);
     struct lora *l = random_adapter(m, 0.25f, 16);
     lora_set_training(l, true);
     lora_set_dropout_seed(l, 3);
@@ -321,8 +281,8 @@ Test(lora, dropout_mask) {
     float *ones = malloc((size_t)n * sizeof *ones), *out0 = test_zeros_f32(n), *out1 = test_zeros_f32(n);
     for (int64_t i = 0; i < n; i++) ones[i] = 1.0f;
     struct tensor x = tensor_f32(ones, 2, shape), y0 = tensor_f32(out0, 2, shape), y1 = tensor_f32(out1, 2, shape);
-    TEST_OK(lora_dropout_forward(l, &l->state->modules[0], &x, &y0, &err), &err);
-    TEST_OK(lora_dropout_forward(l, &l->state->modules[1], &x, &y1, &err), &err);
+    TEST_OK(lora_dropout_forward(l, &l->state->modules[0], 0, &x, &y0, &err), &err);
+    TEST_OK(lora_dropout_forward(l, &l->state->modules[1], 0, &x, &y1, &err), &err);
     int64_t dropped = 0, same = 0, bad = 0;
     for (int64_t i = 0; i < n; i++) {
         dropped += out0[i] == 0.0f;
@@ -344,8 +304,8 @@ static void expect_params(const char *type, const char *const *targets, int n_ta
                           const char *const *want_names, int n_want, const char *const *want_targets,
                           int n_want_targets) {
     struct smelt_error err;
-    struct model *m = random_model(type, 1);
-    struct lora_config c = config_of(targets, n_targets, 0.0f);
+    struct model *m = lora_test_model(type, 1);
+    struct lora_config c = lora_test_config(targets, n_targets, 0.0f);
     struct lora *l;
     TEST_OK(lora_create(m, &c, 1, &l, &err), &err);
     cr_assert_eq(l->n_params, n_want, "%s: %d parameters, expected %d", type, l->n_params, n_want);
@@ -405,8 +365,8 @@ Test(lora, targets_defaults) {
 
 Test(lora, targets_shapes) {
     struct smelt_error err;
-    struct model *m = random_model("qwen3", 1); /* heads * head_dim != hidden */
-    struct lora_config c = config_of(all_linear, 1, 0.0f);
+    struct model *m = lora_test_model("qwen3", 1); /* heads * head_dim != hidden */
+    struct lora_config c = lora_test_config(all_linear, 1, 0.0f);
     struct lora *l;
     TEST_OK(lora_create(m, &c, 1, &l, &err), &err);
     cr_assert_eq(l->n_params, 28);
@@ -433,8 +393,8 @@ Test(lora, targets_shapes) {
 
 static void expect_create_error(const char *type, const char *target, const char *want_in_message) {
     struct smelt_error err;
-    struct model *m = random_model(type, 1);
-    struct lora_config c = config_of(&target, 1, 0.0f);
+    struct model *m = lora_test_model(type, 1);
+    struct lora_config c = lora_test_config(&target, 1, 0.0f);
     struct lora *l = NULL;
     TEST_EXPECT_ERROR(lora_create(m, &c, 1, &l, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, want_in_message) != NULL, "'%s' not in: %s", want_in_message, err.message);
@@ -445,20 +405,20 @@ Test(lora, create_errors) {
     expect_create_error("llama", "c_attn", "c_attn");
     expect_create_error("gpt2", "q_proj", "q_proj");
     expect_create_error("gpt2", "q", "'q'");
-    expect_create_error("llama", "lm_head", "lm_head");
+    expect_create_error("llama-rm", "lm_head", "sequence classifier"); /* its head is score */
     expect_create_error("llama", "model.layers.2.self_attn.q_proj", "layers.2"); /* 2 layers */
     expect_create_error("llama", "proj", "proj"); /* a suffix, but not at a '.' */
     struct smelt_error err;
-    struct model *m = random_model("llama", 1);
+    struct model *m = lora_test_model("llama", 1);
     struct lora *l;
-    struct lora_config c = config_of(NULL, 0, 0.0f);
+    struct lora_config c = lora_test_config(NULL, 0, 0.0f);
     c.rank = 0;
     TEST_EXPECT_ERROR(lora_create(m, &c, 1, &l, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "rank") != NULL, "%s", err.message);
-    c = config_of(NULL, 0, 1.0f);
+    c = lora_test_config(NULL, 0, 1.0f);
     TEST_EXPECT_ERROR(lora_create(m, &c, 1, &l, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "dropout") != NULL, "%s", err.message);
-    c = config_of(NULL, 0, 0.0f);
+    c = lora_test_config(NULL, 0, 0.0f);
     c.alpha = 0;
     TEST_EXPECT_ERROR(lora_create(m, &c, 1, &l, &err), SMELT_EINVAL, &err);
     cr_expect(strstr(err.message, "alpha") != NULL, "%s", err.message);

@@ -10,14 +10,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Every tensor of a and b: same names, shapes and bits. */
+/* PEFT saves a targeted lm_head's base weight beside the adapter; smelt does not. */
+static const char lm_head_base[] = "base_model.model.lm_head.base_layer.weight";
+
+/* Every tensor of a (PEFT's) and b (smelt's): same names, shapes and bits, but for
+ * the lm_head base weight a may hold. */
 static void expect_same_tensors(const char *a_path, const char *b_path) {
     struct smelt_error err;
     struct safetensors *a, *b;
     TEST_OK(safetensors_open(a_path, &a, &err), &err);
     TEST_OK(safetensors_open(b_path, &b, &err), &err);
-    cr_expect_eq(a->n_entries, b->n_entries, "%s has %zu tensors, %s %zu", a_path, a->n_entries, b_path, b->n_entries);
+    size_t n_a = a->n_entries - (safetensors_find(a, lm_head_base) != NULL);
+    cr_expect_eq(n_a, b->n_entries, "%s has %zu adapter tensors, %s %zu", a_path, n_a, b_path, b->n_entries);
     for (size_t i = 0; i < a->n_entries; i++) {
+        if (strcmp(a->entries[i].name, lm_head_base) == 0) continue;
         const struct safetensors_entry *ea = &a->entries[i], *eb = safetensors_find(b, ea->name);
         cr_expect(eb != NULL, "%s lacks %s", b_path, ea->name);
         if (!eb) continue;
@@ -71,11 +77,12 @@ static void expect_same_config(const char *ours_path, const char *peft_path, con
     json_decref(peft);
 }
 
-static void check_peft(const char *type) {
+/* fixture: the adapter directory's name in tests/data/parity/, on base type. */
+static void check_peft_fixture(const char *type, const char *fixture) {
     struct smelt_error err;
     char base[256], adapter[256], path[512], ours[512], out[256];
     snprintf(base, sizeof base, PARITY_DIR "/%s", type);
-    snprintf(adapter, sizeof adapter, PARITY_DIR "/%s-lora", type);
+    snprintf(adapter, sizeof adapter, PARITY_DIR "/%s", fixture);
     struct model *m;
     struct lora *l;
     TEST_OK(model_load(base, BACKEND_CPU, &m, &err), &err);
@@ -118,9 +125,33 @@ static void check_peft(const char *type) {
     model_free(m);
 }
 
+static void check_peft(const char *type) {
+    char fixture[64];
+    snprintf(fixture, sizeof fixture, "%s-lora", type);
+    check_peft_fixture(type, fixture);
+}
+
 Test(lora, peft_llama, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_peft("llama"); }
 Test(lora, peft_gpt2, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_peft("gpt2"); }
 Test(lora, peft_qwen3, .init = test_tmp_setup, .fini = test_tmp_teardown) { check_peft("qwen3"); }
+/* c_attn and the output projection, tied to the embeddings (PEFT's train_unembed). */
+Test(lora, peft_gpt2_lm_head, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    check_peft_fixture("gpt2", "gpt2-head-lora");
+}
+
+/* PEFT's copy of the base lm_head in the file must be the model's own: smelt does not
+ * replace base weights from an adapter. */
+Test(lora, peft_lm_head_base_of_another_model) {
+    struct smelt_error err;
+    struct model_config c;
+    TEST_OK(model_config_load(PARITY_DIR "/gpt2", &c, &err), &err);
+    struct model *m;
+    TEST_OK(model_init_random(&c, 3, BACKEND_CPU, &m, &err), &err);
+    struct lora *l = NULL;
+    TEST_EXPECT_ERROR(lora_load(m, PARITY_DIR "/gpt2-head-lora", &l, &err), SMELT_EUNSUPPORTED, &err);
+    cr_expect(strstr(err.message, lm_head_base) != NULL, "%s", err.message);
+    model_free(m);
+}
 
 /* ---- broken adapter directories ---- */
 

@@ -375,6 +375,36 @@ Test(trainer, lora_run_resumes_bit_identically_and_keeps_the_base) {
     test_tmp_teardown();
 }
 
+/* A LoRA on lm_head (tied on the tiny model) trains and is saved; with save_merged the
+ * job is refused at setup, before any training, since a tied head cannot merge. */
+Test(trainer, lora_on_a_tied_lm_head_trains_but_cannot_merge) {
+    struct test_run_paths p;
+    setup_run(&p, true);
+    struct smelt_error err = {0};
+    struct job_spec spec;
+    struct trainer_result res;
+    struct trainer_options quiet = {.quiet = true};
+    static const char hp[] = "\"hyperparameters\":{\"max_steps\":2,\"batch_size\":4,\"learning_rate\":0.01},"
+                             "\"lora\":{\"rank\":2,\"target_modules\":[\"q_proj\",\"lm_head\"]},";
+    load_spec(&p, p.model, p.out, hp, &spec);
+    TEST_OK(trainer_run(&spec, &quiet, &res, &err), &err);
+    char path[700];
+    snprintf(path, sizeof path, "%s/output/adapter_model.safetensors", p.out);
+    struct safetensors *st;
+    TEST_OK(safetensors_open(path, &st, &err), &err);
+    cr_expect(safetensors_find(st, "base_model.model.lm_head.lora_B.weight") != NULL, "no lm_head adapter saved");
+    safetensors_close(st);
+    char out2[600], merged_hp[512];
+    snprintf(out2, sizeof out2, "%s-merged", p.out);
+    snprintf(merged_hp, sizeof merged_hp, "%s\"save_merged\":true,", hp);
+    load_spec(&p, p.model, out2, merged_hp, &spec);
+    TEST_EXPECT_ERROR(trainer_run(&spec, &quiet, &res, &err), SMELT_EUNSUPPORTED, &err);
+    cr_expect(strstr(err.message, "save_merged") && strstr(err.message, "tie_word_embeddings"), "%s", err.message);
+    snprintf(path, sizeof path, "%s/checkpoints", out2);
+    cr_expect(!path_exists(path), "the refused job trained");
+    test_tmp_teardown();
+}
+
 Test(trainer, invalid_data_stops_the_job_before_training) {
     struct test_run_paths p;
     setup_run(&p, false);
