@@ -1,5 +1,5 @@
 /* Every route of smeltd's HTTP API, in matching order (docs/api.md). */
-#include "server/server_internal.h"
+#include "server/tinker_api.h"
 
 const struct http_route SERVER_ROUTES[] = {
     {"GET", "/healthz", api_healthz, HTTP_PUBLIC},
@@ -42,6 +42,33 @@ const struct http_route SERVER_ROUTES[] = {
     {"POST", "/v1/api_keys", api_keys_create, HTTP_ADMIN},
     {"GET", "/v1/api_keys", api_keys_list, HTTP_ADMIN},
     {"DELETE", "/v1/api_keys/{key_id}", api_keys_delete, HTTP_ADMIN},
+
+    /* the Tinker SDK's API (docs/tinker.md; keys also as "X-API-Key: tml-<key>") */
+    {"GET", "/api/v1/healthz", api_tinker_healthz, HTTP_PUBLIC},
+    {"POST", "/api/v1/client/config", api_tinker_client_config, 0},
+    {"POST", "/api/v1/client/dynamic_config", api_tinker_dynamic_config, 0},
+    {"POST", "/api/v1/telemetry", api_tinker_telemetry, 0},
+    {"POST", "/api/v1/create_session", api_tinker_create_session, 0},
+    {"POST", "/api/v1/session_heartbeat", api_tinker_heartbeat, 0},
+    {"POST", "/api/v1/sessions/{session_id}/finish", api_tinker_finish, 0},
+    {"GET", "/api/v1/get_server_capabilities", api_tinker_capabilities, 0},
+    {"POST", "/api/v1/create_model", api_tinker_create_model, 0},
+    {"POST", "/api/v1/get_info", api_tinker_get_info, 0},
+    {"POST", "/api/v1/forward_backward", api_tinker_forward_backward, HTTP_LARGE_BODY},
+    {"POST", "/api/v1/optim_step", api_tinker_optim_step, 0},
+    {"POST", "/api/v1/save_weights", api_tinker_save_weights, 0},
+    {"POST", "/api/v1/save_weights_for_sampler", api_tinker_save_for_sampler, 0},
+    {"POST", "/api/v1/load_weights", api_tinker_load_weights, 0},
+    {"POST", "/api/v1/create_sampling_session", api_tinker_create_sampler, 0},
+    {"GET", "/api/v1/samplers/{sampling_session_id}", api_tinker_get_sampler, 0},
+    {"POST", "/api/v1/asample", api_tinker_asample, 0},
+    {"POST", "/api/v1/retrieve_future", api_tinker_retrieve_future, 0},
+    {"POST", "/api/v1/cancel_future", api_tinker_cancel_future, 0},
+    {"GET", "/api/v1/training_runs", api_tinker_runs_list, 0},
+    {"GET", "/api/v1/training_runs/{training_run_id}", api_tinker_run_get, 0},
+    {"GET", "/api/v1/training_runs/{training_run_id}/checkpoints", api_tinker_checkpoints, 0},
+    {"DELETE", "/api/v1/training_runs/{training_run_id}/checkpoints/{segment}/{name}", api_tinker_checkpoint_delete, 0},
+    {"POST", "/api/v1/weights_info", api_tinker_weights_info, 0},
 
     {"GET", "/", api_static, HTTP_PUBLIC},
     {"GET", "/*", api_static, HTTP_PUBLIC},

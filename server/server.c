@@ -10,7 +10,7 @@
 
 #include "common/common.h"
 #include "server/server_internal.h"
-#include "server/tinker_internal.h"
+#include "server/tinker_api.h"
 
 static int absolute_dir(const char *path, char *out, size_t cap, struct smelt_error *err) {
     int rc = dir_create_all(path, err);
@@ -93,6 +93,7 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
     /* before the control loop: it launches session workers at this endpoint, and must
      * not see the last run's session jobs as its own */
     if (rc == 0) rc = tinker_dispatch_start(s, err);
+    if (rc == 0) rc = tinker_api_start(s, err);
     if (rc == 0) rc = tinker_jobs_recover(s, err);
     if (rc == 0) rc = control_start(s, err);
     if (rc == 0) {
@@ -129,6 +130,7 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
     control_stop(s);
     http_server_stop(atomic_exchange(&s->http, NULL));
     tinker_dispatch_stop(s); /* after HTTP: handlers submit to it */
+    tinker_api_stop(s);
     if (s->zmq) zmq_ctx_term(s->zmq);
     store_close(s->store);
     free(s);

@@ -44,6 +44,7 @@ struct server {
     /* the Tinker dispatch thread (tinker_dispatch.c): its ROUTER, queues and thread */
     char tinker_endpoint[256];             /* where session workers connect (ZMQ_LAST_ENDPOINT) */
     struct tinker_dispatch *tinker;        /* NULL until tinker_dispatch_start */
+    struct tinker_api *tinker_api;         /* the API handlers' state (api_tinker.c) */
 };
 
 /* ---- small helpers (server/util.c) ---- */

@@ -47,4 +47,105 @@ int tinker_result_proto(const char *op, const json_t *result, uint8_t **out, siz
 /* true for the ops whose results the SDK takes only as protobuf. */
 bool tinker_op_is_proto(const char *op);
 
+/* ---- per-model request order (server/tinker_order.c) ----
+ * Requests of one model reach the worker in seq_id order whatever order they arrive in;
+ * early ones wait. All calls are thread-safe. */
+struct tinker_order;
+#define TINKER_ORDER_REPEATED 1
+/* Called (under the order's lock, on the submitting thread) for each request that is
+ * due, in order; takes payload. ctx is the submit call's. */
+typedef void (*tinker_order_send_fn)(void *ctx, void *payload, const char *future_id);
+int tinker_order_new(tinker_order_send_fn send, void (*free_payload)(void *), struct tinker_order **out,
+                     struct smelt_error *err);
+void tinker_order_free(struct tinker_order *o);
+/* model_id's next due seq is next_seq (create_model and create-via-load: 1); anything
+ * waiting for it is dropped. A model never opened expects 1. */
+int tinker_order_open(struct tinker_order *o, const char *model_id, int64_t next_seq, struct smelt_error *err);
+/* Queues payload (taken on 0) as model_id's request seq with future_id and sends what is
+ * due. TINKER_ORDER_REPEATED (payload not taken) when seq was submitted before: first_id
+ * gets that request's future id. SMELT_EINVAL naming "seq_id" for a seq already passed. */
+int tinker_order_submit(struct tinker_order *o, const char *model_id, int64_t seq, const char *future_id,
+                        void *payload, void *ctx, char *first_id, size_t cap, struct smelt_error *err);
+/* seq was refused at submission: it is passed over, so later ones are not held for it. */
+int tinker_order_skip(struct tinker_order *o, const char *model_id, int64_t seq, void *ctx);
+/* Forgets model_id (unloaded), dropping what waits. */
+void tinker_order_close(struct tinker_order *o, const char *model_id);
+
+/* ---- the HTTP handlers (server/api_tinker*.c; routes in server/routes.c) ---- */
+
+/* Makes / frees s->tinker_api (the order of requests and a cache of base models). */
+int tinker_api_start(struct server *s, struct smelt_error *err);
+void tinker_api_stop(struct server *s);
+/* The order of model requests (s->tinker_api's). */
+struct tinker_order *tinker_api_order(struct server *s);
+
+/* Checkpoint names and tinker:// paths (server/api_tinker_runs.c). */
+/* true for a save name: [A-Za-z0-9._-]{1,64}, not starting with '.'. */
+bool tinker_name_ok(const char *name);
+/* "tinker://<model_id>/<segment>/<name>" for kind "training" (segment weights) or
+ * "sampler" (sampler_weights). SMELT_EINVAL when it does not fit. */
+int tinker_checkpoint_path(const char *model_id, const char *kind, const char *name, char *out, size_t cap,
+                           struct smelt_error *err);
+/* Its directory: DATA/tinker/<model_id>/<segment>/<name>. */
+int tinker_checkpoint_dir(const char *data_dir, const char *model_id, const char *kind, const char *name, char *out,
+                          size_t cap, struct smelt_error *err);
+
+void api_tinker_healthz(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_client_config(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_dynamic_config(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_telemetry(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_create_session(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_heartbeat(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_finish(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_capabilities(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_create_model(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_get_info(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_forward_backward(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_optim_step(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_save_weights(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_save_for_sampler(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_load_weights(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_unload_model(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_create_sampler(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_get_sampler(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_asample(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_retrieve_future(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_cancel_future(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_runs_list(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_run_get(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_checkpoints(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_checkpoint_delete(void *app, struct http_request *req, struct http_response *res);
+void api_tinker_weights_info(void *app, struct http_request *req, struct http_response *res);
+
+/* ---- what the handlers share (server/api_tinker.c) ---- */
+
+/* Replies err: 404 SMELT_ENOTFOUND, 400 bad input, 500 otherwise; param defaults to err's field. */
+void tinker_reply_failure(struct http_response *res, const struct smelt_error *err, const char *param);
+/* A base model's vocab_size and max context (model/config.h; cached per directory). */
+int tinker_base_info(struct server *s, const char *base_dir, int64_t *vocab_size, int64_t *max_context,
+                     struct smelt_error *err);
+/* The project's tinker_models row of model_id (new reference) or a reply: 404 naming
+ * model_id when unknown or another project's; 410 when live is wanted and it is not. */
+json_t *tinker_model_row(struct store_conn *c, struct http_response *res, const char *project, const char *model_id,
+                         bool live);
+/* A future of op for the project (model_id may be NULL) on job_id with base (may be
+ * NULL) as its result's start; header (taken) and arrays go to the worker: in seq order
+ * for a model's ordered requests (seq >= 1), at once for seq < 0. Replies
+ * {"request_id", "model_id"?} (plus extra's keys, taken; may be NULL), or the failure.
+ * Takes base and header (NULL: out of memory). */
+void tinker_submit(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                   const char *model_id, int64_t seq, const char *job_id, const char *op, json_t *base, json_t *header,
+                   const struct msg_array *arrays, int n_arrays, json_t *extra);
+/* The same at once and without a reply: fut gets the future's id; takes header, not base. */
+int tinker_submit_quiet(struct server *s, struct store_conn *c, const char *project, const char *model_id,
+                        const char *job_id, const char *op, json_t *base, json_t *header, char *fut, size_t cap,
+                        struct smelt_error *err);
+/* A body JSON object or a 400 reply (NULL). */
+json_t *tinker_body(const struct http_request *req, struct http_response *res);
+/* The project's session job for base model name (resolved like a job's model); fills
+ * base_dir. Replies on failure (non-zero). */
+int tinker_job_for_base(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                        const char *base_model, const char *field, char *base_dir, size_t dir_cap, char *job_id,
+                        size_t job_cap);
+
 #endif

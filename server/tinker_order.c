@@ -1,0 +1,188 @@
+/* Per-model ordering of Tinker requests (tinker_api.h): the SDK numbers each training
+ * client's requests (seq_id) and may send them out of order (forward_backward chunks go
+ * concurrently, the first last), while the worker must see them in order. Early requests
+ * wait here; a request repeated by a retry answers the first one's future. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "server/tinker_api.h"
+
+#define ORDER_SEEN_MAX 1024 /* futures remembered per model for repeated seq ids */
+
+struct order_item {
+    int64_t seq;
+    char future_id[TINKER_ID_BYTES];
+    void *payload; /* NULL: a skipped seq (refused at submission) */
+    struct order_item *next;
+};
+
+struct order_seen {
+    int64_t seq;
+    char future_id[TINKER_ID_BYTES];
+};
+
+struct order_model {
+    char model_id[TINKER_ID_BYTES];
+    int64_t next_seq;
+    struct order_item *waiting; /* sorted by seq, all > next_seq - 1 */
+    struct order_seen seen[ORDER_SEEN_MAX];
+    int n_seen, seen_at;        /* a ring once full */
+    struct order_model *next;
+};
+
+struct tinker_order {
+    pthread_mutex_t lock;
+    tinker_order_send_fn send;
+    void (*free_payload)(void *payload);
+    struct order_model *models;
+};
+
+int tinker_order_new(tinker_order_send_fn send, void (*free_payload)(void *), struct tinker_order **out,
+                     struct smelt_error *err) {
+    struct tinker_order *o = calloc(1, sizeof *o);
+    if (!o) return error_set(err, SMELT_ENOMEM, "out of memory");
+    pthread_mutex_init(&o->lock, NULL);
+    o->send = send;
+    o->free_payload = free_payload;
+    *out = o;
+    return 0;
+}
+
+static void items_free(struct tinker_order *o, struct order_item *it) {
+    while (it) {
+        struct order_item *next = it->next;
+        if (it->payload) o->free_payload(it->payload);
+        free(it);
+        it = next;
+    }
+}
+
+void tinker_order_free(struct tinker_order *o) {
+    if (!o) return;
+    for (struct order_model *m = o->models, *next; m; m = next) {
+        next = m->next;
+        items_free(o, m->waiting);
+        free(m);
+    }
+    pthread_mutex_destroy(&o->lock);
+    free(o);
+}
+
+static struct order_model *model_find(struct tinker_order *o, const char *model_id) {
+    for (struct order_model *m = o->models; m; m = m->next)
+        if (strcmp(m->model_id, model_id) == 0) return m;
+    return NULL;
+}
+
+/* The model's state, made (expecting seq 1: create_model is seq 0) when new. */
+static struct order_model *model_get(struct tinker_order *o, const char *model_id) {
+    struct order_model *m = model_find(o, model_id);
+    if (m || strlen(model_id) >= TINKER_ID_BYTES || !(m = calloc(1, sizeof *m))) return m;
+    snprintf(m->model_id, sizeof m->model_id, "%s", model_id);
+    m->next_seq = 1;
+    m->next = o->models;
+    o->models = m;
+    return m;
+}
+
+int tinker_order_open(struct tinker_order *o, const char *model_id, int64_t next_seq, struct smelt_error *err) {
+    pthread_mutex_lock(&o->lock);
+    struct order_model *m = model_get(o, model_id);
+    if (m) {
+        items_free(o, m->waiting);
+        m->waiting = NULL;
+        m->n_seen = m->seen_at = 0;
+        m->next_seq = next_seq;
+    }
+    pthread_mutex_unlock(&o->lock);
+    return m ? 0 : error_set(err, SMELT_ENOMEM, "out of memory ordering requests of %s", model_id);
+}
+
+static void remember(struct order_model *m, int64_t seq, const char *future_id) {
+    struct order_seen *s = &m->seen[m->seen_at];
+    s->seq = seq;
+    snprintf(s->future_id, sizeof s->future_id, "%s", future_id);
+    m->seen_at = (m->seen_at + 1) % ORDER_SEEN_MAX;
+    if (m->n_seen < ORDER_SEEN_MAX) m->n_seen++;
+}
+
+static const char *seen_future(const struct order_model *m, int64_t seq) {
+    for (int i = 0; i < m->n_seen; i++)
+        if (m->seen[i].seq == seq) return m->seen[i].future_id;
+    for (const struct order_item *it = m->waiting; it; it = it->next)
+        if (it->seq == seq && it->payload) return it->future_id;
+    return NULL;
+}
+
+/* Sends every waiting request that is due, in seq order. */
+static void drain(struct tinker_order *o, struct order_model *m, void *ctx) {
+    while (m->waiting && m->waiting->seq == m->next_seq) {
+        struct order_item *it = m->waiting;
+        m->waiting = it->next;
+        m->next_seq++;
+        if (it->payload) o->send(ctx, it->payload, it->future_id);
+        free(it);
+    }
+}
+
+/* A request waiting in seq order; one that comes for a seq passed over earlier (refused
+ * at submission) takes its place. */
+static int insert(struct order_model *m, int64_t seq, const char *future_id, void *payload,
+                  struct smelt_error *err) {
+    struct order_item **at = &m->waiting;
+    while (*at && (*at)->seq < seq) at = &(*at)->next;
+    struct order_item *it = *at && (*at)->seq == seq ? *at : calloc(1, sizeof *it);
+    if (!it) return error_set(err, SMELT_ENOMEM, "out of memory ordering requests");
+    if (it != *at) {
+        it->next = *at;
+        *at = it;
+    } else if (!payload) {
+        return 0; /* passed over twice */
+    }
+    it->seq = seq;
+    snprintf(it->future_id, sizeof it->future_id, "%s", future_id);
+    it->payload = payload;
+    if (future_id[0]) remember(m, seq, future_id);
+    return 0;
+}
+
+int tinker_order_submit(struct tinker_order *o, const char *model_id, int64_t seq, const char *future_id,
+                        void *payload, void *ctx, char *first_id, size_t cap, struct smelt_error *err) {
+    if (first_id && cap) first_id[0] = '\0';
+    pthread_mutex_lock(&o->lock);
+    struct order_model *m = model_get(o, model_id);
+    const char *seen = m ? seen_future(m, seq) : NULL;
+    int rc = 0;
+    if (!m) rc = error_set(err, SMELT_ENOMEM, "out of memory ordering requests of %s", model_id);
+    else if (seen) {
+        if (first_id) snprintf(first_id, cap, "%s", seen);
+        rc = TINKER_ORDER_REPEATED;
+    } else if (seq < m->next_seq)
+        rc = error_set_field(err, SMELT_EINVAL, "seq_id", "seq_id %lld: this model's requests are past it (next: "
+                             "%lld)", (long long)seq, (long long)m->next_seq);
+    else rc = insert(m, seq, future_id ? future_id : "", payload, err);
+    if (rc == 0) drain(o, m, ctx);
+    pthread_mutex_unlock(&o->lock);
+    return rc;
+}
+
+int tinker_order_skip(struct tinker_order *o, const char *model_id, int64_t seq, void *ctx) {
+    struct smelt_error err = {0};
+    int rc = tinker_order_submit(o, model_id, seq, NULL, NULL, ctx, NULL, 0, &err);
+    return rc == TINKER_ORDER_REPEATED ? 0 : rc;
+}
+
+void tinker_order_close(struct tinker_order *o, const char *model_id) {
+    pthread_mutex_lock(&o->lock);
+    for (struct order_model **at = &o->models; *at; at = &(*at)->next) {
+        if (strcmp((*at)->model_id, model_id)) continue;
+        struct order_model *m = *at;
+        *at = m->next;
+        items_free(o, m->waiting);
+        free(m);
+        break;
+    }
+    pthread_mutex_unlock(&o->lock);
+}
