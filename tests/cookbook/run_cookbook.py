@@ -200,7 +200,7 @@ def check(ok, what, failures):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sl-steps", type=int, default=40)
-    ap.add_argument("--rl-iterations", type=int, default=8)
+    ap.add_argument("--rl-iterations", type=int, default=12)
     ap.add_argument("--report", help="write the measured numbers as Markdown to this file")
     args = ap.parse_args()
 
