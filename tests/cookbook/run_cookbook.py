@@ -14,7 +14,7 @@ load the model's own directory):
 It prints the cookbook's metrics (read back from each run's metrics.jsonl): the supervised
 losses, the RL reward per iteration and the sampler-trainer mismatch optim/kl_sample_train_v1,
 and exits non-zero when a loop fails, does not learn, or the mismatch is not exactly 0 on the
-CPU (where sampler and trainer share kernels). --report FILE writes the numbers as Markdown.
+CPU (where sampler and trainer share kernels). --report FILE writes the numbers there too.
 Binaries come from $SMELT_BUILD (default build-cpu)."""
 import argparse
 import asyncio
@@ -201,7 +201,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sl-steps", type=int, default=40)
     ap.add_argument("--rl-iterations", type=int, default=12)
-    ap.add_argument("--report", help="write the measured numbers as Markdown to this file")
+    ap.add_argument("--report", help="write the measured numbers to this file too")
     args = ap.parse_args()
 
     tokenizer_utils.register_tokenizer(BASE, load_base_tokenizer)
