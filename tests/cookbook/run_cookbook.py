@@ -24,6 +24,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib.metadata import version
 
@@ -44,7 +45,7 @@ from tinker_cookbook.supervised.data import FromConversationFileBuilder  # noqa:
 from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from smeltd_harness import ADMIN_KEY, ROOT, Smeltd, make_models_dir  # noqa: E402
+from smeltd_harness import ADMIN_KEY, ROOT, Smeltd, make_models_dir, processes  # noqa: E402
 
 BASE = "addition-base"
 BASE_DIR = os.path.join(ROOT, "tests", "data", "tinker", BASE)
@@ -197,6 +198,20 @@ def check(ok, what, failures):
         failures.append(what)
 
 
+def workers_gone(tmp, timeout=15):
+    """True once no smelt program of this build runs in a job directory under tmp; kills
+    (by pid) what is left after the timeout, so a failed run leaves nothing behind."""
+    def ours():
+        return [pid for pid, (_, _, cwd) in processes().items() if cwd.startswith(os.path.realpath(tmp))]
+    deadline = time.time() + timeout
+    while ours() and time.time() < deadline:
+        time.sleep(0.1)
+    left = ours()
+    for pid in left:
+        os.kill(pid, 9)
+    return not left
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sl-steps", type=int, default=40)
@@ -240,6 +255,7 @@ def main():
     finally:
         if server is not None:
             server.kill()
+            check(workers_gone(tmp), "no smelt worker left running after smeltd stopped", failures)
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:
         print("test-cookbook: %d check(s) failed" % len(failures))
