@@ -25,7 +25,8 @@ struct tinker_fwdbwd {
 };
 
 /* Decodes and checks body (every failure SMELT_EINVAL / SMELT_EUNSUPPORTED naming the
- * field, e.g. "data[2].loss_fn_inputs.weights"). Token ids are not checked against a
+ * field, e.g. "data[2].loss_fn_inputs.weights"); a refused body still leaves model_id and
+ * seq_id set when they could be read (nothing else to free). Token ids are not checked against a
  * vocabulary here: tinker_fwdbwd_check_tokens does that once the model is known. */
 int tinker_fwdbwd_decode(const void *body, size_t len, struct tinker_fwdbwd *out, struct smelt_error *err);
 /* Every input token and every target_tokens value in [0, vocab_size); else SMELT_EINVAL
