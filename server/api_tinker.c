@@ -224,7 +224,7 @@ void tinker_submit(struct server *s, struct store_conn *c, struct http_response 
         reply_future(res, fut, model_id, extra);
         return;
     }
-    log_info("tinker: %s seq %lld of %s is %s", op, (long long)seq, model_id, fut);
+    log_debug("tinker: %s seq %lld of %s is %s", op, (long long)seq, model_id, fut);
     rc = tinker_order_submit(s->tinker_api->order, model_id, seq, fut, x, c, first, sizeof first, &err);
     if (rc) {
         payload_free(x);
