@@ -95,6 +95,19 @@ json_t *tinker_body(const struct http_request *req, struct http_response *res) {
     return server_body_object(req, res);
 }
 
+void tinker_with_body(void *app, struct http_request *req, struct http_response *res,
+                      tinker_body_fn fn) {
+    struct server *s = app;
+    json_t *body = tinker_body(req, res);
+    if (!body) return;
+    struct store_conn *c = server_conn(s, res);
+    if (c) {
+        fn(s, c, res, req->identity.project, body);
+        store_release(s->store, c);
+    }
+    json_decref(body);
+}
+
 int tinker_base_info(struct server *s, const char *base_dir, int64_t *vocab_size, int64_t *max_context,
                      struct smelt_error *err) {
     struct tinker_api *a = s->tinker_api;
@@ -281,15 +294,9 @@ void api_tinker_telemetry(void *app, struct http_request *req, struct http_respo
     http_reply_json(res, 200, json_pack("{s:s}", "status", "accepted"));
 }
 
-void api_tinker_create_session(void *app, struct http_request *req, struct http_response *res) {
-    struct server *s = app;
-    json_t *body = tinker_body(req, res);
-    if (!body) return;
-    struct store_conn *c = server_conn(s, res);
-    if (!c) {
-        json_decref(body);
-        return;
-    }
+static void create_session(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                           const json_t *body) {
+    (void)s;
     char id[HTTP_ID_BYTES];
     server_new_id("sess-", id, sizeof id);
     struct smelt_error err = {0};
@@ -297,33 +304,31 @@ void api_tinker_create_session(void *app, struct http_request *req, struct http_
     const char *sdk = json_string_value(json_object_get(body, "sdk_version"));
     int64_t now = server_now();
     int rc = store_exec(c, &err, "INSERT INTO tinker_sessions (id, project_id, created_at, last_seen, tags, metadata, "
-                        "sdk_version) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssiijjs", id, req->identity.project, now, now,
+                        "sdk_version) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssiijjs", id, project, now, now,
                         json_is_array(tags) ? tags : NULL, json_is_object(meta) ? meta : NULL, sdk);
-    store_release(s->store, c);
-    json_decref(body);
     if (rc < 0) tinker_reply_failure(res, &err, NULL);
     else http_reply_json(res, 200, json_pack("{s:s, s:s}", "type", "create_session", "session_id", id));
 }
 
-void api_tinker_heartbeat(void *app, struct http_request *req, struct http_response *res) {
-    struct server *s = app;
-    json_t *body = tinker_body(req, res);
-    if (!body) return;
-    struct store_conn *c = server_conn(s, res);
-    if (!c) {
-        json_decref(body);
-        return;
-    }
+void api_tinker_create_session(void *app, struct http_request *req, struct http_response *res) {
+    tinker_with_body(app, req, res, create_session);
+}
+
+static void heartbeat(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                      const json_t *body) {
+    (void)s;
     struct smelt_error err = {0};
     const char *id = json_string_value(json_object_get(body, "session_id"));
     int rc = store_exec(c, &err, "UPDATE tinker_sessions SET last_seen = ? WHERE id = ? AND project_id = ?", "iss",
-                        server_now(), id ? id : "", req->identity.project);
-    store_release(s->store, c);
+                        server_now(), id ? id : "", project);
     if (rc == 0) http_reply_error(res, 404, "session_id", "not_found", "session_id: no such session: %.200s",
                                   id ? id : "(none)");
     else if (rc < 0) tinker_reply_failure(res, &err, NULL);
     else http_reply_json(res, 200, json_pack("{s:s}", "type", "session_heartbeat"));
-    json_decref(body);
+}
+
+void api_tinker_heartbeat(void *app, struct http_request *req, struct http_response *res) {
+    tinker_with_body(app, req, res, heartbeat);
 }
 
 void api_tinker_finish(void *app, struct http_request *req, struct http_response *res) {
