@@ -184,7 +184,7 @@ Test(tinker_dispatch, garbage_is_ignored_and_the_dispatcher_keeps_serving) {
     cr_expect_str_eq(next_request(nameless, 100, id, sizeof id, NULL), "", "a peer that is no job's worker");
     hello(w, JOB, 1);
     cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-1");
-    send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b}", "id", "fut-1", "ok", 1));
+    send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{}}", "id", "fut-1", "ok", 1, "result"));
     wait_status("fut-1", "done");
     zmq_close(w);
     zmq_close(nameless);

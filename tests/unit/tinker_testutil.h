@@ -80,7 +80,7 @@ static inline void tinker_insert_future(const char *id, const char *job_id, cons
     struct store_conn *c = tinker_conn();
     struct smelt_error err = {0};
     int rc = store_exec(c, &err, "INSERT INTO tinker_futures (id, project_id, model_id, job_id, op, status, "
-                        "created_at) VALUES (?, 'default', 'm1', ?, 'forward_backward', ?, ?)", "sssi", id, job_id,
+                        "created_at) VALUES (?, 'default', 'm1', ?, 'optim_step', ?, ?)", "sssi", id, job_id,
                         status, created_at);
     cr_assert(rc >= 0, "%s", err.message);
     store_release(tinker_s.store, c);
