@@ -257,9 +257,11 @@ int tinker_job_for_base(struct server *s, struct store_conn *c, struct http_resp
     struct smelt_error err = {0};
     int rc = base_model ? models_resolve(s, c, project, base_model, base_dir, dir_cap, kind, sizeof kind, &err)
                         : error_set(&err, SMELT_EINVAL, "%s is required", field);
-    if (!rc && strcmp(kind, "base") != 0)
-        rc = error_set(&err, SMELT_EUNSUPPORTED, "%s: %s is a fine-tuned %s model; Tinker models start from a base "
-                       "model", field, base_model, kind);
+    /* a job's full model is a base like any other; an adapter is not a whole model */
+    if (!rc && strcmp(kind, "lora") == 0)
+        rc = error_set_field(&err, SMELT_EUNSUPPORTED, field, "%s: %s is a LoRA adapter; Tinker models start from a "
+                             "base or fully fine-tuned model (load a sampler checkpoint's adapter with "
+                             "create_sampling_client(model_path=...))", field, base_model);
     if (!rc) rc = tinker_session_job(s, c, project, base_model, base_dir, job_id, job_cap, &err);
     if (rc == SMELT_ENOTFOUND) {
         http_reply_error(res, 404, field, "model_not_found", "%s: no such model: %.200s (GET /v1/models lists them)",
@@ -364,9 +366,28 @@ static json_t *capability(struct server *s, const char *name) {
                      "sampleable", 1);
 }
 
+/* The project's fully fine-tuned models (job outputs), trainable further. */
+static void full_models(struct server *s, const char *project, json_t *list) {
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(s->store, &err);
+    json_t *rows = NULL, *row;
+    if (!c || store_query(c, &rows, &err, "SELECT id, path FROM models WHERE project_id = ? AND kind = 'full' AND "
+                          "deleted = 0 ORDER BY created_at", "s", project) != 0)
+        log_warn("tinker: capabilities: %s", err.message);
+    if (c) store_release(s->store, c);
+    size_t i;
+    json_array_foreach(rows, i, row) {
+        int64_t vocab, ctx;
+        if (tinker_base_info(s, json_string_value(json_object_get(row, "path")), &vocab, &ctx, &err) == 0)
+            json_array_append_new(list, json_pack("{s:O, s:I, s:b, s:b}", "model_name", json_object_get(row, "id"),
+                                                  "max_context_length", (json_int_t)ctx, "trainable", 1,
+                                                  "sampleable", 1));
+    }
+    json_decref(rows);
+}
+
 void api_tinker_capabilities(void *app, struct http_request *req, struct http_response *res) {
     struct server *s = app;
-    (void)req;
     json_t *list = json_array();
     DIR *d = opendir(s->models_dir);
     for (struct dirent *e; d && list && (e = readdir(d));) {
@@ -374,6 +395,7 @@ void api_tinker_capabilities(void *app, struct http_request *req, struct http_re
         if (m) json_array_append_new(list, m);
     }
     if (d) closedir(d);
+    if (list) full_models(s, req->identity.project, list);
     if (!list) http_reply_error(res, 500, NULL, NULL, "out of memory");
     else http_reply_json(res, 200, json_pack("{s:o}", "supported_models", list));
 }
