@@ -95,6 +95,19 @@ json_t *tinker_body(const struct http_request *req, struct http_response *res) {
     return server_body_object(req, res);
 }
 
+void tinker_with_body(void *app, struct http_request *req, struct http_response *res,
+                      tinker_body_fn fn) {
+    struct server *s = app;
+    json_t *body = tinker_body(req, res);
+    if (!body) return;
+    struct store_conn *c = server_conn(s, res);
+    if (c) {
+        fn(s, c, res, req->identity.project, body);
+        store_release(s->store, c);
+    }
+    json_decref(body);
+}
+
 int tinker_base_info(struct server *s, const char *base_dir, int64_t *vocab_size, int64_t *max_context,
                      struct smelt_error *err) {
     struct tinker_api *a = s->tinker_api;
@@ -224,6 +237,7 @@ void tinker_submit(struct server *s, struct store_conn *c, struct http_response 
         reply_future(res, fut, model_id, extra);
         return;
     }
+    log_debug("tinker: %s seq %lld of %s is %s", op, (long long)seq, model_id, fut);
     rc = tinker_order_submit(s->tinker_api->order, model_id, seq, fut, x, c, first, sizeof first, &err);
     if (rc) {
         payload_free(x);
@@ -243,9 +257,11 @@ int tinker_job_for_base(struct server *s, struct store_conn *c, struct http_resp
     struct smelt_error err = {0};
     int rc = base_model ? models_resolve(s, c, project, base_model, base_dir, dir_cap, kind, sizeof kind, &err)
                         : error_set(&err, SMELT_EINVAL, "%s is required", field);
-    if (!rc && strcmp(kind, "base") != 0)
-        rc = error_set(&err, SMELT_EUNSUPPORTED, "%s: %s is a fine-tuned %s model; Tinker models start from a base "
-                       "model", field, base_model, kind);
+    /* a job's full model is a base like any other; an adapter is not a whole model */
+    if (!rc && strcmp(kind, "lora") == 0)
+        rc = error_set_field(&err, SMELT_EUNSUPPORTED, field, "%s: %s is a LoRA adapter; Tinker models start from a "
+                             "base or fully fine-tuned model (load a sampler checkpoint's adapter with "
+                             "create_sampling_client(model_path=...))", field, base_model);
     if (!rc) rc = tinker_session_job(s, c, project, base_model, base_dir, job_id, job_cap, &err);
     if (rc == SMELT_ENOTFOUND) {
         http_reply_error(res, 404, field, "model_not_found", "%s: no such model: %.200s (GET /v1/models lists them)",
@@ -280,15 +296,9 @@ void api_tinker_telemetry(void *app, struct http_request *req, struct http_respo
     http_reply_json(res, 200, json_pack("{s:s}", "status", "accepted"));
 }
 
-void api_tinker_create_session(void *app, struct http_request *req, struct http_response *res) {
-    struct server *s = app;
-    json_t *body = tinker_body(req, res);
-    if (!body) return;
-    struct store_conn *c = server_conn(s, res);
-    if (!c) {
-        json_decref(body);
-        return;
-    }
+static void create_session(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                           const json_t *body) {
+    (void)s;
     char id[HTTP_ID_BYTES];
     server_new_id("sess-", id, sizeof id);
     struct smelt_error err = {0};
@@ -296,33 +306,31 @@ void api_tinker_create_session(void *app, struct http_request *req, struct http_
     const char *sdk = json_string_value(json_object_get(body, "sdk_version"));
     int64_t now = server_now();
     int rc = store_exec(c, &err, "INSERT INTO tinker_sessions (id, project_id, created_at, last_seen, tags, metadata, "
-                        "sdk_version) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssiijjs", id, req->identity.project, now, now,
+                        "sdk_version) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssiijjs", id, project, now, now,
                         json_is_array(tags) ? tags : NULL, json_is_object(meta) ? meta : NULL, sdk);
-    store_release(s->store, c);
-    json_decref(body);
     if (rc < 0) tinker_reply_failure(res, &err, NULL);
     else http_reply_json(res, 200, json_pack("{s:s, s:s}", "type", "create_session", "session_id", id));
 }
 
-void api_tinker_heartbeat(void *app, struct http_request *req, struct http_response *res) {
-    struct server *s = app;
-    json_t *body = tinker_body(req, res);
-    if (!body) return;
-    struct store_conn *c = server_conn(s, res);
-    if (!c) {
-        json_decref(body);
-        return;
-    }
+void api_tinker_create_session(void *app, struct http_request *req, struct http_response *res) {
+    tinker_with_body(app, req, res, create_session);
+}
+
+static void heartbeat(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                      const json_t *body) {
+    (void)s;
     struct smelt_error err = {0};
     const char *id = json_string_value(json_object_get(body, "session_id"));
     int rc = store_exec(c, &err, "UPDATE tinker_sessions SET last_seen = ? WHERE id = ? AND project_id = ?", "iss",
-                        server_now(), id ? id : "", req->identity.project);
-    store_release(s->store, c);
+                        server_now(), id ? id : "", project);
     if (rc == 0) http_reply_error(res, 404, "session_id", "not_found", "session_id: no such session: %.200s",
                                   id ? id : "(none)");
     else if (rc < 0) tinker_reply_failure(res, &err, NULL);
     else http_reply_json(res, 200, json_pack("{s:s}", "type", "session_heartbeat"));
-    json_decref(body);
+}
+
+void api_tinker_heartbeat(void *app, struct http_request *req, struct http_response *res) {
+    tinker_with_body(app, req, res, heartbeat);
 }
 
 void api_tinker_finish(void *app, struct http_request *req, struct http_response *res) {
@@ -358,9 +366,28 @@ static json_t *capability(struct server *s, const char *name) {
                      "sampleable", 1);
 }
 
+/* The project's fully fine-tuned models (job outputs), trainable further. */
+static void full_models(struct server *s, const char *project, json_t *list) {
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(s->store, &err);
+    json_t *rows = NULL, *row;
+    if (!c || store_query(c, &rows, &err, "SELECT id, path FROM models WHERE project_id = ? AND kind = 'full' AND "
+                          "deleted = 0 ORDER BY created_at", "s", project) != 0)
+        log_warn("tinker: capabilities: %s", err.message);
+    if (c) store_release(s->store, c);
+    size_t i;
+    json_array_foreach(rows, i, row) {
+        int64_t vocab, ctx;
+        if (tinker_base_info(s, json_string_value(json_object_get(row, "path")), &vocab, &ctx, &err) == 0)
+            json_array_append_new(list, json_pack("{s:O, s:I, s:b, s:b}", "model_name", json_object_get(row, "id"),
+                                                  "max_context_length", (json_int_t)ctx, "trainable", 1,
+                                                  "sampleable", 1));
+    }
+    json_decref(rows);
+}
+
 void api_tinker_capabilities(void *app, struct http_request *req, struct http_response *res) {
     struct server *s = app;
-    (void)req;
     json_t *list = json_array();
     DIR *d = opendir(s->models_dir);
     for (struct dirent *e; d && list && (e = readdir(d));) {
@@ -368,6 +395,7 @@ void api_tinker_capabilities(void *app, struct http_request *req, struct http_re
         if (m) json_array_append_new(list, m);
     }
     if (d) closedir(d);
+    if (list) full_models(s, req->identity.project, list);
     if (!list) http_reply_error(res, 500, NULL, NULL, "out of memory");
     else http_reply_json(res, 200, json_pack("{s:o}", "supported_models", list));
 }

@@ -71,23 +71,8 @@ static void create_sampler(struct server *s, struct store_conn *c, struct http_r
     else http_reply_json(res, 200, json_pack("{s:s, s:s}", "type", "create_sampling_session", "sampling_session_id", id));
 }
 
-/* Runs fn with the body and a store connection; both released after. */
-static void with_body(void *app, struct http_request *req, struct http_response *res,
-                      void (*fn)(struct server *, struct store_conn *, struct http_response *, const char *,
-                                 const json_t *)) {
-    struct server *s = app;
-    json_t *body = tinker_body(req, res);
-    if (!body) return;
-    struct store_conn *c = server_conn(s, res);
-    if (c) {
-        fn(s, c, res, req->identity.project, body);
-        store_release(s->store, c);
-    }
-    json_decref(body);
-}
-
 void api_tinker_create_sampler(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, create_sampler);
+    tinker_with_body(app, req, res, create_sampler);
 }
 
 static json_t *sampler_row(struct store_conn *c, struct http_response *res, const char *project, const char *id) {
@@ -210,5 +195,5 @@ static void asample(struct server *s, struct store_conn *c, struct http_response
 }
 
 void api_tinker_asample(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, asample);
+    tinker_with_body(app, req, res, asample);
 }

@@ -113,23 +113,8 @@ static void create_model(struct server *s, struct store_conn *c, struct http_res
     json_decref(lora);
 }
 
-/* Runs fn with the body and a store connection; both released after. */
-static void with_body(void *app, struct http_request *req, struct http_response *res,
-                      void (*fn)(struct server *, struct store_conn *, struct http_response *, const char *,
-                                 const json_t *)) {
-    struct server *s = app;
-    json_t *body = tinker_body(req, res);
-    if (!body) return;
-    struct store_conn *c = server_conn(s, res);
-    if (c) {
-        fn(s, c, res, req->identity.project, body);
-        store_release(s->store, c);
-    }
-    json_decref(body);
-}
-
 void api_tinker_create_model(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, create_model);
+    tinker_with_body(app, req, res, create_model);
 }
 
 static void get_info(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
@@ -150,7 +135,7 @@ static void get_info(struct server *s, struct store_conn *c, struct http_respons
 }
 
 void api_tinker_get_info(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, get_info);
+    tinker_with_body(app, req, res, get_info);
 }
 
 static void forward_backward(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
@@ -234,7 +219,7 @@ static void optim_step(struct server *s, struct store_conn *c, struct http_respo
 }
 
 void api_tinker_optim_step(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, optim_step);
+    tinker_with_body(app, req, res, optim_step);
 }
 
 /* DATA/tinker/<model>/<segment>/<name> for a save: the parent made, the directory itself
@@ -303,7 +288,7 @@ static void save_weights(struct server *s, struct store_conn *c, struct http_res
 }
 
 void api_tinker_save_weights(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, save_weights);
+    tinker_with_body(app, req, res, save_weights);
 }
 
 /* save_weights_and_get_sampling_client: a snapshot adapter under DATA/tinker/<model>/samplers/<n>
@@ -352,7 +337,7 @@ static void save_for_sampler(struct server *s, struct store_conn *c, struct http
 }
 
 void api_tinker_save_for_sampler(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, save_for_sampler);
+    tinker_with_body(app, req, res, save_for_sampler);
 }
 
 /* The project's checkpoint row of a tinker:// path (404 naming path), of kind "training". */
@@ -425,5 +410,5 @@ static void load_weights(struct server *s, struct store_conn *c, struct http_res
 }
 
 void api_tinker_load_weights(void *app, struct http_request *req, struct http_response *res) {
-    with_body(app, req, res, load_weights);
+    tinker_with_body(app, req, res, load_weights);
 }

@@ -25,7 +25,8 @@ struct tinker_fwdbwd {
 };
 
 /* Decodes and checks body (every failure SMELT_EINVAL / SMELT_EUNSUPPORTED naming the
- * field, e.g. "data[2].loss_fn_inputs.weights"). Token ids are not checked against a
+ * field, e.g. "data[2].loss_fn_inputs.weights"); a refused body still leaves model_id and
+ * seq_id set when they could be read (nothing else to free). Token ids are not checked against a
  * vocabulary here: tinker_fwdbwd_check_tokens does that once the model is known. */
 int tinker_fwdbwd_decode(const void *body, size_t len, struct tinker_fwdbwd *out, struct smelt_error *err);
 /* Every input token and every target_tokens value in [0, vocab_size); else SMELT_EINVAL
@@ -142,6 +143,11 @@ int tinker_submit_quiet(struct server *s, struct store_conn *c, const char *proj
                         struct smelt_error *err);
 /* A body JSON object or a 400 reply (NULL). */
 json_t *tinker_body(const struct http_request *req, struct http_response *res);
+/* A handler's work on its JSON body with a store connection (project: the key's). */
+typedef void (*tinker_body_fn)(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                               const json_t *body);
+/* Runs fn with the request's body and a store connection (replies 400 / 503 without them). */
+void tinker_with_body(void *app, struct http_request *req, struct http_response *res, tinker_body_fn fn);
 /* The project's session job for base model name (resolved like a job's model); fills
  * base_dir. Replies on failure (non-zero). */
 int tinker_job_for_base(struct server *s, struct store_conn *c, struct http_response *res, const char *project,

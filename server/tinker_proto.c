@@ -214,7 +214,14 @@ int tinker_fwdbwd_decode(const void *body, size_t len, struct tinker_fwdbwd *out
     tinker_public__forward_backward_request__free_unpacked(m, NULL);
     for (int i = 0; i < 3; i++) out->arrays[i] = (struct msg_array){f[i].data, f[i].bytes};
     out->n_arrays = 3;
-    if (rc) tinker_fwdbwd_free(out);
+    if (rc) { /* model_id and seq_id outlive a refusal: the caller passes the seq over */
+        char id[sizeof out->model_id];
+        int64_t seq = out->seq_id;
+        memcpy(id, out->model_id, sizeof id);
+        tinker_fwdbwd_free(out);
+        memcpy(out->model_id, id, sizeof id);
+        out->seq_id = seq;
+    }
     return rc;
 }
 
