@@ -422,6 +422,78 @@ Test(tinker_worker, sampled_logprobs_equal_forward_logprobs) {
     tinker_worker_free(w);
 }
 
+/* A sample request: model (NULL: the base), 2 samples of 8 tokens at temperature 1. */
+static struct msg sample_msg(const char *model, int seed, int first_token, bool prompt_lps) {
+    json_t *h = json_pack("{s:i, s:i, s:f, s:i, s:b}", "num_samples", 2, "max_tokens", 8, "temperature", 1.0,
+                          "seed", seed, "prompt_logprobs", prompt_lps);
+    if (model) json_object_set_new(h, "model_id", json_string(model));
+    int32_t prompt[] = {first_token, 17, 33, 49, 65, 3};
+    struct msg m = request("sample", h);
+    m.arrays[0] = (struct msg_array){dup_bytes(prompt, sizeof prompt), sizeof prompt};
+    m.n_arrays = 1;
+    return m;
+}
+
+Test(tinker_worker, samples_of_four_models_batched_equal_each_alone) {
+    struct tinker_worker *w = worker_new();
+    const char *ids[4] = {"m0", "m1", "m2", "m3"};
+    const struct td *data[4] = {&DA, &DB, &DC, &DA};
+    for (int i = 0; i < 4; i++) {
+        create(w, ids[i], 4 + 4 * (i % 2), 20 + i);
+        ce(w, "forward_backward", ids[i], data[i], 1, NULL);
+        optim(w, ids[i], 5e-2 * (i + 1)); /* four different non-zero adapters */
+    }
+    /* The four models and the base, all with the same prompt and seed: only the adapter differs. */
+    enum { N = 5 };
+    struct msg reqs[N];
+    const struct msg *ptrs[N];
+    for (int i = 0; i < N; i++) reqs[i] = sample_msg(i < 4 ? ids[i] : NULL, 9, 1, i == 2), ptrs[i] = &reqs[i];
+    struct tinker_reply outs[N];
+    int rcs[N];
+    struct smelt_error errs[N];
+    memset(errs, 0, sizeof errs);
+    TEST_OK(tinker_sample_batch(w, ptrs, N, outs, rcs, errs), &errs[0]);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(rcs[i], 0, "request %d: %s", i, errs[i].message);
+        struct tinker_reply alone = ok(w, sample_msg(i < 4 ? ids[i] : NULL, 9, 1, i == 2));
+        cr_assert_eq(alone.n_arrays, outs[i].n_arrays, "request %d", i);
+        char *a = json_dumps(alone.result, JSON_SORT_KEYS), *b = json_dumps(outs[i].result, JSON_SORT_KEYS);
+        cr_expect_str_eq(a, b, "request %d: sequences differ", i);
+        free(a), free(b);
+        for (int k = 0; k < alone.n_arrays; k++)
+            cr_expect(alone.arrays[k].bytes == outs[i].arrays[k].bytes &&
+                          memcmp(alone.arrays[k].data, outs[i].arrays[k].data, alone.arrays[k].bytes) == 0,
+                      "request %d frame %d: batched differs from alone", i, k + 2);
+        tinker_reply_free(&alone);
+    }
+    /* Each adapter shows: the first sampled logprob differs from the base's. */
+    for (int i = 0; i < 4; i++)
+        cr_expect(memcmp(outs[i].arrays[1].data, outs[4].arrays[1].data, sizeof(float)) != 0, "model %d = base", i);
+    for (int i = 0; i < N; i++) tinker_reply_free(&outs[i]), msg_free(&reqs[i]);
+    tinker_worker_free(w);
+}
+
+Test(tinker_worker, a_bad_request_in_a_batch_fails_alone) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 11);
+    struct msg reqs[3] = {sample_msg("m", 1, 1, false), sample_msg("nobody", 1, 1, false),
+                          fwd_request("forward", "m", "cross_entropy", NULL, &DA, 1)};
+    const struct msg *ptrs[3] = {&reqs[0], &reqs[1], &reqs[2]};
+    struct tinker_reply outs[3];
+    int rcs[3];
+    struct smelt_error errs[3];
+    memset(errs, 0, sizeof errs);
+    TEST_OK(tinker_sample_batch(w, ptrs, 3, outs, rcs, errs), &errs[0]);
+    cr_expect_eq(rcs[0], 0, "%s", errs[0].message);
+    cr_expect_eq(rcs[1], SMELT_ENOTFOUND, "%s", errs[1].message);
+    cr_expect_str_eq(errs[1].field, "model_id");
+    cr_expect_eq(rcs[2], SMELT_EINVAL, "%s", errs[2].message);
+    cr_expect_str_eq(errs[2].field, "op");
+    cr_expect_eq(outs[1].n_arrays, 0);
+    for (int i = 0; i < 3; i++) tinker_reply_free(&outs[i]), msg_free(&reqs[i]);
+    tinker_worker_free(w);
+}
+
 /* ---- the ZeroMQ loop ---- */
 
 struct served {
