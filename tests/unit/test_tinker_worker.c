@@ -593,3 +593,64 @@ Test(tinker_worker, zeromq_loop_answers_and_survives_garbage) {
     zmq_ctx_term(ctx);
     tinker_worker_free(s.w);
 }
+
+/* Requests sent back to back: the samples waiting together run as one batch, a request
+ * of another op ends the batch and runs after it, every result comes in order and each
+ * sample's equals what the request gives alone. */
+Test(tinker_worker, zeromq_loop_batches_waiting_samples_in_order) {
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER);
+    cr_assert(router);
+    cr_assert_eq(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    char ep[256];
+    size_t len = sizeof ep;
+    cr_assert_eq(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len), 0);
+    struct served s = {.w = worker_new(), .dealer = zmq_socket(ctx, ZMQ_DEALER)};
+    create(s.w, "a", 4, 1), create(s.w, "b", 8, 2);
+    ce(s.w, "forward_backward", "a", &DA, 1, NULL), optim(s.w, "a", 5e-2);
+    ce(s.w, "forward_backward", "b", &DB, 1, NULL), optim(s.w, "b", 5e-2);
+    cr_assert_eq(zmq_setsockopt(s.dealer, ZMQ_ROUTING_ID, "job-1.2", 7), 0);
+    cr_assert_eq(zmq_connect(s.dealer, ep), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, serve_thread, &s), 0);
+    struct msg hello = {0};
+    struct smelt_error err = {0};
+    TEST_OK(msg_recv(router, true, 10000, &hello, &err), &err);
+    /* a forward_backward first keeps the worker busy while the rest queue up */
+    enum { N = 7 };
+    const char *ids[N] = {"fb", "s0", "s1", "s2", "f", "s3", "s4"};
+    const char *model[N] = {"a", "a", "b", NULL, "b", "b", "a"};
+    for (int i = 0; i < N; i++) {
+        struct msg q = ids[i][0] == 's' ? sample_msg(model[i], 30 + i, 2 + i, false)
+                                        : fwd_request(i ? "forward" : "forward_backward", model[i], "cross_entropy",
+                                                      NULL, &DA, 1);
+        json_object_set_new(q.header, "id", json_string(ids[i]));
+        TEST_OK(msg_send(router, hello.route, hello.route_len, q.type, q.header, q.arrays, q.n_arrays, &err), &err);
+        msg_free(&q);
+    }
+    struct msg res[N];
+    for (int i = 0; i < N; i++) {
+        res[i] = next_result(router);
+        cr_expect_str_eq(json_string_value(json_object_get(res[i].header, "id")), ids[i], "result %d out of order", i);
+        cr_expect(json_is_true(json_object_get(res[i].header, "ok")), "%s", json_dumps(res[i].header, 0));
+    }
+    atomic_store(&s.stop, 1);
+    pthread_join(th, NULL);
+    cr_expect_eq(s.rc, 0);
+    for (int i = 0; i < N; i++) {
+        if (ids[i][0] == 's') {
+            struct tinker_reply alone = ok(s.w, sample_msg(model[i], 30 + i, 2 + i, false));
+            cr_assert_eq(alone.n_arrays, res[i].n_arrays);
+            for (int k = 0; k < alone.n_arrays; k++)
+                cr_expect(alone.arrays[k].bytes == res[i].arrays[k].bytes &&
+                              memcmp(alone.arrays[k].data, res[i].arrays[k].data, alone.arrays[k].bytes) == 0,
+                          "%s frame %d differs from the request alone", ids[i], k + 2);
+            tinker_reply_free(&alone);
+        }
+        msg_free(&res[i]);
+    }
+    msg_free(&hello);
+    zmq_close(s.dealer);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    tinker_worker_free(s.w);
+}
