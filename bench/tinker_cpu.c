@@ -10,12 +10,14 @@
  *       temperature 1 (the model's eos may end a sample early: tokens are counted as
  *       generated), all batched in one engine run (tinker_sample_batch: S-LoRA style),
  *       one model after another (a batch per model), and one request after another (the
- *       worker before batching); tokens/s and the ratios;
+ *       worker before batching); tokens/s and the ratios, each mode's best of --rounds
+ *       (the modes interleaved: a busy machine's stalls hit each alike);
  *   (c) the worker's forward_backward of one request (--fb-data sequences of --fb-tokens
  *       tokens, cross_entropy) through tinker_handle, median of --reps.
  *
  *   tinker_cpu [--model DIR | --random-config DIR] [--rank R] [--prompts N] [--samples N]
- *              [--tokens N] [--fb-data N] [--fb-tokens N] [--reps N] [--kv-cache-mb MB] [--json]
+ *              [--tokens N] [--fb-data N] [--fb-tokens N] [--reps N] [--rounds N] [--kv-cache-mb MB]
+ *              [--json]
  *
  * Defaults: examples/tiny's config with random weights (seed 1: nearly uniform logits,
  * so samples rarely meet eos and run their --tokens; tests/data/tinker/addition-base,
@@ -37,7 +39,7 @@
 struct options {
     const char *model_dir;      /* NULL: random weights from random_config */
     const char *random_config;
-    int64_t rank, prompts, samples, tokens, fb_data, fb_tokens, reps, kv_cache_mb;
+    int64_t rank, prompts, samples, tokens, fb_data, fb_tokens, reps, rounds, kv_cache_mb;
     bool json;
 };
 
@@ -61,14 +63,16 @@ static int64_t peak_rss(void) {
 
 static int parse(int argc, char **argv, struct options *o, struct smelt_error *err) {
     *o = (struct options){.random_config = "examples/tiny", .rank = 8, .prompts = 8, .samples = 4,
-                          .tokens = 32, .fb_data = 8, .fb_tokens = 32, .reps = 5, .kv_cache_mb = 64};
+                          .tokens = 32, .fb_data = 8, .fb_tokens = 32, .reps = 5, .rounds = 3,
+                          .kv_cache_mb = 64};
     struct {
         const char *flag;
         int64_t *field, max;
     } ints[] = {{"--rank", &o->rank, 256},       {"--prompts", &o->prompts, MAX_REQS / N_MODELS},
                 {"--samples", &o->samples, 256}, {"--tokens", &o->tokens, 1 << 16},
                 {"--fb-data", &o->fb_data, 256}, {"--fb-tokens", &o->fb_tokens, 1 << 16},
-                {"--reps", &o->reps, 1000},      {"--kv-cache-mb", &o->kv_cache_mb, 1 << 20}};
+                {"--reps", &o->reps, 1000},      {"--rounds", &o->rounds, 1000},
+                {"--kv-cache-mb", &o->kv_cache_mb, 1 << 20}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (strcmp(a, "--json") == 0) {
@@ -238,11 +242,18 @@ static int sampling_bench(struct tinker_worker *w, const struct options *o, stru
     double warm_secs;
     int rc = sample_mode(w, PER_MODEL, o, outs[0], &warm_tokens, &warm_secs, err); /* warm-up, untimed */
     for (int i = 0; i < n; i++) tinker_reply_free(&outs[0][i]);
-    for (int m = 0; !rc && m < N_MODES; m++) rc = sample_mode(w, (enum mode)m, o, outs[m], &s->tokens[m], &s->secs[m], err);
-    s->identical = !rc && same_replies(outs[ALL_BATCHED], outs[PER_MODEL], n) &&
-                   same_replies(outs[ALL_BATCHED], outs[ONE_BY_ONE], n);
-    for (int m = 0; m < N_MODES; m++)
-        for (int i = 0; i < n; i++) tinker_reply_free(&outs[m][i]);
+    s->identical = true;
+    for (int64_t r = 0; !rc && r < o->rounds; r++) {
+        for (int m = 0; !rc && m < N_MODES; m++) {
+            double secs;
+            rc = sample_mode(w, (enum mode)m, o, outs[m], &s->tokens[m], &secs, err);
+            if (r == 0 || secs < s->secs[m]) s->secs[m] = secs;
+        }
+        s->identical &= !rc && same_replies(outs[ALL_BATCHED], outs[PER_MODEL], n) &&
+                        same_replies(outs[ALL_BATCHED], outs[ONE_BY_ONE], n);
+        for (int m = 0; m < N_MODES; m++)
+            for (int i = 0; i < n; i++) tinker_reply_free(&outs[m][i]);
+    }
     return rc;
 }
 
@@ -330,8 +341,8 @@ static void print_table(const struct options *o, const struct memory *m, const s
     printf("    by count: base + %d models                %8.1f  (the last %d models: measured / counted %.2f)\n",
            N_MODELS, mib(want), N_MODELS - 1,
            (double)(m->rss_models - m->rss_one) / (double)((N_MODELS - 1) * m->model_bytes));
-    printf("(b) sampling, %d models x %lld prompts x %lld samples x <= %lld tokens, temperature 1\n", N_MODELS,
-           (long long)o->prompts, (long long)o->samples, (long long)o->tokens);
+    printf("(b) sampling, %d models x %lld prompts x %lld samples x <= %lld tokens, temperature 1, best of %lld\n",
+           N_MODELS, (long long)o->prompts, (long long)o->samples, (long long)o->tokens, (long long)o->rounds);
     for (int k = 0; k < N_MODES; k++)
         printf("    %-28s %7lld tokens %8.3f s %9.1f tok/s  x%.2f\n", MODE_NAMES[k], (long long)s->tokens[k],
                s->secs[k], (double)s->tokens[k] / s->secs[k], s->secs[k] / s->secs[ALL_BATCHED]);
