@@ -126,7 +126,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 BENCH_GPU_SRCS := $(wildcard bench/gpu/*.c)
 BENCH_GPU_BINS := $(BENCH_GPU_SRCS:bench/gpu/%.c=$(BUILD)/bench/gpu/%)
 
-.PHONY: all deps deps-test install-pkgs nccl-status test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu run bench \
+.PHONY: all deps deps-test install-pkgs nccl-status test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu test-cookbook run bench \
         clean help cuda-check
 
 all: $(LIB) $(BINS) $(BENCH_BINS)
@@ -139,6 +139,7 @@ help:
 	@echo "make test-gpu   compare every CUDA op with the CPU backend (skips without a GPU)"
 	@echo "make bench      run the CPU benchmarks (bench/)"
 	@echo "make test-parity  smelt-saved models and adapters against transformers/PEFT (needs torch, transformers, peft)"
+	@echo "make test-cookbook  tinker-cookbook's SL and RL loops against smeltd (installs the cookbook, torch, transformers)"
 	@echo "make run        install what is missing, build, start the service"
 	@echo "options: SANITIZE=1 (ASan+UBSan), TSAN=1 (ThreadSanitizer; make test leaves out the browser test), CUDA=0|1, CUDA_ARCH=90"
 
@@ -301,6 +302,20 @@ test-integration: $(BINS)
 	$(tsan_begin)
 	$(TEST_ENV) SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 	$(tsan_end)
+
+# tinker-cookbook's own supervised and RL loops through the official SDK against a real
+# smeltd (tests/cookbook/run_cookbook.py; not part of `make test`: it pulls torch and
+# transformers). The cookbook goes in without its dependencies: they come from
+# requirements.txt, which leaves out a pin the package index cannot satisfy (see there).
+test-cookbook: $(BINS)
+	@$(PYTHON) -c "import tinker_cookbook, chz, blobfile, tiktoken" 2>/dev/null || { \
+	  { $(PYTHON) -m pip install -q --disable-pip-version-check -r tests/cookbook/requirements.txt || \
+	    $(PYTHON) -m pip install -q --disable-pip-version-check --break-system-packages \
+	      -r tests/cookbook/requirements.txt; } && \
+	  { $(PYTHON) -m pip install -q --disable-pip-version-check --no-deps -r tests/cookbook/requirements-nodeps.txt || \
+	    $(PYTHON) -m pip install -q --disable-pip-version-check --break-system-packages --no-deps \
+	      -r tests/cookbook/requirements-nodeps.txt; }; }
+	SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 $(PYTHON) tests/cookbook/run_cookbook.py
 
 # The web page in headless Chromium (selenium); saves tests/e2e/artifacts/page.png.
 test-e2e: $(BINS)

@@ -61,7 +61,8 @@ int tinker_prompt_logprobs(struct model *base, const int32_t *ids, int64_t n, in
         memcpy(plp + 1, lp, (size_t)(n - 1) * sizeof *plp);
     }
     for (int64_t j = 0; !rc && j < k; j++) topk_ids[j] = -1, topk_lps[j] = NAN;
-    for (int64_t t = 1; !rc && k > 0 && t < n; t++) row_topk(logits + (t - 1) * V, V, k, topk_ids + t * k, topk_lps + t * k);
+    for (int64_t t = 1; !rc && k > 0 && t < n; t++) /* no logits were computed when k = 0 */
+        row_topk(logits + (t - 1) * V, V, k, topk_ids + t * k, topk_lps + t * k);
     free(lp);
     free(logits);
     return rc;

@@ -491,6 +491,27 @@ Test(tinker_worker, a_bad_request_in_a_batch_fails_alone) {
     cr_expect_str_eq(errs[2].field, "op");
     cr_expect_eq(outs[1].n_arrays, 0);
     for (int i = 0; i < 3; i++) tinker_reply_free(&outs[i]), msg_free(&reqs[i]);
+/* prompt_logprobs alone (no top-k), as the SDK's compute_logprobs asks: a forward's logprobs
+ * after the first position's none. */
+Test(tinker_worker, prompt_logprobs_without_topk) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 12);
+    int32_t prompt[] = {1, 17, 33, 49, 65};
+    struct msg m = request("sample", json_pack("{s:s, s:i, s:i, s:b}", "model_id", "m", "num_samples", 1,
+                                               "max_tokens", 1, "prompt_logprobs", 1));
+    m.arrays[0] = (struct msg_array){dup_bytes(prompt, sizeof prompt), sizeof prompt};
+    m.n_arrays = 1;
+    struct tinker_reply r = ok(w, m);
+    cr_assert_eq(r.n_arrays, 3);
+    const float *plp = r.arrays[2].data;
+    cr_assert_eq(r.arrays[2].bytes, 5 * sizeof(float));
+    cr_expect(isnan(plp[0]));
+    int32_t tok[4] = {1, 17, 33, 49}, tgt[4] = {17, 33, 49, 65};
+    float wts[4] = {1, 1, 1, 1}, lp[4];
+    struct td d = {4, tok, tgt, wts, NULL};
+    ce(w, "forward", "m", &d, 1, lp);
+    cr_expect(memcmp(lp, plp + 1, sizeof lp) == 0, "prompt logprobs differ from the forward's");
+    tinker_reply_free(&r);
     tinker_worker_free(w);
 }
 
