@@ -491,6 +491,9 @@ Test(tinker_worker, a_bad_request_in_a_batch_fails_alone) {
     cr_expect_str_eq(errs[2].field, "op");
     cr_expect_eq(outs[1].n_arrays, 0);
     for (int i = 0; i < 3; i++) tinker_reply_free(&outs[i]), msg_free(&reqs[i]);
+    tinker_worker_free(w);
+}
+
 /* prompt_logprobs alone (no top-k), as the SDK's compute_logprobs asks: a forward's logprobs
  * after the first position's none. */
 Test(tinker_worker, prompt_logprobs_without_topk) {
