@@ -93,6 +93,39 @@ struct model_adapter {
                          struct tensor *dx, struct smelt_error *err);
 };
 
+/* Several adapters in one pass (S-LoRA / Punica: adapters applied unmerged, each row
+ * through its own): a model_adapter whose hooks call each segment's adapter on that
+ * segment's rows only, as views, and no adapter on rows no segment covers. Rows are the
+ * pass's token rows for the linears and its lm_head rows for the head (the paged step
+ * computes one lm_head row per sequence, so there they are sequence indices). Each
+ * segment's adapter sees its rows as a batch of its own (the head's row0 counts from
+ * the segment's first head row), so with row-independent kernels (the CPU's
+ * batch-invariant mode) every row gets the bits a pass of that adapter alone gives it.
+ *
+ * Usage: model_segments_init, model_segments_push for each range (in any order,
+ * non-overlapping), put &s->adapter on model->adapter for the pass, then restore what
+ * was there; model_segments_clear for the next pass, model_segments_free at the end.
+ * Ownership: the segment list is the struct's; adapters are borrowed. */
+struct model_adapter_segment {
+    int64_t row_begin, row_end;    /* token rows [begin, end) */
+    int64_t head_begin, head_end;  /* lm_head rows [begin, end) */
+    const struct model_adapter *adapter; /* NULL: the base alone */
+};
+
+struct model_segmented_adapter {
+    struct model_adapter adapter;  /* its hooks; ctx is this struct */
+    struct model_adapter_segment *segs;
+    int n, cap;
+};
+
+void model_segments_init(struct model_segmented_adapter *s);
+/* Appends a segment (an empty range is skipped); SMELT_EINVAL for a negative or
+ * reversed range, SMELT_ENOMEM. */
+int model_segments_push(struct model_segmented_adapter *s, const struct model_adapter_segment *seg,
+                        struct smelt_error *err);
+void model_segments_clear(struct model_segmented_adapter *s);
+void model_segments_free(struct model_segmented_adapter *s);
+
 struct model_param_provider; /* below: parameters served unit by unit (ZeRO-3) */
 
 struct model {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora/lora.h"
 #include "rollout/kv_blocks.h"
 #include "rollout/scheduler.h"
 
@@ -54,6 +55,9 @@ struct rollout_engine {
     struct tensor greedy_ids, greedy_logprobs;
     int32_t *host_greedy_ids;
     float *host_greedy_logprobs;
+    /* Steps with requests naming adapters: each adapter's rows, on the model for the
+     * step's forward only. */
+    struct model_segmented_adapter segments;
 };
 
 /* ---- sequences ---- */
@@ -176,6 +180,11 @@ int rollout_engine_add(struct rollout_engine *e, const struct rollout_request *r
     for (int i = 0; i < r->n_stop_strings; i++)
         if (!r->stop_strings[i] || !r->stop_strings[i][0])
             return error_set(err, SMELT_EINVAL, "stop_strings[%d]: empty", i);
+    if (r->adapter && r->adapter->model != e->model)
+        return error_set_field(err, SMELT_EINVAL, "adapter", "adapter: an adapter of another model");
+    if (r->adapter && e->model->adapter == &r->adapter->adapter)
+        return error_set_field(err, SMELT_EINVAL, "adapter", "adapter: attached to the model; name it only "
+                               "when it is not (a request without one samples from the attached adapter)");
 
     struct request *q = calloc(1, sizeof *q);
     struct seq *s = calloc(1, sizeof *s);
@@ -194,6 +203,7 @@ int rollout_engine_add(struct rollout_engine *e, const struct rollout_request *r
         s->req = q;
         s->sched.sample_index = r->n > 1 ? -1 : 0;
         s->sched.arrival = e->next_arrival++;
+        s->sched.group = (uintptr_t)r->adapter;
         sample_stream_seed(&s->rng, r->seed, 0);
     }
     if (!rc) rc = seq_reserve(s, r->n_prompt + 1, err);
@@ -286,7 +296,8 @@ static int fork_samples(struct rollout_engine *e, struct seq *parent, struct seq
         struct seq *c = calloc(1, sizeof *c);
         if (!c) return error_set(err, SMELT_ENOMEM, "rollout: out of memory");
         *c = (struct seq){.sched = {.arrival = parent->sched.arrival, .sample_index = i,
-                                    .n_cached = parent->sched.n_cached, .running = true},
+                                    .n_cached = parent->sched.n_cached, .running = true,
+                                    .group = parent->sched.group},
                           .req = parent->req};
         parent->req->live++;
         sample_stream_seed(&c->rng, r->seed, (uint64_t)i);
@@ -378,6 +389,39 @@ static int advance(struct rollout_engine *e, const struct sched_plan *p, bool gr
     return SMELT_OK;
 }
 
+/* The plan's runs of one adapter (contiguous: the scheduler groups them) as segments:
+ * token rows from cu_q, lm_head rows = sequence indices (the paged step's head computes
+ * one row per sequence). A run of requests naming none gets the attached adapter, if
+ * any. Returns whether any request of the step names an adapter. */
+static int build_segments(struct rollout_engine *e, const struct sched_plan *p, const struct model_adapter *attached,
+                          bool *any, struct smelt_error *err) {
+    *any = false;
+    model_segments_clear(&e->segments);
+    for (int i = 0; i < p->n; i++) *any |= seq_of(p->seqs[i])->req->r.adapter != NULL;
+    if (!*any) return SMELT_OK;
+    for (int i0 = 0, i1; i0 < p->n; i0 = i1) {
+        struct lora *a = seq_of(p->seqs[i0])->req->r.adapter;
+        for (i1 = i0 + 1; i1 < p->n && seq_of(p->seqs[i1])->req->r.adapter == a; i1++) {}
+        struct model_adapter_segment g = {.row_begin = e->cu_q[i0], .row_end = e->cu_q[i1], .head_begin = i0,
+                                          .head_end = i1, .adapter = a ? &a->adapter : attached};
+        TRY(model_segments_push(&e->segments, &g, err));
+    }
+    return SMELT_OK;
+}
+
+/* The model's pass over the step, through the segmented adapter when a request names
+ * an adapter (put back to what was attached after). */
+static int forward(struct rollout_engine *e, const struct sched_plan *p, const struct model_paged_batch *pb,
+                   struct smelt_error *err) {
+    const struct model_adapter *attached = e->model->adapter;
+    bool any;
+    TRY(build_segments(e, p, attached, &any, err));
+    if (any) e->model->adapter = &e->segments.adapter;
+    int rc = model_forward_paged(e->model, e->buffers, &e->cache, pb, err);
+    e->model->adapter = attached;
+    return rc;
+}
+
 int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
     const struct sched_plan *p = &e->sched.plan;
     int rc = scheduler_plan(&e->sched, err);
@@ -391,7 +435,7 @@ int rollout_engine_step(struct rollout_engine *e, struct smelt_error *err) {
     if (p->n == 0) return SMELT_OK;
     struct model_paged_batch pb = pack_batch(e, p);
     bool greedy = false;
-    rc = model_forward_paged(e->model, e->buffers, &e->cache, &pb, err);
+    rc = forward(e, p, &pb, err);
     if (!rc) rc = step_logits(e, p, &greedy, err);
     if (!rc) rc = advance(e, p, greedy, err);
     e->stats.steps++;
@@ -467,6 +511,7 @@ void rollout_engine_free(struct rollout_engine *e) {
     free(e->logits), free(e->work);
     tensor_free(&e->greedy_ids), tensor_free(&e->greedy_logprobs);
     free(e->host_greedy_ids), free(e->host_greedy_logprobs);
+    model_segments_free(&e->segments);
     free(e);
 }
 
@@ -486,6 +531,7 @@ int rollout_engine_create(struct model *model, const struct tokenizer *tok, cons
     e->model = model;
     e->tok = tok;
     e->config = *c;
+    model_segments_init(&e->segments);
     e->max_blocks = (int)((model->config.max_seq_len + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE);
     int64_t T = c->max_batch_tokens, S = c->max_seqs, V = model->config.vocab_size;
     struct sched_config sc = {.max_batch_tokens = c->max_batch_tokens, .max_seqs = c->max_seqs,

@@ -53,6 +53,15 @@ struct rollout_request {
     int n_stop_ids;
     const char *stop_strings[ROLLOUT_MAX_STOP]; /* copied; need the engine's tokenizer */
     int n_stop_strings;
+    /* The LoRA adapter this request samples from (borrowed: it must outlive the
+     * request, and be an adapter of the engine's model, not attached to it), or NULL:
+     * the model as it is (with whatever adapter is attached to it, if any). Requests of
+     * several adapters share the engine's steps (S-LoRA / Punica): a step's sequences are
+     * grouped by adapter and each adapter's hooks run on its own rows only (the
+     * segmented adapter, model/transformer.h), so on the CPU in batch-invariant mode a
+     * request's samples are bit for bit those it gets alone with its adapter attached.
+     * A step whose requests name none runs exactly as before. */
+    struct lora *adapter;
 };
 
 #define ROLLOUT_FINISH_STOP "stop"

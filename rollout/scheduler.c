@@ -164,11 +164,30 @@ static int plan_waiting(struct scheduler *s, struct smelt_error *err) {
     return SMELT_OK;
 }
 
+/* Moves each planned sequence up behind the last earlier one of its group: groups
+ * contiguous, first-appearance order, stable within a group. n <= max_seqs, so the
+ * quadratic walk costs nothing next to the step it plans. */
+static void group_plan(struct sched_plan *p) {
+    for (int i = 1; i < p->n; i++) {
+        struct sched_seq *q = p->seqs[i];
+        int64_t n_new = p->n_new[i];
+        int k = i - 1;
+        while (k >= 0 && p->seqs[k]->group != q->group) k--;
+        if (k < 0 || k == i - 1) continue;
+        memmove(&p->seqs[k + 2], &p->seqs[k + 1], (size_t)(i - k - 1) * sizeof *p->seqs);
+        memmove(&p->n_new[k + 2], &p->n_new[k + 1], (size_t)(i - k - 1) * sizeof *p->n_new);
+        p->seqs[k + 1] = q;
+        p->n_new[k + 1] = n_new;
+    }
+}
+
 int scheduler_plan(struct scheduler *s, struct smelt_error *err) {
     struct sched_plan *p = &s->plan;
     p->n = p->n_copies = p->n_preempted = 0;
     p->tokens = 0;
     if (s->n_seqs > 1) qsort(s->seqs, (size_t)s->n_seqs, sizeof *s->seqs, by_arrival);
     TRY(plan_running(s, err));
-    return plan_waiting(s, err);
+    TRY(plan_waiting(s, err));
+    group_plan(p);
+    return SMELT_OK;
 }

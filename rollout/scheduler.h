@@ -33,6 +33,8 @@ struct sched_seq {
     int64_t n_cached;            /* the first n_cached of them have keys and values cached */
     struct kv_block_table table; /* their blocks */
     bool running;                /* admitted: holds blocks, runs every step it fits */
+    uintptr_t group;             /* the engine's adapter key; 0: none. A plan keeps each
+                                    group's sequences contiguous (below) */
 };
 
 struct sched_config {
@@ -78,7 +80,10 @@ void scheduler_remove(struct scheduler *s, struct sched_seq *q);
 void scheduler_drop_cache(struct scheduler *s, struct sched_seq *q);
 
 /* Plans the next step into s->plan: reserves every planned sequence's blocks, preempts
- * when short, and sorts s->seqs by arrival. An empty plan with sequences live means the
+ * when short, and sorts s->seqs by arrival. Then the plan's sequences are grouped by
+ * sched_seq.group: each group's sequences contiguous, the groups in the order of their
+ * first sequence, arrival order within a group (a step of one group keeps the arrival
+ * order); who runs and how many tokens never depends on the groups. An empty plan with sequences live means the
  * pool cannot hold even the oldest one's next step. Errors (SMELT_ENOMEM from a block
  * table) leave s->plan partial; blocks it reserved stay with their tables. */
 int scheduler_plan(struct scheduler *s, struct smelt_error *err);

@@ -1,6 +1,9 @@
 /* sample: one prompt x num_samples through the rollout engine on the shared base, with
- * the chosen adapter attached (a live model's, a sampler checkpoint's cached by path, or
- * none), and the prompt's own logprobs from model_forward when asked. */
+ * the chosen adapter (a live model's, a sampler checkpoint's cached by path, or none)
+ * named in the engine's request, and the prompt's own logprobs from model_forward (the
+ * adapter attached) when asked. Several sample requests share one engine run
+ * (tinker_sample_batch): their adapters are applied each to its own rows of every step
+ * (rollout_request.adapter), so each gets the bits it gets alone. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,34 +122,61 @@ static int request_parse(struct tinker_worker *w, const struct msg *m, struct ro
     return stop_lists(h, w->base, r, err);
 }
 
-/* Every sample of the request, by sample index. */
-static int run_engine(struct tinker_worker *w, const struct rollout_request *r, struct rollout_result *res,
-                      struct smelt_error *err) {
-    TRY(rollout_engine_add(w->engine, r, err));
-    int got = 0, rc = SMELT_OK;
-    while (!rc && !rollout_engine_idle(w->engine)) {
-        rc = rollout_engine_step(w->engine, err);
-        struct rollout_result *done = NULL;
-        int n = 0;
-        if (!rc) rc = rollout_engine_take(w->engine, &done, &n, err);
-        for (int i = 0; i < n; i++) {
-            if (!rc && done[i].sample_index >= 0 && done[i].sample_index < r->n && got < r->n) {
-                res[done[i].sample_index] = done[i];
-                done[i] = (struct rollout_result){0};
-                got++;
-            }
+/* One sample request of a batch: what it asks, its adapter, its samples by index, and
+ * its outcome (rc, err) until its reply is built. */
+struct job {
+    const struct msg *m;
+    struct rollout_request r;
+    struct prompt_out po;
+    struct lora *adapter;
+    struct rollout_result *res; /* [r.n] */
+    int got;
+    bool queued;                /* in the engine */
+    int rc;
+    struct smelt_error err;
+};
+
+static void job_take(struct job *jobs, int n, struct rollout_result *done) {
+    for (int j = 0; j < n; j++) {
+        struct job *q = &jobs[j];
+        if (!q->queued || done->request_id != q->r.id) continue;
+        if (done->sample_index >= 0 && done->sample_index < q->r.n && !q->res[done->sample_index].ids) {
+            q->res[done->sample_index] = *done;
+            *done = (struct rollout_result){0};
+            q->got++;
         }
-        rollout_results_free(done, n);
+        return;
     }
-    if (rc) { /* the engine failed: nothing of this request may linger */
-        rollout_engine_abort(w->engine, r->id);
+}
+
+/* Steps the engine until idle, filing every sample with its request. A failed step
+ * fails every queued request: their sequences are aborted so nothing lingers. */
+static void run_engine(struct tinker_worker *w, struct job *jobs, int n) {
+    struct smelt_error err = {0};
+    int rc = SMELT_OK;
+    while (!rc && !rollout_engine_idle(w->engine)) {
+        rc = rollout_engine_step(w->engine, &err);
+        struct rollout_result *done = NULL;
+        int k = 0;
+        if (!rc) rc = rollout_engine_take(w->engine, &done, &k, &err);
+        for (int i = 0; i < k; i++) job_take(jobs, n, &done[i]);
+        rollout_results_free(done, k);
+    }
+    for (int j = 0; j < n; j++) {
+        struct job *q = &jobs[j];
+        if (!q->queued || q->rc) continue;
+        if (rc) {
+            rollout_engine_abort(w->engine, q->r.id);
+            q->rc = rc, q->err = err;
+        } else if (q->got != q->r.n) {
+            q->rc = error_set(&q->err, SMELT_EBACKEND, "sample: the engine finished %d of %d samples", q->got, q->r.n);
+        }
+    }
+    if (rc) {
         struct rollout_result *rest = NULL;
-        int n = 0;
-        if (!rollout_engine_take(w->engine, &rest, &n, &(struct smelt_error){0})) rollout_results_free(rest, n);
-        return rc;
+        int k = 0;
+        if (!rollout_engine_take(w->engine, &rest, &k, &(struct smelt_error){0})) rollout_results_free(rest, k);
     }
-    if (got != r->n) return error_set(err, SMELT_EBACKEND, "sample: the engine finished %d of %d samples", got, r->n);
-    return SMELT_OK;
 }
 
 /* {sequences: [{n_tokens, stop_reason}]}; frames: tokens, logprobs (, prompt logprobs
@@ -181,29 +211,76 @@ static int reply_build(const struct rollout_request *r, const struct rollout_res
     return rc;
 }
 
+/* Parses and checks the request, picks its adapter, allocates its outputs. */
+static int job_prepare(struct tinker_worker *w, struct job *q, struct smelt_error *err) {
+    TRY(msg_check_version(q->m, err));
+    if (!tinker_is_sample(q->m))
+        return error_set_field(err, SMELT_EINVAL, "op", "op: a batch of samples holds only \"sample\" requests");
+    TRY(request_parse(w, q->m, &q->r, &q->po, err));
+    TRY(pick_adapter(w, q->m->header, &q->adapter, err));
+    q->r.adapter = q->adapter;
+    size_t np = (size_t)q->r.n_prompt, nk = np * (size_t)q->po.k;
+    q->res = calloc((size_t)q->r.n, sizeof *q->res);
+    if (q->po.want) q->po.plp = malloc(np * sizeof *q->po.plp);
+    if (q->po.k > 0) q->po.tk_ids = malloc(nk * sizeof *q->po.tk_ids), q->po.tk_lps = malloc(nk * sizeof *q->po.tk_lps);
+    if (!q->res || (q->po.want && !q->po.plp) || (q->po.k > 0 && (!q->po.tk_ids || !q->po.tk_lps)))
+        return error_set(err, SMELT_ENOMEM, "sample: out of memory");
+    return SMELT_OK;
+}
+
+/* After the engine: the prompt's logprobs (its adapter attached), then the reply. */
+static int job_finish(struct tinker_worker *w, struct job *q, struct tinker_reply *out, struct smelt_error *err) {
+    if (q->po.want) {
+        if (q->adapter) TRY(lora_attach(q->adapter, err));
+        int rc = tinker_prompt_logprobs(w->base, q->r.prompt, q->r.n_prompt, q->po.k, q->po.plp, q->po.tk_ids,
+                                        q->po.tk_lps, err);
+        if (q->adapter) lora_detach(q->adapter);
+        TRY(rc);
+    }
+    return reply_build(&q->r, q->res, &q->po, out, err);
+}
+
+static void job_free(struct job *q) {
+    prompt_out_free(&q->po);
+    if (q->res) rollout_results_free(q->res, q->r.n);
+}
+
+bool tinker_is_sample(const struct msg *m) {
+    const char *op = json_string_value(json_object_get(m->header, "op"));
+    return strcmp(m->type, MSG_TINKER_REQUEST) == 0 && op && strcmp(op, "sample") == 0;
+}
+
+int tinker_sample_batch(struct tinker_worker *w, const struct msg *const *requests, int n, struct tinker_reply *outs,
+                        int *rcs, struct smelt_error *errs) {
+    struct job *jobs = calloc((size_t)(n ? n : 1), sizeof *jobs);
+    if (!jobs) {
+        for (int j = 0; j < n; j++) rcs[j] = error_set(&errs[j], SMELT_ENOMEM, "sample: out of memory");
+        return SMELT_ENOMEM;
+    }
+    for (int j = 0; j < n; j++) {
+        struct job *q = &jobs[j];
+        q->m = requests[j];
+        outs[j] = (struct tinker_reply){0};
+        q->rc = job_prepare(w, q, &q->err);
+        if (!q->rc) q->rc = rollout_engine_add(w->engine, &q->r, &q->err);
+        q->queued = q->rc == SMELT_OK;
+    }
+    run_engine(w, jobs, n);
+    for (int j = 0; j < n; j++) {
+        struct job *q = &jobs[j];
+        if (!q->rc) q->rc = job_finish(w, q, &outs[j], &q->err);
+        if (q->rc) tinker_reply_free(&outs[j]);
+        rcs[j] = q->rc;
+        errs[j] = q->err;
+        job_free(q);
+    }
+    free(jobs);
+    return SMELT_OK;
+}
+
 int tinker_op_sample(struct tinker_worker *w, const struct msg *m, struct tinker_reply *out,
                      struct smelt_error *err) {
-    struct rollout_request r = {0};
-    struct prompt_out po = {0};
-    struct lora *adapter;
-    TRY(request_parse(w, m, &r, &po, err));
-    TRY(pick_adapter(w, m->header, &adapter, err));
-    size_t np = (size_t)r.n_prompt, nk = np * (size_t)po.k;
-    struct rollout_result *res = calloc((size_t)r.n, sizeof *res);
-    if (po.want) po.plp = malloc(np * sizeof *po.plp);
-    if (po.k > 0) po.tk_ids = malloc(nk * sizeof *po.tk_ids), po.tk_lps = malloc(nk * sizeof *po.tk_lps);
-    int rc = !res || (po.want && !po.plp) || (po.k > 0 && (!po.tk_ids || !po.tk_lps))
-                 ? error_set(err, SMELT_ENOMEM, "sample: out of memory")
-                 : SMELT_OK;
-    if (!rc && adapter) rc = lora_attach(adapter, err);
-    if (!rc) {
-        rc = run_engine(w, &r, res, err);
-        if (!rc && po.want)
-            rc = tinker_prompt_logprobs(w->base, r.prompt, r.n_prompt, po.k, po.plp, po.tk_ids, po.tk_lps, err);
-        if (adapter) lora_detach(adapter);
-    }
-    if (!rc) rc = reply_build(&r, res, &po, out, err);
-    prompt_out_free(&po);
-    if (res) rollout_results_free(res, r.n);
+    int rc;
+    tinker_sample_batch(w, &m, 1, out, &rc, err);
     return rc;
 }

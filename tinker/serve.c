@@ -1,5 +1,8 @@
 /* The ZeroMQ loop: tinker.hello now and every TINKER_HELLO_MS, one tinker.result for
- * every message received, requests run one at a time in arrival order. */
+ * every message received, requests run one at a time in arrival order, except that a
+ * sample request takes the sample requests waiting behind it into one engine run
+ * (tinker_sample_batch), up to the first other message, which runs next. */
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -19,27 +22,106 @@ static int send_hello(struct tinker_worker *w, void *dealer, const char *job_id,
     return rc;
 }
 
-/* Answers one received message (or one that failed to parse: rc, err). */
-static int answer(struct tinker_worker *w, void *dealer, const struct msg *m, int rc,
-                  const struct smelt_error *recv_err, struct smelt_error *err) {
-    struct tinker_reply reply = {0};
-    const char *id = NULL;
-    struct smelt_error rerr = {0};
-    if (rc) rerr = *recv_err;
-    else if (strcmp(m->type, MSG_TINKER_REQUEST) != 0)
-        rc = error_set_field(&rerr, SMELT_EINVAL, "type", "type: \"%s\" is not %s", m->type, MSG_TINKER_REQUEST);
-    else {
-        id = json_string_value(json_object_get(m->header, "id"));
-        if (!id) rc = error_set_field(&rerr, SMELT_EINVAL, "id", "id: required string");
-        else rc = tinker_handle(w, m, &reply, &rerr);
-    }
-    if (rc) log_info("tinker.request %s refused (%s): %s", id ? id : "(no id)", tinker_error_category(rc), rerr.message);
-    json_t *h = tinker_result_header(id, rc, &reply, &rerr);
-    int src = h ? msg_send(dealer, NULL, 0, MSG_TINKER_RESULT, h, reply.arrays, reply.n_arrays, err)
+static int send_result(void *dealer, const char *id, int rc, const struct tinker_reply *reply,
+                       const struct smelt_error *rerr, struct smelt_error *err) {
+    if (rc) log_info("tinker.request %s refused (%s): %s", id ? id : "(no id)", tinker_error_category(rc), rerr->message);
+    json_t *h = tinker_result_header(id, rc, reply, rerr);
+    int src = h ? msg_send(dealer, NULL, 0, MSG_TINKER_RESULT, h, reply->arrays, reply->n_arrays, err)
                 : error_set(err, SMELT_ENOMEM, "tinker.result: out of memory");
     json_decref(h);
-    tinker_reply_free(&reply);
     return src;
+}
+
+/* A received message's request id, or why it cannot be run (rc, rerr). */
+static int check_request(const struct msg *m, const char **id, struct smelt_error *rerr) {
+    *id = NULL;
+    if (strcmp(m->type, MSG_TINKER_REQUEST) != 0)
+        return error_set_field(rerr, SMELT_EINVAL, "type", "type: \"%s\" is not %s", m->type, MSG_TINKER_REQUEST);
+    *id = json_string_value(json_object_get(m->header, "id"));
+    return *id ? SMELT_OK : error_set_field(rerr, SMELT_EINVAL, "id", "id: required string");
+}
+
+/* Answers one received message (or one that failed to parse: rc, err). */
+static void answer(struct tinker_worker *w, void *dealer, const struct msg *m, int rc,
+                   const struct smelt_error *recv_err) {
+    struct tinker_reply reply = {0};
+    const char *id = NULL;
+    struct smelt_error rerr = {0}, serr = {0};
+    if (rc) rerr = *recv_err;
+    else if (!(rc = check_request(m, &id, &rerr))) rc = tinker_handle(w, m, &reply, &rerr);
+    if (send_result(dealer, id, rc, &reply, &rerr, &serr)) log_warn("tinker.result not sent: %s", serr.message);
+    tinker_reply_free(&reply);
+}
+
+/* A batch of sample requests: first (received) and every sample request already
+ * waiting, up to TINKER_MAX_SAMPLE_BATCH. The first other message (or a receive that
+ * fails to parse) ends the drain: it is left in *next (*next_rc) to run after the batch,
+ * so requests other than samples keep their order. Returns how many are in batch. */
+static int drain_samples(void *dealer, struct msg *batch, struct msg *next, int *next_rc,
+                         struct smelt_error *next_err) {
+    int n = 1;
+    *next_rc = SMELT_ENOTFOUND;
+    while (n < TINKER_MAX_SAMPLE_BATCH) {
+        struct msg m = {0};
+        int rc = msg_recv(dealer, false, 0, &m, next_err);
+        if (rc == SMELT_ENOTFOUND || rc == SMELT_EIO) { /* nothing waiting; a failing socket shows at the next wait */
+            msg_free(&m);
+            break;
+        }
+        const char *id;
+        struct smelt_error ignore = {0};
+        if (rc || check_request(&m, &id, &ignore) || !tinker_is_sample(&m)) {
+            *next = m, *next_rc = rc;
+            break;
+        }
+        batch[n++] = m;
+    }
+    return n;
+}
+
+static void answer_samples(struct tinker_worker *w, void *dealer, struct msg *batch, int n) {
+    const struct msg *reqs[TINKER_MAX_SAMPLE_BATCH] = {0};
+    struct tinker_reply outs[TINKER_MAX_SAMPLE_BATCH];
+    int rcs[TINKER_MAX_SAMPLE_BATCH];
+    struct smelt_error errs[TINKER_MAX_SAMPLE_BATCH];
+    for (int i = 0; i < n; i++) reqs[i] = &batch[i];
+    memset(errs, 0, sizeof errs);
+    tinker_sample_batch(w, reqs, n, outs, rcs, errs);
+    for (int i = 0; i < n; i++) {
+        const char *id = json_string_value(json_object_get(batch[i].header, "id"));
+        struct smelt_error serr = {0};
+        if (send_result(dealer, id, rcs[i], &outs[i], &errs[i], &serr)) log_warn("tinker.result not sent: %s", serr.message);
+        tinker_reply_free(&outs[i]);
+    }
+}
+
+/* One received message: a sample request with the samples waiting behind it as one
+ * batch (then the message that ended the drain), anything else on its own. */
+static void dispatch(struct tinker_worker *w, void *dealer, struct msg *m, int rc, const struct smelt_error *recv_err) {
+    const char *id;
+    struct smelt_error ignore = {0};
+    if (rc || check_request(m, &id, &ignore) || !tinker_is_sample(m)) {
+        answer(w, dealer, m, rc, recv_err);
+        msg_free(m);
+        return;
+    }
+    struct msg *batch = calloc(TINKER_MAX_SAMPLE_BATCH, sizeof *batch), next = {0};
+    if (!batch) { /* no room to batch: the one in hand alone */
+        answer(w, dealer, m, rc, recv_err);
+        msg_free(m);
+        return;
+    }
+    int next_rc;
+    struct smelt_error next_err = {0};
+    batch[0] = *m;
+    int n = drain_samples(dealer, batch, &next, &next_rc, &next_err);
+    answer_samples(w, dealer, batch, n);
+    for (int i = 0; i < n; i++) msg_free(&batch[i]);
+    free(batch);
+    if (next_rc != SMELT_ENOTFOUND) {
+        answer(w, dealer, &next, next_rc, &next_err);
+        msg_free(&next);
+    }
 }
 
 int tinker_serve(struct tinker_worker *w, void *dealer, const char *job_id, int64_t attempt, const atomic_int *stop,
@@ -62,9 +144,7 @@ int tinker_serve(struct tinker_worker *w, void *dealer, const char *job_id, int6
             if (atomic_load(stop)) break; /* a signal interrupted the wait */
             return rc;
         }
-        struct smelt_error aerr = {0};
-        if (answer(w, dealer, &m, rc, err, &aerr)) log_warn("tinker.result not sent: %s", aerr.message);
-        msg_free(&m);
+        dispatch(w, dealer, &m, rc, err);
     }
     return SMELT_OK;
 }

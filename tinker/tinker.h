@@ -6,12 +6,13 @@
  * and detached after.
  *
  * Requests are common/msg.h's tinker.request (section "Tinker session worker"), run one
- * at a time in arrival order; each gets a tinker.result. A request at fault gets ok:false
+ * at a time in arrival order, except that sample requests waiting together run as one
+ * batch (tinker_sample_batch); each gets a tinker.result. A request at fault gets ok:false
  * with category "user" and a message naming the field; a failure of the worker itself
  * gets category "server". Nothing a request holds kills the worker.
  *
- * Sampling uses the rollout engine (rollout/) on the shared base with the chosen
- * adapter attached; the worker turns on the CPU backend's batch-invariant kernels
+ * Sampling uses the rollout engine (rollout/) on the shared base, each request with its
+ * model's adapter (several adapters in one engine step); the worker turns on the CPU backend's batch-invariant kernels
  * (tinker_worker_create), so a sample's logprobs equal a later forward's bit for bit.
  *
  * Ownership: tinker_worker_create loads and owns the base model, its tokenizer and the
@@ -84,6 +85,19 @@ void tinker_reply_free(struct tinker_reply *r);
  * err->code, message and field say why and *out is empty. */
 int tinker_handle(struct tinker_worker *w, const struct msg *request, struct tinker_reply *out,
                   struct smelt_error *err);
+
+/* Sample requests of any models batched in one engine run (S-LoRA / Punica: each
+ * request's adapter on its own rows of every step): requests[i] must be a tinker.request
+ * with op "sample" (else it is refused naming "op"); outs[i], rcs[i] and errs[i] are
+ * what tinker_handle gives for it alone, bit for bit on the CPU (batch-invariant
+ * kernels), seeds included (requests without one draw theirs in order). One request's
+ * failure is its own; a failed engine step fails every request still in it. */
+int tinker_sample_batch(struct tinker_worker *w, const struct msg *const *requests, int n, struct tinker_reply *outs,
+                        int *rcs, struct smelt_error *errs);
+/* Whether m is a tinker.request whose op is "sample" (what tinker_serve batches). */
+bool tinker_is_sample(const struct msg *m);
+/* The most sample requests tinker_serve takes into one batch. */
+#define TINKER_MAX_SAMPLE_BATCH 64
 
 /* "user" when a request at fault explains rc (bad value, unknown name, unsupported
  * feature, malformed data), "server" otherwise. */

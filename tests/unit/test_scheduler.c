@@ -256,3 +256,26 @@ Test(rollout_scheduler, more_than_1024_copies_in_one_step) {
     fixture_destroy(&f);
     free(q);
 }
+
+/* Sequences of several adapters (sched_seq.group): the step's plan keeps each group's
+ * sequences together, groups in the order of their oldest, arrival order inside; who
+ * runs and how many tokens is the same as without groups. */
+Test(rollout_scheduler, groups_a_steps_sequences_by_adapter) {
+    struct fixture f;
+    fixture_init(&f, 64, 1000, 8, 1000);
+    struct sched_seq q[6];
+    const uintptr_t group[6] = {7, 0, 9, 7, 0, 9};
+    for (int i = 0; i < 6; i++) {
+        add(&f, &q[i], i, 3 + i);
+        q[i].group = group[i];
+    }
+    plan(&f);
+    cr_assert_eq(f.s.plan.n, 6);
+    const int want[6] = {0, 3, 1, 4, 2, 5};
+    for (int i = 0; i < 6; i++) {
+        cr_expect(f.s.plan.seqs[i] == &q[want[i]], "position %d holds the wrong sequence", i);
+        cr_expect_eq(f.s.plan.n_new[i], 3 + want[i], "position %d: its tokens moved with it", i);
+    }
+    cr_expect_eq(f.s.plan.tokens, 3 + 4 + 5 + 6 + 7 + 8);
+    fixture_destroy(&f);
+}

@@ -422,6 +422,78 @@ Test(tinker_worker, sampled_logprobs_equal_forward_logprobs) {
     tinker_worker_free(w);
 }
 
+/* A sample request: model (NULL: the base), 2 samples of 8 tokens at temperature 1. */
+static struct msg sample_msg(const char *model, int seed, int first_token, bool prompt_lps) {
+    json_t *h = json_pack("{s:i, s:i, s:f, s:i, s:b}", "num_samples", 2, "max_tokens", 8, "temperature", 1.0,
+                          "seed", seed, "prompt_logprobs", prompt_lps);
+    if (model) json_object_set_new(h, "model_id", json_string(model));
+    int32_t prompt[] = {first_token, 17, 33, 49, 65, 3};
+    struct msg m = request("sample", h);
+    m.arrays[0] = (struct msg_array){dup_bytes(prompt, sizeof prompt), sizeof prompt};
+    m.n_arrays = 1;
+    return m;
+}
+
+Test(tinker_worker, samples_of_four_models_batched_equal_each_alone) {
+    struct tinker_worker *w = worker_new();
+    const char *ids[4] = {"m0", "m1", "m2", "m3"};
+    const struct td *data[4] = {&DA, &DB, &DC, &DA};
+    for (int i = 0; i < 4; i++) {
+        create(w, ids[i], 4 + 4 * (i % 2), 20 + i);
+        ce(w, "forward_backward", ids[i], data[i], 1, NULL);
+        optim(w, ids[i], 5e-2 * (i + 1)); /* four different non-zero adapters */
+    }
+    /* The four models and the base, all with the same prompt and seed: only the adapter differs. */
+    enum { N = 5 };
+    struct msg reqs[N];
+    const struct msg *ptrs[N];
+    for (int i = 0; i < N; i++) reqs[i] = sample_msg(i < 4 ? ids[i] : NULL, 9, 1, i == 2), ptrs[i] = &reqs[i];
+    struct tinker_reply outs[N];
+    int rcs[N];
+    struct smelt_error errs[N];
+    memset(errs, 0, sizeof errs);
+    TEST_OK(tinker_sample_batch(w, ptrs, N, outs, rcs, errs), &errs[0]);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(rcs[i], 0, "request %d: %s", i, errs[i].message);
+        struct tinker_reply alone = ok(w, sample_msg(i < 4 ? ids[i] : NULL, 9, 1, i == 2));
+        cr_assert_eq(alone.n_arrays, outs[i].n_arrays, "request %d", i);
+        char *a = json_dumps(alone.result, JSON_SORT_KEYS), *b = json_dumps(outs[i].result, JSON_SORT_KEYS);
+        cr_expect_str_eq(a, b, "request %d: sequences differ", i);
+        free(a), free(b);
+        for (int k = 0; k < alone.n_arrays; k++)
+            cr_expect(alone.arrays[k].bytes == outs[i].arrays[k].bytes &&
+                          memcmp(alone.arrays[k].data, outs[i].arrays[k].data, alone.arrays[k].bytes) == 0,
+                      "request %d frame %d: batched differs from alone", i, k + 2);
+        tinker_reply_free(&alone);
+    }
+    /* Each adapter shows: the first sampled logprob differs from the base's. */
+    for (int i = 0; i < 4; i++)
+        cr_expect(memcmp(outs[i].arrays[1].data, outs[4].arrays[1].data, sizeof(float)) != 0, "model %d = base", i);
+    for (int i = 0; i < N; i++) tinker_reply_free(&outs[i]), msg_free(&reqs[i]);
+    tinker_worker_free(w);
+}
+
+Test(tinker_worker, a_bad_request_in_a_batch_fails_alone) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 11);
+    struct msg reqs[3] = {sample_msg("m", 1, 1, false), sample_msg("nobody", 1, 1, false),
+                          fwd_request("forward", "m", "cross_entropy", NULL, &DA, 1)};
+    const struct msg *ptrs[3] = {&reqs[0], &reqs[1], &reqs[2]};
+    struct tinker_reply outs[3];
+    int rcs[3];
+    struct smelt_error errs[3];
+    memset(errs, 0, sizeof errs);
+    TEST_OK(tinker_sample_batch(w, ptrs, 3, outs, rcs, errs), &errs[0]);
+    cr_expect_eq(rcs[0], 0, "%s", errs[0].message);
+    cr_expect_eq(rcs[1], SMELT_ENOTFOUND, "%s", errs[1].message);
+    cr_expect_str_eq(errs[1].field, "model_id");
+    cr_expect_eq(rcs[2], SMELT_EINVAL, "%s", errs[2].message);
+    cr_expect_str_eq(errs[2].field, "op");
+    cr_expect_eq(outs[1].n_arrays, 0);
+    for (int i = 0; i < 3; i++) tinker_reply_free(&outs[i]), msg_free(&reqs[i]);
+    tinker_worker_free(w);
+}
+
 /* prompt_logprobs alone (no top-k), as the SDK's compute_logprobs asks: a forward's logprobs
  * after the first position's none. */
 Test(tinker_worker, prompt_logprobs_without_topk) {
@@ -539,6 +611,67 @@ Test(tinker_worker, zeromq_loop_answers_and_survives_garbage) {
     atomic_store(&s.stop, 1);
     pthread_join(th, NULL);
     cr_expect_eq(s.rc, 0);
+    msg_free(&hello);
+    zmq_close(s.dealer);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    tinker_worker_free(s.w);
+}
+
+/* Requests sent back to back: the samples waiting together run as one batch, a request
+ * of another op ends the batch and runs after it, every result comes in order and each
+ * sample's equals what the request gives alone. */
+Test(tinker_worker, zeromq_loop_batches_waiting_samples_in_order) {
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER);
+    cr_assert(router);
+    cr_assert_eq(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    char ep[256];
+    size_t len = sizeof ep;
+    cr_assert_eq(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len), 0);
+    struct served s = {.w = worker_new(), .dealer = zmq_socket(ctx, ZMQ_DEALER)};
+    create(s.w, "a", 4, 1), create(s.w, "b", 8, 2);
+    ce(s.w, "forward_backward", "a", &DA, 1, NULL), optim(s.w, "a", 5e-2);
+    ce(s.w, "forward_backward", "b", &DB, 1, NULL), optim(s.w, "b", 5e-2);
+    cr_assert_eq(zmq_setsockopt(s.dealer, ZMQ_ROUTING_ID, "job-1.2", 7), 0);
+    cr_assert_eq(zmq_connect(s.dealer, ep), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, serve_thread, &s), 0);
+    struct msg hello = {0};
+    struct smelt_error err = {0};
+    TEST_OK(msg_recv(router, true, 10000, &hello, &err), &err);
+    /* a forward_backward first keeps the worker busy while the rest queue up */
+    enum { N = 7 };
+    const char *ids[N] = {"fb", "s0", "s1", "s2", "f", "s3", "s4"};
+    const char *model[N] = {"a", "a", "b", NULL, "b", "b", "a"};
+    for (int i = 0; i < N; i++) {
+        struct msg q = ids[i][0] == 's' ? sample_msg(model[i], 30 + i, 2 + i, false)
+                                        : fwd_request(i ? "forward" : "forward_backward", model[i], "cross_entropy",
+                                                      NULL, &DA, 1);
+        json_object_set_new(q.header, "id", json_string(ids[i]));
+        TEST_OK(msg_send(router, hello.route, hello.route_len, q.type, q.header, q.arrays, q.n_arrays, &err), &err);
+        msg_free(&q);
+    }
+    struct msg res[N];
+    for (int i = 0; i < N; i++) {
+        res[i] = next_result(router);
+        cr_expect_str_eq(json_string_value(json_object_get(res[i].header, "id")), ids[i], "result %d out of order", i);
+        cr_expect(json_is_true(json_object_get(res[i].header, "ok")), "%s", json_dumps(res[i].header, 0));
+    }
+    atomic_store(&s.stop, 1);
+    pthread_join(th, NULL);
+    cr_expect_eq(s.rc, 0);
+    for (int i = 0; i < N; i++) {
+        if (ids[i][0] == 's') {
+            struct tinker_reply alone = ok(s.w, sample_msg(model[i], 30 + i, 2 + i, false));
+            cr_assert_eq(alone.n_arrays, res[i].n_arrays);
+            for (int k = 0; k < alone.n_arrays; k++)
+                cr_expect(alone.arrays[k].bytes == res[i].arrays[k].bytes &&
+                              memcmp(alone.arrays[k].data, res[i].arrays[k].data, alone.arrays[k].bytes) == 0,
+                          "%s frame %d differs from the request alone", ids[i], k + 2);
+            tinker_reply_free(&alone);
+        }
+        msg_free(&res[i]);
+    }
     msg_free(&hello);
     zmq_close(s.dealer);
     zmq_close(router);

@@ -20,19 +20,8 @@
 #include "tests/unit/lora_testutil.h"
 #include "trainer/trainer_internal.h"
 
-static struct model *tiny_model(const char *type) {
-    char dir[256];
-    snprintf(dir, sizeof dir, PARITY_DIR "/%s", type);
-    struct smelt_error err;
-    struct model_config cfg;
-    TEST_OK(model_config_load(dir, &cfg, &err), &err);
-    struct model *m;
-    TEST_OK(model_init_random(&cfg, 7, BACKEND_CPU, &m, &err), &err);
-    float *w = m->weights.data;
-    struct test_rng rng = {107}; /* larger than the 0.02 init so every path carries gradient */
-    for (int64_t i = 0; i < m->n_weights; i++) w[i] += (float)test_rng_uniform(&rng, -0.2, 0.2);
-    return m;
-}
+/* The LoRA tests' random model (lora_testutil.h) with seed 7. */
+static struct model *tiny_model(const char *type) { return lora_test_model(type, 7); }
 
 static void fill_nan(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = NAN;
