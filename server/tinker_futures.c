@@ -69,7 +69,17 @@ int tinker_future_complete(struct server *s, struct store_conn *c, const struct 
     return rc;
 }
 
-int tinker_futures_fail_job(struct store_conn *c, const char *job_id, const char *message, struct smelt_error *err) {
+void tinker_futures_wake(struct server *s, const char *future_id) {
+    struct http_server *http = atomic_load(&s->http);
+    if (http) http_deferred_wake(http, future_id);
+}
+
+void tinker_futures_wake_failed(struct server *s) {
+    if (atomic_exchange(&s->tinker_futures_failed, false)) tinker_futures_wake(s, NULL);
+}
+
+int tinker_futures_fail_job(struct server *s, struct store_conn *c, const char *job_id, const char *message,
+                            struct smelt_error *err) {
     json_t *failure = failure_object(message, NULL, "server");
     if (!failure) return error_set(err, SMELT_ENOMEM, "out of memory failing futures");
     int rc = store_exec(c, err,
@@ -78,6 +88,7 @@ int tinker_futures_fail_job(struct store_conn *c, const char *job_id, const char
                         "jis", failure, server_now(), job_id);
     json_decref(failure);
     if (rc < 0) return rc;
+    if (rc > 0) atomic_store(&s->tinker_futures_failed, true);
     rc = store_exec(c, err, "UPDATE tinker_models SET status = 'lost' WHERE job_id = ? AND status = 'live'", "s",
                     job_id);
     return rc < 0 ? rc : 0;
