@@ -883,10 +883,15 @@ static double cpu_seconds(void) {
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
-static bool wait_for_frees(int want, double timeout_s) {
+/* Waits until *counter reaches want; whether it is exactly want then. */
+static bool wait_for_count(atomic_int *counter, int want, double timeout_s) {
     double deadline = now_s() + timeout_s;
-    while (atomic_load(&g_stream_frees) < want && now_s() < deadline) usleep(10000);
-    return atomic_load(&g_stream_frees) == want;
+    while (atomic_load(counter) < want && now_s() < deadline) usleep(10000);
+    return atomic_load(counter) == want;
+}
+
+static bool wait_for_frees(int want, double timeout_s) {
+    return wait_for_count(&g_stream_frees, want, timeout_s);
 }
 
 Test(http, sse_events_suspend_and_wake) {
@@ -1005,9 +1010,7 @@ static bool readable_within(int fd, int ms) {
 }
 
 static bool wait_for_deferred_frees(int want, double timeout_s) {
-    double deadline = now_s() + timeout_s;
-    while (atomic_load(&g_deferred_frees) < want && now_s() < deadline) usleep(10000);
-    return atomic_load(&g_deferred_frees) == want;
+    return wait_for_count(&g_deferred_frees, want, timeout_s);
 }
 
 static void *wake_later(void *arg) {
