@@ -4,7 +4,8 @@
  * body, multipart (binary parts, malformed bodies), handler bugs answered with 500,
  * SSE (events, suspension without busy looping, wake, disconnect, stop with a stream
  * open), deferred answers (woken by key from another thread, at the deadline, a client
- * leaving, many waiting on two threads beside a plain GET), stats, and survival after garbage and half-closed connections. */
+ * leaving, many waiting on two threads beside a plain GET), stats, and survival after
+ * garbage and half-closed connections. */
 #include <criterion/criterion.h>
 
 #include <errno.h>

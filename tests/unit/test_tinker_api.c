@@ -289,7 +289,8 @@ Test(tinker_futures, failures_keep_the_workers_message_and_category, .init = tes
     cr_assert_str_eq(json_string_value(json_object_get(e, "error")), "adam.learning_rate: must be > 0");
     cr_assert_str_eq(json_string_value(json_object_get(e, "category")), "user");
     json_decref(row);
-    TEST_OK(tinker_futures_fail_job(&(struct server){0}, c, "job-1", "the session worker ended (exit 137)", &err), &err);
+    struct server no_http = {0}; /* no HTTP server: no poll to wake */
+    TEST_OK(tinker_futures_fail_job(&no_http, c, "job-1", "the session worker ended (exit 137)", &err), &err);
     row = future_row(c, b);
     cr_assert_str_eq(json_string_value(json_object_get(row, "status")), "failed");
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(row, "error"), "category")), "server");
