@@ -51,6 +51,7 @@ static void payload_send(void *ctx, void *p, const char *future_id) {
         if (ctx && e && store_exec(ctx, &e2, "UPDATE tinker_futures SET status = 'failed', error = ?, finished_at = ? "
                                    "WHERE id = ? AND status = 'pending'", "jis", e, server_now(), future_id) < 0)
             log_error("tinker: failing future %s: %s", future_id, e2.message);
+        else if (ctx && e) tinker_futures_wake(x->s, future_id);
         json_decref(e);
     }
     payload_free(x);

@@ -1,16 +1,17 @@
 /* retrieve_future and cancel_future (docs/tinker.md): a future's result once the worker
  * answered (protobuf for forward(_backward) and sample, JSON otherwise), its failure as
  * {"error", "category"}, or — after a long poll of up to TINKER_POLL_S — try_again, which
- * the SDK re-polls at once. No store connection is held while waiting. */
+ * the SDK re-polls at once. The long poll is a deferred answer (http.h): no HTTP thread
+ * and no store connection is held while it waits, and the store is read again only when
+ * the future's key is woken (tinker_futures_woken: a result stored, futures failed). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/common.h"
 #include "server/tinker_api.h"
 
 #define TINKER_POLL_S 25
-#define TINKER_POLL_STEP_MS 50
 
 static json_t *future_row(struct server *s, struct http_response *res, const char *project, const char *id) {
     struct store_conn *c = server_conn(s, res);
@@ -44,39 +45,61 @@ static void reply_done(struct http_response *res, const json_t *row) {
     free(body);
 }
 
+/* The poll's state while its connection waits; freed by the HTTP layer. */
+struct poll {
+    struct server *s;
+    char project[HTTP_ID_BYTES];
+    char id[HTTP_ID_BYTES];
+};
+
+/* Fills res from the future's row (true), or leaves it empty while the future is pending
+ * and last is false. */
+static bool poll_answer(void *ctx, bool last, struct http_response *res) {
+    struct poll *p = ctx;
+    json_t *row = future_row(p->s, res, p->project, p->id);
+    if (!row) return true;
+    const char *status = json_string_value(json_object_get(row, "status"));
+    bool pending = strcmp(status, "pending") == 0;
+    if (strcmp(status, "done") == 0) reply_done(res, row);
+    else if (!pending) {
+        json_t *e = json_object_get(row, "error");
+        http_reply_json(res, 200, json_is_object(e) ? json_incref(e)
+                                                    : json_pack("{s:s, s:s}", "error", "the request was cancelled",
+                                                                "category", "user"));
+    } else if (last)
+        http_reply_json(res, 200, json_pack("{s:s, s:s, s:s}", "type", "try_again", "request_id", p->id,
+                                            "queue_state", "active"));
+    json_decref(row);
+    return !pending || last;
+}
+
 void api_tinker_retrieve_future(void *app, struct http_request *req, struct http_response *res) {
-    struct server *s = app;
     json_t *body = tinker_body(req, res);
     if (!body) return;
     const char *id = json_string_value(json_object_get(body, "request_id"));
-    if (!id) {
-        http_reply_error(res, 400, "request_id", "invalid_value", "request_id: required");
+    struct poll *p = id ? calloc(1, sizeof *p) : NULL;
+    if (!id) http_reply_error(res, 400, "request_id", "invalid_value", "request_id: required");
+    else if (strlen(id) >= sizeof p->id)
+        http_reply_error(res, 404, "request_id", "not_found", "request_id: no such future: %.200s", id);
+    else if (!p) http_reply_error(res, 500, NULL, NULL, "out of memory");
+    if (!p || strlen(id) >= sizeof p->id) {
+        free(p);
         json_decref(body);
         return;
     }
-    struct timespec start, now, step = {0, TINKER_POLL_STEP_MS * 1000000L};
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    for (;;) {
-        json_t *row = future_row(s, res, req->identity.project, id);
-        if (!row) break;
-        const char *status = json_string_value(json_object_get(row, "status"));
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        bool waited = now.tv_sec - start.tv_sec >= TINKER_POLL_S;
-        if (strcmp(status, "done") == 0) reply_done(res, row);
-        else if (strcmp(status, "pending") != 0) {
-            json_t *e = json_object_get(row, "error");
-            http_reply_json(res, 200, json_is_object(e) ? json_incref(e)
-                                                        : json_pack("{s:s, s:s}", "error", "the request was cancelled",
-                                                                    "category", "user"));
-        } else if (waited)
-            http_reply_json(res, 200, json_pack("{s:s, s:s, s:s}", "type", "try_again", "request_id", id,
-                                                "queue_state", "active"));
-        bool again = strcmp(status, "pending") == 0 && !waited;
-        json_decref(row);
-        if (!again) break;
-        nanosleep(&step, NULL);
-    }
+    p->s = app;
+    snprintf(p->project, sizeof p->project, "%s", req->identity.project);
+    snprintf(p->id, sizeof p->id, "%s", id);
     json_decref(body);
+    if (poll_answer(p, false, res)) {
+        free(p);
+        return;
+    }
+    res->deferred = poll_answer;
+    res->deferred_ctx = p;
+    res->deferred_free = free;
+    res->deferred_deadline_ms = TINKER_POLL_S * 1000;
+    snprintf(res->deferred_key, sizeof res->deferred_key, "%s", p->id);
 }
 
 void api_tinker_cancel_future(void *app, struct http_request *req, struct http_response *res) {

@@ -245,19 +245,15 @@ static int save_dir(struct server *s, const json_t *row, const json_t *body, con
     return dir_create_all(parent, err);
 }
 
-static int checkpoint_insert(struct store_conn *c, const char *project, const json_t *row, const char *kind,
-                             const char *name, const char *tpath, const char *dir, struct smelt_error *err) {
-    int rc = store_exec(c, err, "INSERT OR REPLACE INTO tinker_checkpoints (id, project_id, model_id, kind, name, path, "
-                        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", "ssssssi", tpath, project,
-                        json_string_value(json_object_get(row, "id")), kind, name, dir, server_now());
+/* A save replacing a checkpoint removed its directory (save_dir): the old rows go with it, and the new ones come
+ * only when the worker's save succeeds (tinker_future_complete). */
+static int checkpoint_forget(struct store_conn *c, const json_t *row, const char *kind, const char *name,
+                             const char *tpath, struct smelt_error *err) {
+    int rc = store_exec(c, err, "DELETE FROM tinker_checkpoints WHERE id = ?", "s", tpath);
     if (rc < 0 || strcmp(kind, "sampler") != 0) return rc < 0 ? rc : 0;
-    /* a sampler checkpoint is a PEFT adapter: listed by /v1/models, usable as a job's model */
     char id[HTTP_ID_BYTES * 2];
     snprintf(id, sizeof id, "ft:tinker:%s:%s", json_string_value(json_object_get(row, "id")), name);
-    rc = store_exec(c, err, "INSERT OR REPLACE INTO models (id, project_id, job_id, path, kind, base_model, created_at) "
-                    "VALUES (?, ?, ?, ?, 'lora', ?, ?)", "sssssi", id, project,
-                    json_string_value(json_object_get(row, "job_id")), dir,
-                    json_string_value(json_object_get(row, "base_model")), server_now());
+    rc = store_exec(c, err, "DELETE FROM models WHERE id = ?", "s", id);
     return rc < 0 ? rc : 0;
 }
 
@@ -270,13 +266,15 @@ static void save(struct server *s, struct store_conn *c, struct http_response *r
     const char *op = strcmp(kind, "training") == 0 ? "save_weights" : "save_weights_for_sampler";
     char tpath[SERVER_PATH_BYTES], dir[SERVER_PATH_BYTES];
     struct smelt_error err = {0};
+    const char *name = json_string_value(json_object_get(body, "path"));
     int rc = save_dir(s, row, body, kind, tpath, sizeof tpath, dir, sizeof dir, &err);
-    if (!rc) rc = checkpoint_insert(c, project, row, kind, json_string_value(json_object_get(body, "path")), tpath,
-                                    dir, &err);
+    if (!rc) rc = checkpoint_forget(c, row, kind, name, tpath, &err);
     if (rc) refuse(s, c, res, model_id, seq, &err, NULL);
     else
         tinker_submit(s, c, res, project, model_id, seq, json_string_value(json_object_get(row, "job_id")), op,
-                      json_pack("{s:s, s:s}", "type", op, "path", tpath),
+                      json_pack("{s:s, s:s, s:{s:s, s:s, s:s, s:s?}}", "type", op, "path", tpath,
+                                TINKER_FUTURE_CHECKPOINT, "kind", kind, "name", name, "dir", dir, "base_model",
+                                json_string_value(json_object_get(row, "base_model"))),
                       strcmp(kind, "training") == 0 ? json_pack("{s:s, s:b}", "path", dir, "optimizer", 1)
                                                      : json_pack("{s:s}", "path", dir), NULL, 0, NULL);
     json_decref(row);

@@ -860,6 +860,7 @@ static void tick(struct server *s) {
     schedule_queue(s, c);
     if (txn && store_commit(c, &err) != 0) log_error("control: %s", err.message);
     store_release(s->store, c);
+    tinker_futures_wake_failed(s);
     schedules_tick(s);
 }
 
@@ -877,6 +878,7 @@ static void *control_main(void *arg) {
                     bool txn = store_begin(c, &err) == 0;
                     on_agent_message(s, c, &m);
                     if (txn && store_commit(c, &err) != 0) log_error("control: %s", err.message);
+                    tinker_futures_wake_failed(s);
                 }
                 else if (m.route_len) {
                     json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", err.message, "field", "frames");

@@ -1,13 +1,14 @@
 /* The HTTP server: libmicrohttpd's thread pool on epoll, requests routed by the table,
  * auth and size limits checked from the headers alone (so a refused upload is never
  * read), the body gathered in whole, the handler called once, and its response checked
- * before it is sent. Streams live in http_sse.c, multipart parsing in http_multipart.c,
- * the reply helpers in http_reply.c.
+ * before it is sent. Streams live in http_sse.c, deferred answers in http_deferred.c,
+ * multipart parsing in http_multipart.c, the reply helpers in http_reply.c.
  *
  * One request's life (MHD's access handler is called several times per request):
  *   first call   route, authenticate, check Content-Length; refusals are answered here
  *   body calls   append to the body, or only count once it passed the limit
- *   last call    413 or the handler's response
+ *   last call    413 or the handler's response (or its deferral: suspended, then
+ *                called again on each resume until the deferred fn answers)
  *   completed    latency recorded, one debug log line, the request's state freed */
 #include "server/http_internal.h"
 
@@ -63,6 +64,8 @@ struct request_state {
     bool responded;
     bool is_stream;
     int status;
+    struct http_deferred *deferred;      /* the handler deferred its answer */
+    uint64_t deferred_seen;              /* deferred_seq before the handler ran */
 };
 
 /* ------------------------------------------------------------------ lookups ---- */
@@ -285,6 +288,7 @@ static bool header_name_ok(const char *name) {
 static const char *response_defect(const struct http_response *res) {
     if (res->status < 100 || res->status > 599) return "no valid status";
     if (!res->stream && !res->body && res->status != 204) return "no body";
+    if (res->stream && res->deferred) return "both a stream and a deferral";
     if (res->n_headers < 0 || res->n_headers > HTTP_MAX_HEADERS)
         return "more headers than HTTP_MAX_HEADERS or one too long";
     if (!memchr(res->content_type, '\0', sizeof res->content_type))
@@ -302,6 +306,7 @@ static const char *response_defect(const struct http_response *res) {
 static void response_release(struct http_response *res) {
     free(res->body);
     if (res->stream && res->stream_free) res->stream_free(res->stream_ctx);
+    if (res->deferred && res->deferred_free) res->deferred_free(res->deferred_ctx);
     memset(res, 0, sizeof *res);
 }
 
@@ -381,6 +386,7 @@ static enum MHD_Result respond(struct http_server *server, struct MHD_Connection
 /* ------------------------------------------------------------------ request ---- */
 
 static void request_state_free(struct request_state *st) {
+    http_deferred_free(st->deferred);
     free(st->path);
     free(st->scratch);
     free(st->body);
@@ -467,6 +473,37 @@ static enum MHD_Result body_append(struct request_state *st, const char *data, s
     return MHD_YES;
 }
 
+/* Asks the deferred fn (at once when ask) and sends its answer, or leaves the connection
+ * suspended; MHD_NO closes a connection whose client left or whose server stops. */
+static enum MHD_Result deferred_step(struct http_server *server, struct MHD_Connection *conn,
+                                     struct request_state *st, bool ask) {
+    struct http_response res;
+    bool gone;
+    if (!http_deferred_run(st->deferred, st->deferred_seen, ask, &res, &gone))
+        return gone ? MHD_NO : MHD_YES;
+    const char *defect = res.deferred || res.stream ? "a deferral or stream as its answer"
+                                                    : response_defect(&res);
+    if (defect) {
+        log_error("http: the deferred answer of %s %s has %s; answering 500",
+                  st->route->method, st->route->pattern, defect);
+        reply_internal_error(&res);
+    }
+    return respond(server, conn, st, &res);
+}
+
+/* The handler deferred its answer: the deferral moves into st->deferred. */
+static enum MHD_Result defer(struct http_server *server, struct MHD_Connection *conn,
+                             struct request_state *st, struct http_response *res) {
+    free(res->body);
+    res->body = NULL;
+    st->deferred = http_deferred_new(&server->streams, conn, res);
+    if (!st->deferred) {
+        reply_internal_error(res);
+        return respond(server, conn, st, res);
+    }
+    return deferred_step(server, conn, st, false);
+}
+
 /* The last call: the whole body is in; answer 413 or run the handler. */
 static enum MHD_Result finish_request(struct http_server *server, struct MHD_Connection *conn,
                                       struct request_state *st) {
@@ -489,7 +526,9 @@ static enum MHD_Result finish_request(struct http_server *server, struct MHD_Con
         .connection = conn,
     };
     memcpy(req.params, st->params, sizeof req.params);
+    st->deferred_seen = http_deferred_seq(&server->streams);
     st->route->handler(server->config.app, &req, &res);
+    if (res.deferred && !res.stream) return defer(server, conn, st, &res);
     const char *defect = response_defect(&res);
     if (defect) {
         log_error("http: the handler of %s %s left a response with %s; answering 500",
@@ -521,6 +560,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return body_append(st, upload_data, len);
     }
     if (st->responded) return MHD_YES;
+    if (st->deferred) return deferred_step(server, conn, st, true); /* resumed */
     return finish_request(server, conn, st);
 }
 
@@ -539,8 +579,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!st) return;
     *con_cls = NULL;
     double elapsed_s = http_now_s() - st->start_s;
-    /* A stream's life is not a latency; its status still counts (respond). */
-    if (st->responded && !st->is_stream) {
+    /* A stream's life and a long poll's wait are no latency; their status still counts
+     * (respond). */
+    if (st->responded && !st->is_stream && !st->deferred) {
         pthread_mutex_lock(&server->stats_mutex);
         for (int i = 0; i < HTTP_N_LATENCY_BUCKETS; i++)
             if (elapsed_s <= HTTP_LATENCY_BOUNDS[i]) server->stats.latency_buckets[i]++;
@@ -719,6 +760,10 @@ void http_server_stats(struct http_server *server, struct http_stats *out) {
 }
 
 void http_streams_wake(struct http_server *server) { http_streams_resume_all(&server->streams); }
+
+void http_deferred_wake(struct http_server *server, const char *key) {
+    http_deferred_resume(&server->streams, key);
+}
 
 void http_server_stop(struct http_server *server) {
     if (!server) return;

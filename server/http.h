@@ -67,6 +67,18 @@ int http_multipart_parse(const struct http_request *req, struct http_part *parts
  * stream. free_ctx releases ctx when the stream ends for any reason. */
 typedef long (*http_stream_next)(void *ctx, char *buf, size_t cap);
 
+/* A deferred answer (a long poll): a handler that cannot answer yet sets res->deferred
+ * instead of a body. The connection is then suspended (no thread waits, no polling) and
+ * fn is asked again, on an HTTP thread, after each http_deferred_wake that names its key
+ * (or all keys), and once more with last = true when the deadline passes. fn fills res
+ * (any plain response: not another deferral, not a stream) and returns true, or returns
+ * false for "still waiting" (ignored when last: a last call that fills nothing is a 500).
+ * res is zeroed before each call. free_ctx releases ctx exactly once, after the answer
+ * or when the client leaves or the server stops first. The deadline is honoured to
+ * within the SSE ticker's tick (HTTP_SSE_TICK_MS, 250 ms). */
+struct http_response;
+typedef bool (*http_deferred_fn)(void *ctx, bool last, struct http_response *res);
+
 #define HTTP_MAX_HEADERS 4
 
 struct http_response {
@@ -79,6 +91,11 @@ struct http_response {
     http_stream_next stream;          /* non-NULL: an SSE response; body is ignored */
     void *stream_ctx;
     void (*stream_free)(void *ctx);
+    http_deferred_fn deferred;        /* non-NULL: answer later (above); body is ignored */
+    void *deferred_ctx;
+    void (*deferred_free)(void *ctx);
+    int deferred_deadline_ms;         /* from now; the last call comes then */
+    char deferred_key[HTTP_ID_BYTES]; /* what wakes it ("" : every wake) */
 };
 
 /* Helpers filling a response. http_reply_json takes ownership of value (json_decref). */
@@ -146,6 +163,9 @@ int http_server_port(const struct http_server *server);
 void http_server_stats(struct http_server *server, struct http_stats *out);
 /* Resumes every suspended SSE stream so its next() is asked again (new events). */
 void http_streams_wake(struct http_server *server);
+/* Asks every suspended deferred answer whose key is key (NULL: all of them) again. Safe
+ * from any thread; a wake that races a handler's decision to defer is not lost. */
+void http_deferred_wake(struct http_server *server, const char *key);
 /* Stops accepting, ends streams, waits for handlers, frees. */
 void http_server_stop(struct http_server *server);
 

@@ -17,9 +17,12 @@
 #define HTTP_SSE_TICK_MS 250
 
 struct http_stream;
+struct http_deferred;
 
-/* The SSE streams of one server. mutex guards the list, each stream's suspended /
- * peer_gone / last_write_s, wake_seq and stopping. */
+/* The SSE streams and deferred answers of one server (both suspend their connections;
+ * one ticker serves both). mutex guards the lists, each stream's suspended / peer_gone /
+ * last_write_s, each deferred answer's suspended / peer_gone, the wake counters and
+ * stopping. */
 struct http_streams {
     pthread_mutex_t mutex;
     pthread_cond_t tick;            /* signalled on stop, so the ticker ends at once */
@@ -29,6 +32,8 @@ struct http_streams {
     uint64_t wake_seq;              /* bumped by each wake: a reader whose next() raced a
                                        wake asks again instead of suspending */
     bool stopping;                  /* set once by shutdown: streams end, none suspends */
+    struct http_deferred *deferred; /* every deferred answer not yet given */
+    uint64_t deferred_seq;          /* bumped by each http_deferred_wake, like wake_seq */
 };
 
 int http_streams_init(struct http_streams *streams, struct smelt_error *err);
@@ -46,6 +51,26 @@ void http_streams_destroy(struct http_streams *streams);
 struct MHD_Response *http_stream_response(struct http_streams *streams,
                                           struct MHD_Connection *connection,
                                           struct http_response *res);
+
+/* Deferred answers (http_deferred.c). A deferred answer lives from the handler's
+ * deferral to the request's end (http_deferred_free in the completed callback). */
+uint64_t http_deferred_seq(struct http_streams *streams);
+/* Takes res's deferral (deferred_free runs exactly once: in http_deferred_free, or here
+ * when NULL is returned for want of memory). */
+struct http_deferred *http_deferred_new(struct http_streams *streams,
+                                        struct MHD_Connection *connection,
+                                        struct http_response *res);
+/* Asks fn (at once when ask, else only if a wake came after seen) until it answers
+ * (true, res filled) or the connection is suspended to wait (false). *gone is set instead
+ * when the client left or the server stops: the connection is to be closed. */
+bool http_deferred_run(struct http_deferred *d, uint64_t seen, bool ask,
+                       struct http_response *res, bool *gone);
+/* Unlinks and frees d and its context; NULL is fine. */
+void http_deferred_free(struct http_deferred *d);
+/* The ticker's part: resumes deferred answers past their deadline or whose client left. */
+void http_deferred_tick(struct http_streams *streams);
+/* Resumes every suspended deferred answer with key (NULL: all), bumping deferred_seq. */
+void http_deferred_resume(struct http_streams *streams, const char *key);
 
 /* Whether the client shut its sending side or the socket failed (never blocks). */
 bool http_peer_hung_up(int fd);

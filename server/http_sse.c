@@ -2,7 +2,8 @@
  * records; when there is nothing new it suspends the connection (MHD then neither polls
  * nor times it out, so an idle stream costs no CPU) and http_streams_resume_all wakes
  * it. Suspended connections are invisible to MHD, so a ticker thread does what MHD
- * cannot: resumes streams whose keep-alive is due and those whose client hung up. */
+ * cannot: resumes streams whose keep-alive is due and those whose client hung up, and
+ * (http_deferred_tick) deferred answers past their deadline. */
 #include "server/http_internal.h"
 
 #include <errno.h>
@@ -96,6 +97,7 @@ static void *ticker_main(void *arg) {
         }
         unlock(streams);
         resume_chain(chain);
+        http_deferred_tick(streams);
         lock(streams);
     }
     unlock(streams);
@@ -135,6 +137,7 @@ void http_streams_shutdown(struct http_streams *streams) {
         if (s->suspended) chain_for_resume(s, &chain);
     unlock(streams);
     resume_chain(chain);
+    http_deferred_resume(streams, NULL); /* stopping: each closes its connection */
     if (streams->ticker_running) {
         pthread_join(streams->ticker, NULL);
         streams->ticker_running = false;
@@ -142,7 +145,7 @@ void http_streams_shutdown(struct http_streams *streams) {
 }
 
 void http_streams_destroy(struct http_streams *streams) {
-    SMELT_ASSERT(!streams->head); /* MHD_stop_daemon destroyed every response */
+    SMELT_ASSERT(!streams->head && !streams->deferred); /* MHD_stop_daemon ended every request */
     pthread_cond_destroy(&streams->tick);
     pthread_mutex_destroy(&streams->mutex);
 }

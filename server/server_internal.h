@@ -45,6 +45,8 @@ struct server {
     char tinker_endpoint[256];             /* where session workers connect (ZMQ_LAST_ENDPOINT) */
     struct tinker_dispatch *tinker;        /* NULL until tinker_dispatch_start */
     struct tinker_api *tinker_api;         /* the API handlers' state (api_tinker.c) */
+    atomic_bool tinker_futures_failed;     /* futures failed in a control-loop transaction not
+                                              yet woken (tinker_futures_wake_failed) */
 };
 
 /* ---- small helpers (server/util.c) ---- */

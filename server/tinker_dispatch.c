@@ -270,6 +270,7 @@ static void on_result(struct server *s, struct store_conn *c, const struct msg *
     else if (tinker_future_complete(s, c, m, &err) != 0)
         log_warn("tinker: result %s from %s.%lld: %s", fid, job_id, (long long)attempt, err.message);
     if (store_commit(c, &err) != 0) log_error("tinker: result %s: %s", fid, err.message);
+    else tinker_futures_wake(s, fid);
 }
 
 static void on_message(struct server *s, const struct msg *m) {

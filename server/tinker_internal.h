@@ -5,15 +5,28 @@
 #include "server/server_internal.h"
 #include "common/msg.h"
 /* ---- S1: futures and results (server/tinker_futures.c) ---- */
+/* A save's checkpoint rides in its future's partial result under this key until the worker answers:
+ * {"kind": "training"|"sampler", "name", "dir", "base_model"} (the path is the result's "path"). The key is taken
+ * off the SDK's result; the checkpoint is listed (tinker_checkpoints, and a sampler's models row) only when the save
+ * succeeds, in the same transaction. */
+#define TINKER_FUTURE_CHECKPOINT "smelt_checkpoint"
 /* A new pending future of op for model_id (may be NULL) on session job job_id; id_out gets "fut-<24 hex>". */
 int tinker_future_create(struct store_conn *c, const char *project, const char *model_id, const char *job_id,
                          const char *op, char *id_out, size_t cap, struct smelt_error *err);
 /* The worker's tinker.result for a future: converted to the SDK's result object for the future's op and stored
- * (status done), or its error stored (status failed). Unknown or finished futures: SMELT_ENOTFOUND, nothing changed. */
+ * (status done; a save's checkpoint rows inserted), or its error stored (status failed). Unknown or finished
+ * futures: SMELT_ENOTFOUND, nothing changed. */
 int tinker_future_complete(struct server *s, struct store_conn *c, const struct msg *result, struct smelt_error *err);
 /* Fails every pending future of job_id with a server-category error (the worker is gone), and marks the job's
- * live models "lost". */
-int tinker_futures_fail_job(struct store_conn *c, const char *job_id, const char *message, struct smelt_error *err);
+ * live models "lost". Their polls are woken by tinker_futures_wake_failed after the caller's commit. */
+int tinker_futures_fail_job(struct server *s, struct store_conn *c, const char *job_id, const char *message,
+                            struct smelt_error *err);
+/* Wakes retrieve_future's waiting polls of future_id (NULL: all of them); called after the commit that finished
+ * it, so the woken poll reads the new row. */
+void tinker_futures_wake(struct server *s, const char *future_id);
+/* Wakes every waiting poll when tinker_futures_fail_job failed some futures since the last call (the control loop
+ * calls it after each of its commits). */
+void tinker_futures_wake_failed(struct server *s);
 /* ---- S2: session jobs and dispatch (server/tinker_dispatch.c, server/tinker_jobs.c) ---- */
 /* Binds the tinker ROUTER (s->config.tinker_bind, default "tcp://127.0.0.1:*"), records the endpoint workers
  * connect to in s->tinker_endpoint, starts the dispatch thread. */

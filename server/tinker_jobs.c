@@ -105,7 +105,7 @@ void tinker_job_worker_gone(struct server *s, struct store_conn *c, const json_t
     tinker_dispatch_forget(s, id);
     char message[1024];
     snprintf(message, sizeof message, "the Tinker session worker %.900s", how);
-    logged("futures", tinker_futures_fail_job(c, id, message, &err), &err);
+    logged("futures", tinker_futures_fail_job(s, c, id, message, &err), &err);
     if (strcmp(status, "running") != 0) {
         logged("event", jobs_event(s, c, id, "info", "message", NULL, &err, "Session worker %.900s; its device is "
                                    "free", how), &err);
@@ -187,7 +187,7 @@ static void release(struct server *s, struct store_conn *c, const char *id, int6
 
 /* Pending futures of session jobs that ended without a worker to fail them (cancelled
  * while queued, or a request that raced the end). */
-static void fail_orphans(struct store_conn *c) {
+static void fail_orphans(struct server *s, struct store_conn *c) {
     struct smelt_error err = {0};
     json_t *rows = NULL;
     if (store_query(c, &rows, &err, "SELECT DISTINCT f.job_id, j.status FROM tinker_futures f JOIN jobs j ON j.id = "
@@ -204,7 +204,7 @@ static void fail_orphans(struct store_conn *c) {
                  json_string_value(json_object_get(row, "job_id")),
                  strcmp(json_string_value(json_object_get(row, "status")), "cancelled") == 0 ? "been cancelled"
                                                                                               : "ended");
-        logged("futures", tinker_futures_fail_job(c, json_string_value(json_object_get(row, "job_id")), message,
+        logged("futures", tinker_futures_fail_job(s, c, json_string_value(json_object_get(row, "job_id")), message,
                                                   &err), &err);
     }
     json_decref(rows);
@@ -223,7 +223,7 @@ static void end_unconfirmed_releases(struct server *s, struct store_conn *c) {
     json_array_foreach(rows, i, row) {
         const char *id = json_string_value(json_object_get(row, "id"));
         tinker_dispatch_forget(s, id);
-        logged("futures", tinker_futures_fail_job(c, id, "the Tinker session was released", &err), &err);
+        logged("futures", tinker_futures_fail_job(s, c, id, "the Tinker session was released", &err), &err);
         end_succeeded(s, c, id);
     }
     json_decref(rows);
@@ -237,7 +237,7 @@ void tinker_jobs_tick(struct server *s, struct store_conn *c) {
     json_t *row;
     json_array_foreach(rows, i, row) release(s, c, json_string_value(json_object_get(row, "id")), idle);
     json_decref(rows);
-    fail_orphans(c);
+    fail_orphans(s, c);
 }
 
 /* ---- restart ---- */
@@ -250,7 +250,7 @@ static int end_left_over(struct server *s, struct store_conn *c, const char *id,
                                 "ijs", server_now(), error, id)
                    : error_set(err, SMELT_ENOMEM, "out of memory");
     json_decref(error);
-    if (rc >= 0) rc = tinker_futures_fail_job(c, id, "smeltd restarted", err);
+    if (rc >= 0) rc = tinker_futures_fail_job(s, c, id, "smeltd restarted", err);
     if (rc >= 0) rc = jobs_event(s, c, id, "error", "message", NULL, err, "Job failed: %s", message);
     return rc < 0 ? rc : 0;
 }

@@ -2,8 +2,8 @@
 (tinker==0.38.0, pinned in tests/requirements.txt), against a real smeltd and its session
 worker (smelt-tinker): a supervised loop that learns, sampling whose logprobs equal a
 forward pass bit for bit, an RL loop that raises its reward, a client-side custom loss,
-a resume from save_state, four LoRA models on one base in one worker, and bad input
-answered with errors that name the field.
+a resume from save_state, four LoRA models on one base in one worker, bad input
+answered with errors that name the field, and long polls that leave the HTTP threads free.
 
 The base model is tests/data/tinker/addition-base (the tiny byte-level model trained by
 examples/sft_mixed.json: it writes two-digit sums in the three-digit form about 70% of
@@ -15,6 +15,8 @@ import shutil
 import struct
 import sys
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -314,3 +316,43 @@ def test_another_projects_model_is_not_found(server):
     assert status == 404, (status, body)
     status, body = raw(server, "/api/v1/get_info", {"model_id": tc.model_id}, key="tml-" + key["key"])
     assert status == 404, (status, body)
+
+
+def poll_future(server, request_id, out):
+    """One retrieve_future, recording (status, content type, when it answered)."""
+    req = urllib.request.Request("http://127.0.0.1:%d/api/v1/retrieve_future" % server.port,
+                                 data=json.dumps({"request_id": request_id}).encode(), method="POST",
+                                 headers={"X-API-Key": TINKER_KEY, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        r.read()
+        out.append((r.status, r.headers.get("Content-Type"), time.monotonic()))
+
+
+def test_waiting_polls_leave_the_http_threads_free(server):
+    """32 long polls on a forward_backward of 1024 data (smeltd has 8 HTTP threads) while a
+    plain GET comes in: it is answered at once, and every poll gets the result."""
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+    svc = service(server)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=7)
+    data = [sft_datum(r["prompt"], r["completion"]) for r in (TRAIN * 2)[:1024]]
+    body = forward_backward_request_to_proto(types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"),
+        model_id=tc.model_id, seq_id=1)).SerializeToString()
+    status, fut = raw(server, "/api/v1/forward_backward", body, content_type="application/x-protobuf")
+    assert status == 200, fut
+    answers = []
+    polls = [threading.Thread(target=poll_future, args=(server, fut["request_id"], answers)) for _ in range(32)]
+    for t in polls:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    status, models = server.request("GET", "/v1/models")
+    answered = time.monotonic()
+    assert status == 200, models
+    assert answered - t0 < 1.0, "GET /v1/models took %.2f s behind 32 waiting polls" % (answered - t0)
+    assert not answers, "the forward_backward ended before the GET: the polls were not waiting"
+    for t in polls:
+        t.join(60)
+    assert len(answers) == 32, answers
+    assert all(a[0] == 200 and a[1] == "application/x-protobuf" for a in answers), answers
+    assert min(a[2] for a in answers) > answered

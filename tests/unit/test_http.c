@@ -3,7 +3,9 @@
  * 404/405/501, path traversal, auth (401/403), 413 by Content-Length and by chunked
  * body, multipart (binary parts, malformed bodies), handler bugs answered with 500,
  * SSE (events, suspension without busy looping, wake, disconnect, stop with a stream
- * open), stats, and survival after garbage and half-closed connections. */
+ * open), deferred answers (woken by key from another thread, at the deadline, a client
+ * leaving, many waiting on two threads beside a plain GET), stats, and survival after
+ * garbage and half-closed connections. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -123,6 +125,45 @@ static void h_events(void *app, struct http_request *req, struct http_response *
     res->stream_free = events_free;
 }
 
+/* A deferred answer: "ready:<key>" once g_deferred_ready is set and it is woken,
+ * "deadline:<key>" at its deadline (?ms=, default 5000). */
+static atomic_int g_deferred_ready;
+static atomic_int g_deferred_calls;
+static atomic_int g_deferred_frees;
+
+struct wait_ctx {
+    char key[64];
+};
+
+static bool wait_answer(void *ctx, bool last, struct http_response *res) {
+    struct wait_ctx *w = ctx;
+    atomic_fetch_add(&g_deferred_calls, 1);
+    bool ready = atomic_load(&g_deferred_ready);
+    if (!ready && !last) return false;
+    char text[128];
+    int n = snprintf(text, sizeof text, "%s:%s", ready ? "ready" : "deadline", w->key);
+    http_reply_text(res, 200, "text/plain", text, (size_t)n);
+    return true;
+}
+
+static void wait_free(void *ctx) {
+    atomic_fetch_add(&g_deferred_frees, 1);
+    free(ctx);
+}
+
+static void h_wait(void *app, struct http_request *req, struct http_response *res) {
+    (void)app;
+    struct wait_ctx *w = calloc(1, sizeof *w);
+    cr_assert(w);
+    snprintf(w->key, sizeof w->key, "%s", req->params[0]);
+    const char *ms = http_query(req, "ms");
+    res->deferred = wait_answer;
+    res->deferred_ctx = w;
+    res->deferred_free = wait_free;
+    res->deferred_deadline_ms = ms ? atoi(ms) : 5000;
+    snprintf(res->deferred_key, sizeof res->deferred_key, "%s", w->key);
+}
+
 static int auth(void *app, const char *key, struct http_identity *out) {
     (void)app;
     if (strcmp(key, "sk-user") == 0) {
@@ -150,16 +191,17 @@ static const struct http_route ROUTES[] = {
     {"GET", "/v1/no_status", h_no_status, 0},
     {"GET", "/v1/many_headers", h_many_headers, 0},
     {"GET", "/v1/events", h_events, 0},
+    {"GET", "/v1/wait/{key}", h_wait, 0},
     {"GET", "/static/*", h_static, HTTP_PUBLIC},
     {"POST", "/api/v1/echo", h_echo, 0},
 };
 
-static void server_up(void) {
+static void server_start(int threads) {
     log_set_level(LOG_LEVEL_OFF);
     struct http_config config = {
         .listen_address = "127.0.0.1",
         .port = 0,
-        .threads = 4,
+        .threads = threads,
         .max_body_bytes = MAX_BODY,
         .max_upload_bytes = MAX_UPLOAD,
         .routes = ROUTES,
@@ -172,6 +214,8 @@ static void server_up(void) {
     cr_assert_eq(rc, 0, "http_server_start: %s", err.message);
     cr_assert_gt(http_server_port(g_server), 0);
 }
+
+static void server_up(void) { server_start(4); }
 
 static void server_down(void) {
     http_server_stop(g_server);
@@ -840,10 +884,15 @@ static double cpu_seconds(void) {
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
-static bool wait_for_frees(int want, double timeout_s) {
+/* Waits until *counter reaches want; whether it is exactly want then. */
+static bool wait_for_count(atomic_int *counter, int want, double timeout_s) {
     double deadline = now_s() + timeout_s;
-    while (atomic_load(&g_stream_frees) < want && now_s() < deadline) usleep(10000);
-    return atomic_load(&g_stream_frees) == want;
+    while (atomic_load(counter) < want && now_s() < deadline) usleep(10000);
+    return atomic_load(counter) == want;
+}
+
+static bool wait_for_frees(int want, double timeout_s) {
+    return wait_for_count(&g_stream_frees, want, timeout_s);
 }
 
 Test(http, sse_events_suspend_and_wake) {
@@ -930,6 +979,116 @@ Test(http, stop_with_open_stream_is_prompt) {
     cr_assert_lt(now_s() - t0, 1.0, "stop took %.2f s", now_s() - t0);
     cr_assert_eq(atomic_load(&g_stream_frees), 1);
     close(fd);
+}
+
+/* ------------------------------------------------------ deferred answers ---- */
+
+static int send_wait(const char *key, int ms) {
+    int fd = connect_server();
+    char raw[256];
+    int n = snprintf(raw, sizeof raw, "GET /v1/wait/%s?ms=%d HTTP/1.1\r\nHost: t\r\n"
+                     "Connection: close\r\nAuthorization: Bearer sk-user\r\n\r\n", key, ms);
+    send_all(fd, raw, (size_t)n);
+    return fd;
+}
+
+/* The answer's body on fd (read until the server closes). */
+static void expect_answer(int fd, const char *body) {
+    size_t n;
+    char *buf = read_all(fd, &n);
+    close(fd);
+    struct reply r;
+    parse_reply(buf, n, &r);
+    free(buf);
+    cr_assert_eq(r.status, 200, "%s", r.head);
+    cr_assert_str_eq(r.body, body);
+    reply_free(&r);
+}
+
+static bool readable_within(int fd, int ms) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    return poll(&pfd, 1, ms) > 0;
+}
+
+static bool wait_for_deferred_frees(int want, double timeout_s) {
+    return wait_for_count(&g_deferred_frees, want, timeout_s);
+}
+
+static void *wake_later(void *arg) {
+    (void)arg;
+    usleep(100000);
+    atomic_store(&g_deferred_ready, 1);
+    http_deferred_wake(g_server, "k1");
+    return NULL;
+}
+
+Test(http, deferred_woken_by_another_thread) {
+    int fd = send_wait("k1", 5000);
+    cr_assert_not(readable_within(fd, 300), "a deferred request was answered before its wake");
+    /* Suspended: fn is not polled, and a wake for another key leaves it alone. */
+    int calls = atomic_load(&g_deferred_calls);
+    http_deferred_wake(g_server, "other");
+    usleep(200000);
+    cr_assert_eq(atomic_load(&g_deferred_calls), calls, "fn was asked while nothing woke it");
+    cr_assert_not(readable_within(fd, 0));
+
+    pthread_t t;
+    double t0 = now_s();
+    cr_assert_eq(pthread_create(&t, NULL, wake_later, NULL), 0);
+    expect_answer(fd, "ready:k1");
+    pthread_join(t, NULL);
+    cr_assert_lt(now_s() - t0, 1.0, "the woken answer took %.2f s", now_s() - t0);
+    cr_assert(wait_for_deferred_frees(1, 2.0));
+}
+
+Test(http, deferred_answers_at_its_deadline) {
+    double t0 = now_s();
+    int fd = send_wait("k2", 600);
+    expect_answer(fd, "deadline:k2");
+    double took = now_s() - t0;
+    cr_assert(took >= 0.55 && took < 1.5, "answered after %.2f s for a 0.6 s deadline", took);
+    cr_assert(wait_for_deferred_frees(1, 2.0));
+}
+
+Test(http, deferred_client_leaving_frees_its_context) {
+    int fd = send_wait("k3", 10000);
+    usleep(100000);
+    close(fd);
+    cr_assert(wait_for_deferred_frees(1, 2.0), "ctx not freed after the client left");
+    /* Stopping with one still waiting ends it at once and frees it too. */
+    fd = send_wait("k4", 10000);
+    usleep(100000);
+    double t0 = now_s();
+    http_server_stop(g_server);
+    g_server = NULL;
+    cr_assert_lt(now_s() - t0, 1.0, "stop took %.2f s", now_s() - t0);
+    cr_assert_eq(atomic_load(&g_deferred_frees), 2);
+    close(fd);
+}
+
+Test(http, deferred_many_leave_the_pool_free) {
+    enum { N = 16 };
+    http_server_stop(g_server);
+    server_start(2);
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "m%d", i);
+        fds[i] = send_wait(key, 10000);
+    }
+    usleep(200000);
+    double t0 = now_s();
+    expect_status("GET", "/healthz", NULL, 200);
+    cr_assert_lt(now_s() - t0, 0.5, "a plain GET waited %.2f s behind deferred requests", now_s() - t0);
+    for (int i = 0; i < N; i++) cr_assert_not(readable_within(fds[i], 0), "request %d answered early", i);
+    atomic_store(&g_deferred_ready, 1);
+    http_deferred_wake(g_server, NULL);
+    for (int i = 0; i < N; i++) {
+        char body[32];
+        snprintf(body, sizeof body, "ready:m%d", i);
+        expect_answer(fds[i], body);
+    }
+    cr_assert(wait_for_deferred_frees(N, 2.0));
 }
 
 Test(http, stats_count_responses) {

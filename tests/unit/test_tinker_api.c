@@ -289,7 +289,8 @@ Test(tinker_futures, failures_keep_the_workers_message_and_category, .init = tes
     cr_assert_str_eq(json_string_value(json_object_get(e, "error")), "adam.learning_rate: must be > 0");
     cr_assert_str_eq(json_string_value(json_object_get(e, "category")), "user");
     json_decref(row);
-    TEST_OK(tinker_futures_fail_job(c, "job-1", "the session worker ended (exit 137)", &err), &err);
+    struct server no_http = {0}; /* no HTTP server: no poll to wake */
+    TEST_OK(tinker_futures_fail_job(&no_http, c, "job-1", "the session worker ended (exit 137)", &err), &err);
     row = future_row(c, b);
     cr_assert_str_eq(json_string_value(json_object_get(row, "status")), "failed");
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(row, "error"), "category")), "server");
@@ -301,6 +302,81 @@ Test(tinker_futures, failures_keep_the_workers_message_and_category, .init = tes
     cr_assert_str_eq(json_string_value(json_object_get(row, "status")), "lost");
     json_decref(row);
     msg_free(&m);
+    store_release(st, c);
+    store_close(st);
+}
+
+/* A save's future as api_tinker_train.c makes it: the checkpoint rides in the partial result. */
+static void save_future(struct store_conn *c, const char *op, const char *kind, const char *name, char *id,
+                        size_t cap) {
+    struct smelt_error err = {0};
+    TEST_OK(tinker_future_create(c, "p", "m1", "job-1", op, id, cap, &err), &err);
+    char tpath[128];
+    snprintf(tpath, sizeof tpath, "tinker://m1/%s/%s", strcmp(kind, "sampler") == 0 ? "sampler_weights" : "weights",
+             name);
+    json_t *base = json_pack("{s:s, s:s, s:{s:s, s:s, s:s, s:s}}", "type", op, "path", tpath,
+                             TINKER_FUTURE_CHECKPOINT, "kind", kind, "name", name, "dir", "/data/x", "base_model",
+                             "tiny");
+    cr_assert_eq(store_exec(c, &err, "UPDATE tinker_futures SET result = ? WHERE id = ?", "js", base, id), 1, "%s",
+                 err.message);
+    json_decref(base);
+}
+
+static void save_answer(struct store_conn *c, const char *id, bool ok) {
+    struct msg m = {0};
+    m.header = ok ? json_pack("{s:s, s:b, s:{}}", "id", id, "ok", 1, "result")
+                  : json_pack("{s:s, s:b, s:{s:s, s:s}}", "id", id, "ok", 0, "error", "message", "disk full",
+                              "category", "server");
+    struct smelt_error err = {0};
+    TEST_OK(tinker_future_complete(NULL, c, &m, &err), &err);
+    msg_free(&m);
+}
+
+static long long count_of(struct store_conn *c, const char *sql) {
+    json_t *row = NULL;
+    struct smelt_error err = {0};
+    TEST_OK(store_query_one(c, &row, &err, sql, ""), &err);
+    long long n = json_integer_value(json_object_get(row, "n"));
+    json_decref(row);
+    return n;
+}
+
+Test(tinker_futures, a_save_is_listed_only_once_it_succeeded, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    struct store *st = open_store();
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(st, &err);
+    char good[64], bad[64], sampler[64], bad_sampler[64];
+    save_future(c, "save_weights", "training", "ok1", good, sizeof good);
+    save_future(c, "save_weights", "training", "broken", bad, sizeof bad);
+    save_future(c, "save_weights_for_sampler", "sampler", "s1", sampler, sizeof sampler);
+    save_future(c, "save_weights_for_sampler", "sampler", "s2", bad_sampler, sizeof bad_sampler);
+    cr_assert_eq(count_of(c, "SELECT count(*) AS n FROM tinker_checkpoints"), 0, "listed before the worker saved");
+    cr_assert_eq(count_of(c, "SELECT count(*) AS n FROM models"), 0);
+
+    save_answer(c, good, true);
+    save_answer(c, bad, false);
+    save_answer(c, sampler, true);
+    save_answer(c, bad_sampler, false);
+    cr_assert_eq(count_of(c, "SELECT count(*) AS n FROM tinker_checkpoints"), 2);
+    cr_assert_eq(count_of(c, "SELECT count(*) AS n FROM tinker_checkpoints WHERE id = 'tinker://m1/weights/ok1' AND "
+                          "kind = 'training' AND name = 'ok1' AND path = '/data/x' AND project_id = 'p'"), 1);
+    cr_assert_eq(count_of(c, "SELECT count(*) AS n FROM tinker_checkpoints WHERE id = "
+                          "'tinker://m1/sampler_weights/s1' AND kind = 'sampler'"), 1);
+    cr_assert_eq(count_of(c, "SELECT count(*) AS n FROM models"), 1);
+    cr_assert_eq(count_of(c, "SELECT count(*) AS n FROM models WHERE id = 'ft:tinker:m1:s1' AND job_id = 'job-1' AND "
+                          "kind = 'lora' AND base_model = 'tiny'"), 1);
+
+    /* The SDK's result is the save's answer without the checkpoint smeltd kept in it. */
+    json_t *row = future_row(c, good);
+    cr_assert_str_eq(json_string_value(json_object_get(row, "status")), "done");
+    json_t *result = json_object_get(row, "result");
+    cr_assert_str_eq(json_string_value(json_object_get(result, "path")), "tinker://m1/weights/ok1");
+    cr_assert_str_eq(json_string_value(json_object_get(result, "type")), "save_weights");
+    cr_assert_null(json_object_get(result, TINKER_FUTURE_CHECKPOINT));
+    json_decref(row);
+    row = future_row(c, bad);
+    cr_assert_str_eq(json_string_value(json_object_get(row, "status")), "failed");
+    json_decref(row);
     store_release(st, c);
     store_close(st);
 }
