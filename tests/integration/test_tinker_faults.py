@@ -16,7 +16,7 @@ import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_tinker_sdk import BASE, BASE_DIR, TRAIN, service, sft_datum, train_steps  # noqa: E402
+from test_tinker_sdk import BASE, BASE_DIR, TINKER_KEY, TRAIN, service, sft_datum, train_steps  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from smeltd_harness import Smeltd, make_models_dir, processes  # noqa: E402
@@ -52,7 +52,7 @@ def test_worker_killed_during_forward_backward(data_dirs):
     s = Smeltd(data_dir, models).start()
     servers.append(s)
     svc = service(s)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=0)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=0).result()
     probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
     train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
     path = tc.save_state("before-kill").result().path
@@ -70,7 +70,7 @@ def test_worker_killed_during_forward_backward(data_dirs):
     assert "worker" in str(e.value).lower(), e.value
     wait_no_workers()
 
-    resumed = svc.create_training_client_from_state_with_optimizer(path)
+    resumed = svc.create_training_client_from_state_with_optimizer(path).result()
     assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == saved_loss
 
 
@@ -79,7 +79,7 @@ def test_restart_keeps_checkpoints(data_dirs):
     s = Smeltd(data_dir, models).start()
     servers.append(s)
     svc = service(s)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=1)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
     probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
     train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
     path = tc.save_state("kept").result().path
@@ -91,7 +91,8 @@ def test_restart_keeps_checkpoints(data_dirs):
     s2 = Smeltd(data_dir, models).start()
     servers.append(s2)
     svc2 = service(s2)
-    listed = svc2.create_rest_client().list_checkpoints(model_id).result()
+    rest = tinker.RestClient(base_url="http://127.0.0.1:%d" % s2.port, api_key=TINKER_KEY)
+    listed = rest.list_checkpoints(model_id).result()
     assert any(c.tinker_path == path for c in listed.checkpoints), listed
-    resumed = svc2.create_training_client_from_state(path)
+    resumed = svc2.create_training_client_from_state(path).result()
     assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == loss

@@ -99,8 +99,8 @@ def test_capabilities_list_the_base(server):
 def test_sft_loop_learns_and_sampling_matches_forward(server):
     rng = random.Random(0)
     svc = service(server)
-    before = accuracy(svc.create_sampling_client(base_model=BASE), TEST[:100])
-    tc = svc.create_lora_training_client(base_model=BASE, rank=8, seed=0)
+    before = accuracy(svc.create_sampling_client(base_model=BASE).result(), TEST[:100])
+    tc = svc.create_lora_training_client(base_model=BASE, rank=8, seed=0).result()
     losses = []
     for step in range(40):
         batch = [sft_datum(r["prompt"], r["completion"]) for r in rng.sample(TRAIN, 32)]
@@ -111,7 +111,7 @@ def test_sft_loop_learns_and_sampling_matches_forward(server):
         n = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in batch)
         losses.append(out.metrics["loss:sum"] / n)
         assert len(out.loss_fn_outputs) == len(batch)
-    sampler = tc.save_weights_and_get_sampling_client()
+    sampler = tc.save_weights_and_get_sampling_client().result()
     after = accuracy(sampler, TEST[:100])
     print("tinker sft: held-out accuracy %.2f -> %.2f; loss per token %.4f -> %.4f"
           % (before, after, losses[0], losses[-1]))
@@ -144,10 +144,10 @@ def test_rl_loop_raises_the_reward(server):
     """importance_sampling with group-relative advantages; reward 1 for the three-digit sum."""
     rng = random.Random(1)
     svc = service(server)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=8, seed=1)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=8, seed=1).result()
     means = []
     for it in range(16):
-        sampler = tc.save_weights_and_get_sampling_client()
+        sampler = tc.save_weights_and_get_sampling_client().result()
         prompts = rng.sample(TRAIN, 16)
         futures = [sampler.sample(prompt=types.ModelInput.from_ints(prompt_tokens(r["prompt"])), num_samples=8,
                                   sampling_params=types.SamplingParams(max_tokens=5, temperature=1.0, stop=[EOS],
@@ -181,7 +181,7 @@ def test_rl_loop_raises_the_reward(server):
 def test_custom_loss_runs_client_side(server):
     torch = pytest.importorskip("torch")
     svc = service(server)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=2)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=2).result()
     batch = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
     ce = tc.forward(batch, "cross_entropy").result().metrics["loss:sum"]
 
@@ -211,15 +211,16 @@ def test_save_state_resumes_with_the_same_losses(server):
     rng = random.Random(3)
     batches = [[sft_datum(r["prompt"], r["completion"]) for r in rng.sample(TRAIN, 8)] for _ in range(5)]
     svc = service(server)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=3)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
     train_steps(tc, batches[:3])
     path = tc.save_state("mid").result().path
     assert path.startswith("tinker://") and path.endswith("/weights/mid"), path
     want = train_steps(tc, batches[3:])
-    resumed = svc.create_training_client_from_state_with_optimizer(path)
+    resumed = svc.create_training_client_from_state_with_optimizer(path).result()
     got = train_steps(resumed, batches[3:])
     assert got == want, (got, want)
-    runs = svc.create_rest_client().list_checkpoints(tc.model_id).result()
+    rest = tinker.RestClient(base_url="http://127.0.0.1:%d" % server.port, api_key=TINKER_KEY)
+    runs = rest.list_checkpoints(tc.model_id).result()
     assert any(c.tinker_path == path for c in runs.checkpoints), runs
 
 
@@ -231,9 +232,9 @@ def test_four_models_on_one_base_train_as_alone(server):
     svc = service(server)
     alone = []
     for k in range(4):
-        tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=10 + k)
+        tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=10 + k).result()
         alone.append(train_steps(tc, batches[k]))
-    clients = [svc.create_lora_training_client(base_model=BASE, rank=4, seed=10 + k) for k in range(4)]
+    clients = [svc.create_lora_training_client(base_model=BASE, rank=4, seed=10 + k).result() for k in range(4)]
     together = [[] for _ in range(4)]
     for step in range(3):
         futures = [(k, c.forward_backward(batches[k][step], "cross_entropy")) for k, c in enumerate(clients)]
@@ -269,7 +270,7 @@ def fwdbwd_body(model_id, seq_id, tokens, inputs, loss_fn="cross_entropy"):
 
 def test_bad_input_is_refused_by_name(server):
     svc = service(server)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=5)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
     short = types.Datum(model_input=types.ModelInput.from_ints([BOS, 49, 50]),
                         loss_fn_inputs={"target_tokens": [49, 50, 51], "weights": [1.0, 1.0]})
     with pytest.raises(Exception) as e:
@@ -308,7 +309,7 @@ def test_another_projects_model_is_not_found(server):
     status, key = server.request("POST", "/v1/api_keys", {"name": "other", "project": "other-project"})
     assert status == 200, key
     svc = service(server)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=6)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=6).result()
     ok_inputs = {"target_tokens": types.TensorData(data=[49, 50], dtype="int64", shape=[2]),
                  "weights": types.TensorData(data=[1.0, 1.0], dtype="float32", shape=[2])}
     status, body = raw(server, "/api/v1/forward_backward", fwdbwd_body(tc.model_id, 1, [BOS, 49], ok_inputs),
@@ -333,7 +334,7 @@ def test_waiting_polls_leave_the_http_threads_free(server):
     plain GET comes in: it is answered at once, and every poll gets the result."""
     from tinker.proto.request_conv import forward_backward_request_to_proto
     svc = service(server)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=7)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=7).result()
     data = [sft_datum(r["prompt"], r["completion"]) for r in (TRAIN * 2)[:1024]]
     body = forward_backward_request_to_proto(types.ForwardBackwardRequest(
         forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"),
