@@ -6,14 +6,55 @@
  * (rollout_request.adapter), so each gets the bits it gets alone. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tinker/tinker_internal.h"
 
-/* A sampler checkpoint's adapter, loaded on first use and kept. */
+static void cached_free(struct tinker_cached_adapter *a) {
+    lora_free(a->lora);
+    free(a);
+}
+
+/* The adapter file's modification time ({0, 0} when it cannot be read: lora_load says why). */
+static struct timespec adapter_mtime(const char *dir) {
+    char file[TINKER_PATH_BYTES + 32];
+    struct stat st;
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    return stat(file, &st) == 0 ? st.st_mtim : (struct timespec){0, 0};
+}
+
+/* Drops the least recently used adapters beyond TINKER_CACHED_ADAPTERS that this batch
+ * does not use, and the entry for path (written again since it was loaded). */
+static void cache_trim(struct tinker_worker *w, const char *stale) {
+    int n = 0;
+    for (struct tinker_cached_adapter *a = w->adapters; a; a = a->next) n++;
+    for (struct tinker_cached_adapter **pp = &w->adapters; *pp;) {
+        struct tinker_cached_adapter *a = *pp;
+        bool drop = (stale && strcmp(a->path, stale) == 0 && a->used != w->sample_batch);
+        if (!drop && n > TINKER_CACHED_ADAPTERS && a->used != w->sample_batch) {
+            drop = true;
+            for (struct tinker_cached_adapter *b = w->adapters; b; b = b->next)
+                if (b->used < a->used) drop = false; /* a is not the least recently used */
+        }
+        if (drop) {
+            *pp = a->next, n--;
+            cached_free(a);
+            pp = &w->adapters; /* rescan: the next least recently used may go too */
+        } else {
+            pp = &a->next;
+        }
+    }
+}
+
+/* A sampler checkpoint's adapter: from the cache, or loaded and cached. */
 static int cached_adapter(struct tinker_worker *w, const char *path, struct lora **out, struct smelt_error *err) {
-    for (struct tinker_cached_adapter *a = w->adapters; a; a = a->next)
-        if (strcmp(a->path, path) == 0) return (*out = a->lora), SMELT_OK;
     TRY(tinker_path_check(path, "adapter_path", err));
+    struct timespec mtime = adapter_mtime(path);
+    for (struct tinker_cached_adapter *a = w->adapters; a; a = a->next)
+        if (strcmp(a->path, path) == 0 && a->mtime.tv_sec == mtime.tv_sec && a->mtime.tv_nsec == mtime.tv_nsec) {
+            a->used = w->sample_batch;
+            return (*out = a->lora), SMELT_OK;
+        }
     struct tinker_cached_adapter *a = calloc(1, sizeof *a);
     if (!a) return error_set(err, SMELT_ENOMEM, "adapter_path: out of memory");
     int rc = lora_load(w->base, path, &a->lora, err);
@@ -24,8 +65,11 @@ static int cached_adapter(struct tinker_worker *w, const char *path, struct lora
         return error_set_field(err, rc == SMELT_EIO ? SMELT_ENOTFOUND : rc, "adapter_path", "adapter_path: %s", why);
     }
     snprintf(a->path, sizeof a->path, "%s", path);
+    a->mtime = mtime;
+    a->used = w->sample_batch;
     a->next = w->adapters;
     w->adapters = a;
+    cache_trim(w, path);
     *out = a->lora;
     return SMELT_OK;
 }
@@ -252,6 +296,7 @@ bool tinker_is_sample(const struct msg *m) {
 
 int tinker_sample_batch(struct tinker_worker *w, const struct msg *const *requests, int n, struct tinker_reply *outs,
                         int *rcs, struct smelt_error *errs) {
+    w->sample_batch++;
     struct job *jobs = calloc((size_t)(n ? n : 1), sizeof *jobs);
     if (!jobs) {
         for (int j = 0; j < n; j++) rcs[j] = error_set(&errs[j], SMELT_ENOMEM, "sample: out of memory");

@@ -4,6 +4,8 @@
 
 #include "tinker/tinker.h"
 
+#include <time.h>
+
 #include "common/rng.h"
 #include "lora/lora.h"
 #include "model/model.h"
@@ -23,10 +25,16 @@ struct tinker_model {
     struct tinker_model *next;
 };
 
-/* A sampler checkpoint's adapter, loaded once per path. */
+/* A sampler checkpoint's adapter, loaded once per path and kept while it is among the
+ * TINKER_CACHED_ADAPTERS most recently used (an RL loop saves a new one every iteration).
+ * mtime is its adapter file's: a checkpoint written again under the same path (overwrite)
+ * is loaded again. used: the sample batch that last picked it (never evicted during it). */
+#define TINKER_CACHED_ADAPTERS 8
 struct tinker_cached_adapter {
     char path[TINKER_PATH_BYTES];
     struct lora *lora;
+    struct timespec mtime;
+    uint64_t used;
     struct tinker_cached_adapter *next;
 };
 
@@ -40,6 +48,7 @@ struct tinker_worker {
     FILE *metrics;                      /* NULL: none */
     struct rng rng;                     /* fresh sample seeds */
     uint64_t next_request;              /* engine request ids */
+    uint64_t sample_batch;              /* tinker_sample_batch calls so far */
 };
 
 struct tinker_model *tinker_model_find(struct tinker_worker *w, const char *id);

@@ -14,8 +14,10 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "common/file.h"
 #include "model/model.h"
 #include "tinker/tinker.h"
+#include "tinker/tinker_internal.h"
 
 #define FIXTURE "tests/data/parity/llama"
 
@@ -677,4 +679,49 @@ Test(tinker_worker, zeromq_loop_batches_waiting_samples_in_order) {
     zmq_close(router);
     zmq_ctx_term(ctx);
     tinker_worker_free(s.w);
+}
+
+/* A sampler checkpoint's adapter from its path (as smeltd sends it), seed 9. */
+static struct tinker_reply sample_path(struct tinker_worker *w, const char *path) {
+    struct msg m = sample_msg(NULL, 9, 1, false);
+    json_object_set_new(m.header, "adapter_path", json_string(path));
+    return ok(w, m);
+}
+
+static int cached_adapters(const struct tinker_worker *w) {
+    int n = 0;
+    for (const struct tinker_cached_adapter *a = w->adapters; a; a = a->next) n++;
+    return n;
+}
+
+/* An RL loop saves a sampler checkpoint every iteration: the worker keeps only the most
+ * recently used ones; a checkpoint written again under the same path is loaded again. */
+Test(tinker_worker, sampler_adapters_cached_bounded_and_reloaded_when_rewritten) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 13);
+    char paths[TINKER_CACHED_ADAPTERS + 2][256];
+    for (int i = 0; i < TINKER_CACHED_ADAPTERS + 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "sampler-%d", i);
+        test_tmp_path(paths[i], sizeof paths[i], name);
+        struct tinker_reply r = ok(w, request("save_weights_for_sampler", json_pack("{s:s, s:s}", "model_id", "m",
+                                                                                    "path", paths[i])));
+        tinker_reply_free(&r);
+        r = sample_path(w, paths[i]);
+        tinker_reply_free(&r);
+        cr_expect_leq(cached_adapters(w), TINKER_CACHED_ADAPTERS, "after %d checkpoints", i + 1);
+    }
+    struct tinker_reply before = sample_path(w, paths[0]);
+    ce(w, "forward_backward", "m", &DA, 1, NULL);
+    optim(w, "m", 5e-2);
+    struct smelt_error err = {0};
+    TEST_OK(dir_remove_all(paths[0], &err), &err); /* smeltd clears an overwritten checkpoint's directory */
+    struct tinker_reply r = ok(w, request("save_weights_for_sampler", json_pack("{s:s, s:s}", "model_id", "m", "path",
+                                                                                paths[0])));
+    tinker_reply_free(&r);
+    struct tinker_reply after = sample_path(w, paths[0]);
+    cr_expect(memcmp(before.arrays[1].data, after.arrays[1].data, sizeof(float)) != 0,
+              "the rewritten checkpoint's new weights were not used");
+    tinker_reply_free(&before), tinker_reply_free(&after);
+    tinker_worker_free(w);
 }
