@@ -388,16 +388,19 @@ static void load_new(struct server *s, struct store_conn *c, struct http_respons
 
 static void load_weights(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
                          const json_t *body) {
-    json_t *ck = checkpoint_row(c, res, project, json_string_value(json_object_get(body, "path")));
-    if (!ck) return;
+    const char *tpath = json_string_value(json_object_get(body, "path"));
+    json_t *ck = NULL;
     if (!json_object_get(body, "model_id")) {
-        load_new(s, c, res, project, body, ck);
+        if ((ck = checkpoint_row(c, res, project, tpath))) load_new(s, c, res, project, body, ck);
         json_decref(ck);
         return;
     }
+    /* the model's seq first: a refused checkpoint must pass it over, or the model's later requests wait forever */
     int64_t seq;
     json_t *row = ordered(c, res, project, body, &seq);
-    if (row)
+    if (row && !(ck = checkpoint_row(c, res, project, tpath)))
+        tinker_order_skip(tinker_api_order(s), json_string_value(json_object_get(row, "id")), seq, c);
+    else if (row)
         tinker_submit(s, c, res, project, json_string_value(json_object_get(row, "id")), seq,
                       json_string_value(json_object_get(row, "job_id")), "load_weights",
                       json_pack("{s:s, s:O}", "type", "load_weights", "path", json_object_get(ck, "id")),

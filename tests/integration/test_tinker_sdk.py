@@ -305,6 +305,15 @@ def test_bad_input_is_refused_by_name(server):
     assert status == 401, (status, body)
 
 
+def test_refused_load_state_passes_its_seq_over(server):
+    """A load_state refused at submission (no such checkpoint) lets the model's later requests run."""
+    tc = service(server).create_lora_training_client(base_model=BASE, rank=4, seed=7).result()
+    with pytest.raises(Exception) as e:
+        tc.load_state("tinker://%s/weights/no-such-save" % tc.model_id).result()
+    assert "path" in str(e.value), e.value
+    assert tc.forward_backward([sft_datum("12+34=", "046")], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
 def test_another_projects_model_is_not_found(server):
     status, key = server.request("POST", "/v1/api_keys", {"name": "other", "project": "other-project"})
     assert status == 200, key
