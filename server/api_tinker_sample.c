@@ -7,6 +7,8 @@
 #include "common/common.h"
 #include "server/tinker_api.h"
 
+#define TINKER_MAX_TOPK 20
+
 static int session_ok(struct store_conn *c, const char *project, const char *session, struct smelt_error *err) {
     json_t *row = NULL;
     int rc = session ? store_query_one(c, &row, err, "SELECT id FROM tinker_sessions WHERE id = ? AND project_id = ?",
@@ -161,8 +163,10 @@ static int sample_header(const json_t *body, const json_t *sampler, json_t **out
     if (!rc) rc = stops_of(json_object_get(sp, "stop"), h, err);
     json_object_set_new(h, "num_samples", json_integer(*n));
     json_object_set_new(h, "prompt_logprobs", json_boolean(json_is_true(json_object_get(body, "prompt_logprobs"))));
-    json_t *k = json_object_get(body, "topk_prompt_logprobs");
-    if (json_is_integer(k)) json_object_set(h, "topk_prompt_logprobs", k);
+    int64_t topk = 0; /* the worker keeps k logprobs per prompt token: bounded like the SDK's hosted service */
+    if (!rc) rc = json_field_int(body, "topk_prompt_logprobs", false, 0, 0, TINKER_MAX_TOPK, &topk, "request", err);
+    if (!rc && json_is_integer(json_object_get(body, "topk_prompt_logprobs")))
+        json_object_set_new(h, "topk_prompt_logprobs", json_integer(topk));
     const char *adapter = json_string_value(json_object_get(sampler, "adapter_path"));
     if (adapter) json_object_set_new(h, "adapter_path", json_string(adapter));
     if (rc) json_decref(h);
