@@ -151,6 +151,9 @@ static void forward_backward(struct server *s, struct store_conn *c, struct http
     int64_t vocab = 0, ctx = 0;
     if (!rc) rc = tinker_base_info(s, json_string_value(json_object_get(row, "base_dir")), &vocab, &ctx, &err);
     if (!rc) rc = tinker_fwdbwd_check_tokens(&r, vocab, &err);
+    if (!rc && r.seq_id < 1) /* a seq < 0 would skip the order (tinker_submit) */
+        rc = error_set_field(&err, SMELT_EINVAL, "seq_id", "seq_id: %lld; a model's requests count from 1",
+                             (long long)r.seq_id);
     if (rc && row && r.seq_id >= 1) refuse(s, c, res, r.model_id, r.seq_id, &err, NULL);
     else if (rc) tinker_reply_failure(res, &err, NULL);
     else {
