@@ -78,17 +78,28 @@ static int model_insert(struct store_conn *c, struct http_response *res, const c
     return rc == 1 ? 0 : -1;
 }
 
-/* The worker's create_model for model_id (its order starts at seq 1). */
+/* A model whose create_model never reached its worker: its row and order go (its future was failed). */
+static void model_drop(struct server *s, struct store_conn *c, const char *model_id) {
+    struct smelt_error err = {0};
+    if (store_exec(c, &err, "DELETE FROM tinker_models WHERE id = ?", "s", model_id) < 0)
+        log_error("tinker: dropping model %s: %s", model_id, err.message);
+    tinker_order_close(tinker_api_order(s), model_id);
+}
+
+/* The worker's create_model for model_id (its order starts at seq 1); on failure the model is dropped. */
 static int create_on_worker(struct server *s, struct store_conn *c, const char *project, const char *model_id,
                             const char *job_id, json_t *lora, char *fut, size_t cap, struct smelt_error *err) {
-    TRY(tinker_order_open(tinker_api_order(s), model_id, 1, err));
     json_t *base = json_pack("{s:s, s:s}", "type", "create_model", "model_id", model_id);
     json_t *header = json_pack("{s:O}", "lora", lora);
-    int rc = base && header ? tinker_submit_quiet(s, c, project, model_id, job_id, "create_model", base, header, fut,
-                                                  cap, err)
+    int rc = base && header ? tinker_order_open(tinker_api_order(s), model_id, 1, err)
                             : error_set(err, SMELT_ENOMEM, "out of memory");
-    if (rc && !base) json_decref(header);
+    if (!rc) {
+        rc = tinker_submit_quiet(s, c, project, model_id, job_id, "create_model", base, header, fut, cap, err);
+        header = NULL; /* taken */
+    }
+    json_decref(header);
     json_decref(base);
+    if (rc) model_drop(s, c, model_id);
     return rc;
 }
 

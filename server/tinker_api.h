@@ -138,7 +138,8 @@ json_t *tinker_model_row(struct store_conn *c, struct http_response *res, const 
 void tinker_submit(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
                    const char *model_id, int64_t seq, const char *job_id, const char *op, json_t *base, json_t *header,
                    const struct msg_array *arrays, int n_arrays, json_t *extra);
-/* The same at once and without a reply: fut gets the future's id; takes header, not base. */
+/* The same at once and without a reply: fut gets the future's id; takes header, not base. A failed dispatch fails
+ * the future it made. */
 int tinker_submit_quiet(struct server *s, struct store_conn *c, const char *project, const char *model_id,
                         const char *job_id, const char *op, json_t *base, json_t *header, char *fut, size_t cap,
                         struct smelt_error *err);
