@@ -41,19 +41,23 @@ static void payload_free(void *p) {
     free(x);
 }
 
+/* A pending future that never reached the dispatcher, failed with its error (c may be NULL: left pending). */
+static void future_fail(struct server *s, struct store_conn *c, const char *future_id, const struct smelt_error *err) {
+    json_t *e = json_pack("{s:s, s:s}", "error", err->message, "category", "server");
+    struct smelt_error e2 = {0};
+    if (c && e && store_exec(c, &e2, "UPDATE tinker_futures SET status = 'failed', error = ?, finished_at = ? "
+                             "WHERE id = ? AND status = 'pending'", "jis", e, server_now(), future_id) < 0)
+        log_error("tinker: failing future %s: %s", future_id, e2.message);
+    else if (c && e) tinker_futures_wake(s, future_id);
+    json_decref(e);
+}
+
 /* The order's send: to the dispatcher; a failure fails the future (ctx: a store conn). */
 static void payload_send(void *ctx, void *p, const char *future_id) {
     struct payload *x = p;
     struct smelt_error err = {0};
-    if (tinker_dispatch_submit(x->s, x->job_id, future_id, x->header, x->arrays, x->n_arrays, &err) != 0) {
-        json_t *e = json_pack("{s:s, s:s}", "error", err.message, "category", "server");
-        struct smelt_error e2 = {0};
-        if (ctx && e && store_exec(ctx, &e2, "UPDATE tinker_futures SET status = 'failed', error = ?, finished_at = ? "
-                                   "WHERE id = ? AND status = 'pending'", "jis", e, server_now(), future_id) < 0)
-            log_error("tinker: failing future %s: %s", future_id, e2.message);
-        else if (ctx && e) tinker_futures_wake(x->s, future_id);
-        json_decref(e);
-    }
+    if (tinker_dispatch_submit(x->s, x->job_id, future_id, x->header, x->arrays, x->n_arrays, &err) != 0)
+        future_fail(x->s, ctx, future_id, &err);
     payload_free(x);
 }
 
@@ -194,7 +198,7 @@ int tinker_submit_quiet(struct server *s, struct store_conn *c, const char *proj
     json_object_set_new(header, "op", json_string(op));
     if (model_id) json_object_set_new(header, "model_id", json_string(model_id));
     int rc = future_start(c, project, model_id, job_id, op, base, fut, cap, err);
-    if (!rc) rc = tinker_dispatch_submit(s, job_id, fut, header, NULL, 0, err);
+    if (!rc && (rc = tinker_dispatch_submit(s, job_id, fut, header, NULL, 0, err)) != 0) future_fail(s, c, fut, err);
     json_decref(header);
     return rc;
 }

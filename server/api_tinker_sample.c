@@ -7,6 +7,8 @@
 #include "common/common.h"
 #include "server/tinker_api.h"
 
+#define TINKER_MAX_TOPK 20
+
 static int session_ok(struct store_conn *c, const char *project, const char *session, struct smelt_error *err) {
     json_t *row = NULL;
     int rc = session ? store_query_one(c, &row, err, "SELECT id FROM tinker_sessions WHERE id = ? AND project_id = ?",
@@ -161,12 +163,39 @@ static int sample_header(const json_t *body, const json_t *sampler, json_t **out
     if (!rc) rc = stops_of(json_object_get(sp, "stop"), h, err);
     json_object_set_new(h, "num_samples", json_integer(*n));
     json_object_set_new(h, "prompt_logprobs", json_boolean(json_is_true(json_object_get(body, "prompt_logprobs"))));
-    json_t *k = json_object_get(body, "topk_prompt_logprobs");
-    if (json_is_integer(k)) json_object_set(h, "topk_prompt_logprobs", k);
+    int64_t topk = 0; /* the worker keeps k logprobs per prompt token: bounded like the SDK's hosted service */
+    if (!rc) rc = json_field_int(body, "topk_prompt_logprobs", false, 0, 0, TINKER_MAX_TOPK, &topk, "request", err);
+    if (!rc && json_is_integer(json_object_get(body, "topk_prompt_logprobs")))
+        json_object_set_new(h, "topk_prompt_logprobs", json_integer(topk));
     const char *adapter = json_string_value(json_object_get(sampler, "adapter_path"));
     if (adapter) json_object_set_new(h, "adapter_path", json_string(adapter));
     if (rc) json_decref(h);
     else *out = h;
+    return rc;
+}
+
+/* The sampler's session job, replaced (and the sampler row updated) when its job ended: idle release or a
+ * restart leaves the row pointing at a job whose worker is gone. The old job's spec names the base. */
+static int sampler_job(struct server *s, struct store_conn *c, const char *project, const json_t *sampler,
+                       char *job_id, size_t cap, struct smelt_error *err) {
+    const char *old = json_string_value(json_object_get(sampler, "job_id"));
+    json_t *job = NULL;
+    TRY(store_query_one(c, &job, err, "SELECT status, desired, json_extract(spec, '$.model') AS base_dir FROM jobs "
+                        "WHERE id = ?", "s", old));
+    const char *status = json_string_value(json_object_get(job, "status"));
+    const char *desired = json_string_value(json_object_get(job, "desired"));
+    const char *base_dir = json_string_value(json_object_get(job, "base_dir"));
+    int rc = 0;
+    if (status && desired && strcmp(desired, "run") == 0 &&
+        (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0))
+        snprintf(job_id, cap, "%s", old);
+    else rc = tinker_session_job(s, c, project, json_string_value(json_object_get(sampler, "base_model")), base_dir,
+                                 job_id, cap, err);
+    if (!rc && strcmp(job_id, old) != 0 &&
+        store_exec(c, err, "UPDATE tinker_samplers SET job_id = ? WHERE id = ?", "ss", job_id,
+                   json_string_value(json_object_get(sampler, "id"))) < 0)
+        rc = err->code;
+    json_decref(job);
     return rc;
 }
 
@@ -179,15 +208,19 @@ static void asample(struct server *s, struct store_conn *c, struct http_response
     size_t n_tokens = 0;
     int64_t n = 1, seq = json_integer_value(json_object_get(body, "seq_id"));
     struct smelt_error err = {0};
+    char job_id[HTTP_ID_BYTES];
     int rc = prompt_tokens(body, &tokens, &n_tokens, &err);
     if (!rc) rc = sample_header(body, sampler, &header, &n, &err);
+    if (!rc) rc = sampler_job(s, c, project, sampler, job_id, sizeof job_id, &err);
     json_t *ids = rc ? NULL : json_array();
     for (int64_t i = 0; ids && i < n; i++)
         json_array_append_new(ids, json_sprintf("%s:%lld:%lld", id, (long long)seq, (long long)i));
-    if (rc) tinker_reply_failure(res, &err, NULL);
-    else {
+    if (rc) {
+        json_decref(header);
+        tinker_reply_failure(res, &err, NULL);
+    } else {
         struct msg_array a = {tokens, n_tokens * 4};
-        tinker_submit(s, c, res, project, NULL, -1, json_string_value(json_object_get(sampler, "job_id")), "sample",
+        tinker_submit(s, c, res, project, NULL, -1, job_id, "sample",
                       NULL, header, &a, 1, json_pack("{s:o}", "sample_sequence_ids", ids));
     }
     free(tokens);

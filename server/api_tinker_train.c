@@ -78,17 +78,28 @@ static int model_insert(struct store_conn *c, struct http_response *res, const c
     return rc == 1 ? 0 : -1;
 }
 
-/* The worker's create_model for model_id (its order starts at seq 1). */
+/* A model whose create_model never reached its worker: its row and order go (its future was failed). */
+static void model_drop(struct server *s, struct store_conn *c, const char *model_id) {
+    struct smelt_error err = {0};
+    if (store_exec(c, &err, "DELETE FROM tinker_models WHERE id = ?", "s", model_id) < 0)
+        log_error("tinker: dropping model %s: %s", model_id, err.message);
+    tinker_order_close(tinker_api_order(s), model_id);
+}
+
+/* The worker's create_model for model_id (its order starts at seq 1); on failure the model is dropped. */
 static int create_on_worker(struct server *s, struct store_conn *c, const char *project, const char *model_id,
                             const char *job_id, json_t *lora, char *fut, size_t cap, struct smelt_error *err) {
-    TRY(tinker_order_open(tinker_api_order(s), model_id, 1, err));
     json_t *base = json_pack("{s:s, s:s}", "type", "create_model", "model_id", model_id);
     json_t *header = json_pack("{s:O}", "lora", lora);
-    int rc = base && header ? tinker_submit_quiet(s, c, project, model_id, job_id, "create_model", base, header, fut,
-                                                  cap, err)
+    int rc = base && header ? tinker_order_open(tinker_api_order(s), model_id, 1, err)
                             : error_set(err, SMELT_ENOMEM, "out of memory");
-    if (rc && !base) json_decref(header);
+    if (!rc) {
+        rc = tinker_submit_quiet(s, c, project, model_id, job_id, "create_model", base, header, fut, cap, err);
+        header = NULL; /* taken */
+    }
+    json_decref(header);
     json_decref(base);
+    if (rc) model_drop(s, c, model_id);
     return rc;
 }
 
@@ -151,6 +162,9 @@ static void forward_backward(struct server *s, struct store_conn *c, struct http
     int64_t vocab = 0, ctx = 0;
     if (!rc) rc = tinker_base_info(s, json_string_value(json_object_get(row, "base_dir")), &vocab, &ctx, &err);
     if (!rc) rc = tinker_fwdbwd_check_tokens(&r, vocab, &err);
+    if (!rc && r.seq_id < 1) /* a seq < 0 would skip the order (tinker_submit) */
+        rc = error_set_field(&err, SMELT_EINVAL, "seq_id", "seq_id: %lld; a model's requests count from 1",
+                             (long long)r.seq_id);
     if (rc && row && r.seq_id >= 1) refuse(s, c, res, r.model_id, r.seq_id, &err, NULL);
     else if (rc) tinker_reply_failure(res, &err, NULL);
     else {
@@ -388,16 +402,19 @@ static void load_new(struct server *s, struct store_conn *c, struct http_respons
 
 static void load_weights(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
                          const json_t *body) {
-    json_t *ck = checkpoint_row(c, res, project, json_string_value(json_object_get(body, "path")));
-    if (!ck) return;
+    const char *tpath = json_string_value(json_object_get(body, "path"));
+    json_t *ck = NULL;
     if (!json_object_get(body, "model_id")) {
-        load_new(s, c, res, project, body, ck);
+        if ((ck = checkpoint_row(c, res, project, tpath))) load_new(s, c, res, project, body, ck);
         json_decref(ck);
         return;
     }
+    /* the model's seq first: a refused checkpoint must pass it over, or the model's later requests wait forever */
     int64_t seq;
     json_t *row = ordered(c, res, project, body, &seq);
-    if (row)
+    if (row && !(ck = checkpoint_row(c, res, project, tpath)))
+        tinker_order_skip(tinker_api_order(s), json_string_value(json_object_get(row, "id")), seq, c);
+    else if (row)
         tinker_submit(s, c, res, project, json_string_value(json_object_get(row, "id")), seq,
                       json_string_value(json_object_get(row, "job_id")), "load_weights",
                       json_pack("{s:s, s:O}", "type", "load_weights", "path", json_object_get(ck, "id")),

@@ -128,8 +128,9 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
     }
     /* The control loop first: it wakes the HTTP server's SSE streams, which must outlive it. */
     control_stop(s);
+    tinker_dispatch_stop(s); /* before HTTP: its thread wakes the HTTP server's long polls */
     http_server_stop(atomic_exchange(&s->http, NULL));
-    tinker_dispatch_stop(s); /* after HTTP: handlers submit to it */
+    tinker_dispatch_free(s); /* after HTTP: handlers submit to it (refused once stopped) */
     tinker_api_stop(s);
     if (s->zmq) zmq_ctx_term(s->zmq);
     store_close(s->store);

@@ -64,7 +64,8 @@ void tinker_order_free(struct tinker_order *o);
 int tinker_order_open(struct tinker_order *o, const char *model_id, int64_t next_seq, struct smelt_error *err);
 /* Queues payload (taken on 0) as model_id's request seq with future_id and sends what is
  * due. TINKER_ORDER_REPEATED (payload not taken) when seq was submitted before: first_id
- * gets that request's future id. SMELT_EINVAL naming "seq_id" for a seq already passed. */
+ * gets that request's future id. SMELT_EINVAL naming "seq_id" for a seq already passed, below 1, or more than 1024
+ * past the next due one. */
 int tinker_order_submit(struct tinker_order *o, const char *model_id, int64_t seq, const char *future_id,
                         void *payload, void *ctx, char *first_id, size_t cap, struct smelt_error *err);
 /* seq was refused at submission: it is passed over, so later ones are not held for it. */
@@ -137,7 +138,8 @@ json_t *tinker_model_row(struct store_conn *c, struct http_response *res, const 
 void tinker_submit(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
                    const char *model_id, int64_t seq, const char *job_id, const char *op, json_t *base, json_t *header,
                    const struct msg_array *arrays, int n_arrays, json_t *extra);
-/* The same at once and without a reply: fut gets the future's id; takes header, not base. */
+/* The same at once and without a reply: fut gets the future's id; takes header, not base. A failed dispatch fails
+ * the future it made. */
 int tinker_submit_quiet(struct server *s, struct store_conn *c, const char *project, const char *model_id,
                         const char *job_id, const char *op, json_t *base, json_t *header, char *fut, size_t cap,
                         struct smelt_error *err);

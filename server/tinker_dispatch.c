@@ -44,7 +44,8 @@ struct tinker_dispatch {
     pthread_t thread;
     bool started;
     atomic_int stop;
-    pthread_mutex_t lock;                      /* guards sessions (HTTP threads vs the thread) */
+    bool closed;                               /* the thread stopped: submits refused (under lock) */
+    pthread_mutex_t lock;                      /* guards sessions and closed (HTTP threads vs the thread) */
     struct tinker_session *sessions;
 };
 
@@ -152,7 +153,8 @@ int tinker_dispatch_submit(struct server *s, const char *job_id, const char *fut
     struct tinker_request *r = NULL;
     TRY(request_new(future_id, header, arrays, n_arrays, &r, err));
     pthread_mutex_lock(&d->lock);
-    struct tinker_session *q = session_get(d, job_id);
+    bool closed = d->closed;
+    struct tinker_session *q = closed ? NULL : session_get(d, job_id);
     if (q) {
         if (q->tail) q->tail->next = r;
         else q->head = r;
@@ -161,7 +163,8 @@ int tinker_dispatch_submit(struct server *s, const char *job_id, const char *fut
     pthread_mutex_unlock(&d->lock);
     if (!q) {
         request_free(r);
-        return error_set(err, SMELT_ENOMEM, "out of memory");
+        return closed ? error_set(err, SMELT_EIO, "the Tinker dispatcher has stopped (smeltd is shutting down)")
+                      : error_set(err, SMELT_ENOMEM, "out of memory");
     }
     wake(d);
     return 0;
@@ -410,7 +413,17 @@ void tinker_dispatch_stop(struct server *s) {
         atomic_store(&d->stop, 1);
         wake(d);
         pthread_join(d->thread, NULL);
+        d->started = false;
     }
+    pthread_mutex_lock(&d->lock);
+    d->closed = true;
+    pthread_mutex_unlock(&d->lock);
+}
+
+void tinker_dispatch_free(struct server *s) {
+    struct tinker_dispatch *d = s->tinker;
+    if (!d) return;
+    tinker_dispatch_stop(s);
     if (d->router) zmq_close(d->router);
     if (d->wake_fd >= 0) close(d->wake_fd);
     while (d->sessions) session_remove(d, d->sessions->job_id);

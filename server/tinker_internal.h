@@ -31,7 +31,10 @@ void tinker_futures_wake_failed(struct server *s);
 /* Binds the tinker ROUTER (s->config.tinker_bind, default "tcp://127.0.0.1:*"), records the endpoint workers
  * connect to in s->tinker_endpoint, starts the dispatch thread. */
 int tinker_dispatch_start(struct server *s, struct smelt_error *err);
+/* Stops (joins) the dispatch thread: later submits fail with SMELT_EIO. Called before the HTTP server stops, as the
+ * thread wakes its long polls; tinker_dispatch_free (after HTTP: handlers still submit) frees what is left. */
 void tinker_dispatch_stop(struct server *s);
+void tinker_dispatch_free(struct server *s);
 /* Queues a tinker.request for the worker of session job job_id: header is the request header without "v"/"id"
  * (the dispatcher adds id = future_id); arrays copied. Sent in submit order once the worker's hello arrived. */
 int tinker_dispatch_submit(struct server *s, const char *job_id, const char *future_id, json_t *header,

@@ -10,6 +10,7 @@
 #include "server/tinker_api.h"
 
 #define ORDER_SEEN_MAX 1024 /* futures remembered per model for repeated seq ids */
+#define ORDER_AHEAD_MAX 1024 /* how far past the next expected seq a request may come (what waits is bounded) */
 
 struct order_item {
     int64_t seq;
@@ -155,13 +156,18 @@ int tinker_order_submit(struct tinker_order *o, const char *model_id, int64_t se
     struct order_model *m = model_get(o, model_id);
     const char *seen = m ? seen_future(m, seq) : NULL;
     int rc = 0;
-    if (!m) rc = error_set(err, SMELT_ENOMEM, "out of memory ordering requests of %s", model_id);
+    if (seq < 1) rc = error_set_field(err, SMELT_EINVAL, "seq_id", "seq_id: %lld; a model's requests count from 1",
+                                      (long long)seq);
+    else if (!m) rc = error_set(err, SMELT_ENOMEM, "out of memory ordering requests of %s", model_id);
     else if (seen) {
         if (first_id) snprintf(first_id, cap, "%s", seen);
         rc = TINKER_ORDER_REPEATED;
     } else if (seq < m->next_seq)
         rc = error_set_field(err, SMELT_EINVAL, "seq_id", "seq_id %lld: this model's requests are past it (next: "
                              "%lld)", (long long)seq, (long long)m->next_seq);
+    else if (seq - m->next_seq > ORDER_AHEAD_MAX)
+        rc = error_set_field(err, SMELT_EINVAL, "seq_id", "seq_id %lld: more than %d ahead of this model's next "
+                             "request (%lld)", (long long)seq, ORDER_AHEAD_MAX, (long long)m->next_seq);
     else rc = insert(m, seq, future_id ? future_id : "", payload, err);
     if (rc == 0) drain(o, m, ctx);
     pthread_mutex_unlock(&o->lock);

@@ -8,6 +8,11 @@
 #include "server/tinker.pb-c.h"
 #include "server/tinker_api.h"
 
+/* The worker reads at most this many datums and a header of MSG_MAX_HEADER_BYTES (less room for the "v" and
+ * "id" the dispatcher adds): a bigger request would never be answered, so it is refused here. */
+#define FWDBWD_MAX_DATA 4096
+#define FWDBWD_HEADER_ROOM 256
+
 /* What each loss reads (msg.h: inputs per datum) and which loss_fn_config keys it takes. */
 struct loss_spec {
     const char *name;
@@ -193,12 +198,20 @@ static int convert(const TinkerPublic__ForwardBackwardRequest *m, struct tinker_
     const struct loss_spec *loss = loss_lookup(m->loss_fn, err);
     if (!loss) return err->code;
     if (m->n_data == 0) return error_set_field(err, SMELT_EINVAL, "data", "data: no datums");
+    if (m->n_data > FWDBWD_MAX_DATA)
+        return error_set_field(err, SMELT_EINVAL, "data", "data: %zu datums; at most %d per request (split the "
+                               "batch)", m->n_data, FWDBWD_MAX_DATA);
     json_t *config = json_object(), *data = json_array();
     out->header = json_pack("{s:s, s:s, s:s, s:o, s:o}", "op", m->forward_only ? "forward" : "forward_backward",
                             "model_id", m->model_id, "loss_fn", loss->name, "loss_fn_config", config, "data", data);
     if (!out->header) return error_set(err, SMELT_ENOMEM, "out of memory decoding the request");
     TRY(config_object(m, loss, config, err));
     for (size_t i = 0; i < m->n_data; i++) TRY(datum_object(m->data[i], i, loss, f, data, err));
+    size_t bytes = json_dumpb(out->header, NULL, 0, JSON_COMPACT);
+    if (bytes == 0 || bytes > MSG_MAX_HEADER_BYTES - FWDBWD_HEADER_ROOM)
+        return error_set_field(err, SMELT_EINVAL, "data", "data: the request's %zu datums describe more than the "
+                               "worker reads at once (%d header bytes); split the batch", m->n_data,
+                               MSG_MAX_HEADER_BYTES - FWDBWD_HEADER_ROOM);
     return 0;
 }
 

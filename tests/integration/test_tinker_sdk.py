@@ -305,6 +305,24 @@ def test_bad_input_is_refused_by_name(server):
     assert status == 401, (status, body)
 
 
+def test_refused_load_state_passes_its_seq_over(server):
+    """A load_state refused at submission (no such checkpoint) lets the model's later requests run."""
+    tc = service(server).create_lora_training_client(base_model=BASE, rank=4, seed=7).result()
+    with pytest.raises(Exception) as e, pytest.warns(FutureWarning):  # the SDK deprecates load_state; still sent
+        tc.load_state("tinker://%s/weights/no-such-save" % tc.model_id).result()
+    assert "path" in str(e.value), e.value
+    assert tc.forward_backward([sft_datum("12+34=", "046")], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_too_many_topk_prompt_logprobs_are_refused(server):
+    sampler = service(server).create_sampling_client(base_model=BASE).result()
+    with pytest.raises(Exception) as e:
+        sampler.sample(prompt=types.ModelInput.from_ints(prompt_tokens("1+2=")), num_samples=1,
+                       sampling_params=types.SamplingParams(max_tokens=1), include_prompt_logprobs=True,
+                       topk_prompt_logprobs=21).result()
+    assert "topk_prompt_logprobs" in str(e.value), e.value
+
+
 def test_another_projects_model_is_not_found(server):
     status, key = server.request("POST", "/v1/api_keys", {"name": "other", "project": "other-project"})
     assert status == 200, key

@@ -104,6 +104,47 @@ Test(tinker_proto, bad_bodies_are_refused_by_name) {
     refused("extra_input.bin", SMELT_EINVAL, "data[0].loss_fn_inputs.advantages", "not an input of loss_fn");
 }
 
+/* sft.bin repacked with n copies of its first datum, decoded. */
+static int decode_copies(size_t n, struct tinker_fwdbwd *r, struct smelt_error *err) {
+    char *body = NULL;
+    size_t len = 0;
+    struct smelt_error ferr = {0};
+    cr_assert_eq(file_read_all("tests/data/tinker/sft.bin", &body, &len, &ferr), 0, "%s", ferr.message);
+    TinkerPublic__ForwardBackwardRequest *m =
+        tinker_public__forward_backward_request__unpack(NULL, len, (const uint8_t *)body);
+    cr_assert(m);
+    TinkerPublic__Datum **own = m->data, **copies = calloc(n, sizeof *copies);
+    size_t own_n = m->n_data;
+    cr_assert(copies);
+    for (size_t i = 0; i < n; i++) copies[i] = own[0];
+    m->data = copies, m->n_data = n;
+    size_t bytes = tinker_public__forward_backward_request__get_packed_size(m);
+    uint8_t *buf = malloc(bytes);
+    cr_assert(buf);
+    tinker_public__forward_backward_request__pack(m, buf);
+    m->data = own, m->n_data = own_n;
+    tinker_public__forward_backward_request__free_unpacked(m, NULL);
+    free(copies);
+    free(body);
+    int rc = tinker_fwdbwd_decode(buf, bytes, r, err);
+    free(buf);
+    return rc;
+}
+
+Test(tinker_proto, more_datums_than_the_worker_reads_are_refused) {
+    struct tinker_fwdbwd r;
+    struct smelt_error err = {0};
+    cr_assert_eq(decode_copies(4096, &r, &err), 0, "%s", err.message);
+    cr_assert_eq(json_array_size(json_object_get(r.header, "data")), 4096);
+    tinker_fwdbwd_free(&r);
+    cr_assert_eq(decode_copies(4097, &r, &err), SMELT_EINVAL);
+    cr_assert_str_eq(err.field, "data");
+    cr_assert(strstr(err.message, "4097"), "%s", err.message);
+    cr_assert_str_eq(r.model_id, "sess-1:train:0"); /* kept: the caller passes the seq over */
+    cr_assert_eq(r.seq_id, 1);
+    tinker_fwdbwd_free(&r);
+}
+
 Test(tinker_proto, malformed_protobuf_is_refused) {
     struct tinker_fwdbwd r;
     struct smelt_error err = {0};

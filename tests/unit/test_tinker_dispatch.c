@@ -210,3 +210,14 @@ Test(tinker_dispatch, submit_without_a_dispatcher_is_an_error) {
     TEST_EXPECT_ERROR(tinker_dispatch_submit(&tinker_s, JOB, "fut-1", h, NULL, 0, &err), SMELT_EIO, &err);
     json_decref(h);
 }
+
+/* smeltd stops the dispatcher before its HTTP server: a handler's submit after that is refused, not queued. */
+Test(tinker_dispatch, submit_after_stop_is_an_error) {
+    start();
+    tinker_dispatch_stop(&tinker_s);
+    struct smelt_error err = {0};
+    json_t *h = json_pack("{s:s}", "op", "forward");
+    TEST_EXPECT_ERROR(tinker_dispatch_submit(&tinker_s, JOB, "fut-1", h, NULL, 0, &err), SMELT_EIO, &err);
+    cr_assert(strstr(err.message, "stopped"), "%s", err.message);
+    json_decref(h);
+}

@@ -83,6 +83,26 @@ Test(tinker_order, refused_seqs_are_passed_over_and_past_seqs_refused) {
     tinker_order_free(o);
 }
 
+Test(tinker_order, seqs_below_one_or_far_ahead_are_refused) {
+    struct tinker_order *o = NULL;
+    struct smelt_error err = {0};
+    cr_assert_eq(tinker_order_new(record, free, &o, &err), 0);
+    struct sent s = {0};
+    cr_assert_eq(tinker_order_submit(o, "m", 0, "f0", NULL, &s, NULL, 0, &err), SMELT_EINVAL);
+    cr_assert_str_eq(err.field, "seq_id");
+    cr_assert_eq(tinker_order_submit(o, "m", -5, "fm", NULL, &s, NULL, 0, &err), SMELT_EINVAL);
+    cr_assert_str_eq(err.field, "seq_id");
+    cr_assert_eq(tinker_order_submit(o, "m", 1026, "far", NULL, &s, NULL, 0, &err), SMELT_EINVAL,
+                 "more than 1024 ahead of seq 1");
+    cr_assert_str_eq(err.field, "seq_id");
+    cr_assert(strstr(err.message, "1026"), "%s", err.message);
+    cr_assert_eq(submit(o, "m", 1025, "f1025", &s, NULL), 0, "1024 ahead waits");
+    cr_assert_eq(submit(o, "m", 1, "f1", &s, NULL), 0);
+    cr_assert_eq(submit(o, "m", 1026, "f1026", &s, NULL), 0, "the bound moves with the next expected seq");
+    cr_assert_str_eq(s.order, "f1");
+    tinker_order_free(o);
+}
+
 Test(tinker_order, open_restarts_a_model_and_drops_what_waits) {
     struct tinker_order *o = NULL;
     struct smelt_error err = {0};

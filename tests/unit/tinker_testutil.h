@@ -55,7 +55,7 @@ static inline void tinker_setup(void) {
 }
 
 static inline void tinker_teardown(void) {
-    tinker_dispatch_stop(&tinker_s);
+    tinker_dispatch_free(&tinker_s);
     if (tinker_s.zmq) zmq_ctx_term(tinker_s.zmq);
     if (tinker_s.store) store_close(tinker_s.store);
     test_tmp_teardown();
