@@ -149,6 +149,28 @@ static int stops_of(const json_t *stop, json_t *header, struct smelt_error *err)
     return 0;
 }
 
+/* What the SDK can ask of a sample that smelt does not compute: refused by name when
+ * asked (the SDK sends the defaults, 0 / false / absent, with every request). */
+static int unsupported_asks(const json_t *body, struct smelt_error *err) {
+    static const char *const counts[] = {"topk_sample_logprobs", "prompt_alt_tokens_k", NULL};
+    for (int i = 0; counts[i]; i++) {
+        const json_t *v = json_object_get(body, counts[i]);
+        if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
+            return error_set_field(err, SMELT_EUNSUPPORTED, counts[i], "%s: not supported by smelt (give 0)",
+                                   counts[i]);
+    }
+    static const char *const absent[] = {"target_prompt_logprobs", "prompt_logprobs_last_n", NULL};
+    for (int i = 0; absent[i]; i++) {
+        const json_t *v = json_object_get(body, absent[i]);
+        if (v && !json_is_null(v))
+            return error_set_field(err, SMELT_EUNSUPPORTED, absent[i], "%s: not supported by smelt", absent[i]);
+    }
+    if (json_is_true(json_object_get(body, "record_stability_info")))
+        return error_set_field(err, SMELT_EUNSUPPORTED, "record_stability_info",
+                               "record_stability_info: not supported by smelt (stable_reinforce is not)");
+    return 0;
+}
+
 static int sample_header(const json_t *body, const json_t *sampler, json_t **out, int64_t *n,
                          struct smelt_error *err) {
     const json_t *sp = json_object_get(body, "sampling_params");
@@ -159,7 +181,8 @@ static int sample_header(const json_t *body, const json_t *sampler, json_t **out
         json_t *v = json_object_get(sp, copied[i]);
         if (v && !json_is_null(v)) json_object_set(h, copied[i], v);
     }
-    int rc = json_field_int(body, "num_samples", false, 1, 1, 256, n, "request", err);
+    int rc = unsupported_asks(body, err);
+    if (!rc) rc = json_field_int(body, "num_samples", false, 1, 1, 256, n, "request", err);
     if (!rc) rc = stops_of(json_object_get(sp, "stop"), h, err);
     json_object_set_new(h, "num_samples", json_integer(*n));
     json_object_set_new(h, "prompt_logprobs", json_boolean(json_is_true(json_object_get(body, "prompt_logprobs"))));

@@ -321,6 +321,10 @@ def test_too_many_topk_prompt_logprobs_are_refused(server):
                        sampling_params=types.SamplingParams(max_tokens=1), include_prompt_logprobs=True,
                        topk_prompt_logprobs=21).result()
     assert "topk_prompt_logprobs" in str(e.value), e.value
+    with pytest.raises(Exception) as e:  # what smelt does not compute is refused by name, not ignored
+        sampler.sample(prompt=types.ModelInput.from_ints(prompt_tokens("1+2=")), num_samples=1,
+                       sampling_params=types.SamplingParams(max_tokens=1), topk_sample_logprobs=2).result()
+    assert "topk_sample_logprobs" in str(e.value), e.value
 
 
 def test_another_projects_model_is_not_found(server):
