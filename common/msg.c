@@ -83,6 +83,12 @@ int msg_recv(void *socket, bool router, int timeout_ms, struct msg *out, struct 
     return rc;
 }
 
+/* The ZAP user id of the connection the message came on (common/curve.h); "" without one. */
+static void copy_user_id(zmq_msg_t *part, struct msg *out) {
+    const char *id = zmq_msg_gets(part, "User-Id");
+    if (id && strlen(id) < sizeof out->user_id) memcpy(out->user_id, id, strlen(id) + 1);
+}
+
 static int recv_unannotated(void *socket, bool router, int timeout_ms, struct msg *out, struct smelt_error *err) {
     memset(out, 0, sizeof(*out));
     zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
@@ -104,6 +110,7 @@ static int recv_unannotated(void *socket, bool router, int timeout_ms, struct ms
             return error_set(err, SMELT_EIO, "zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
         }
         more = zmq_msg_more(&part);
+        if (!out->user_id[0]) copy_user_id(&part, out); /* the routing id frame has none */
         const char *data = zmq_msg_data(&part);
         size_t len = zmq_msg_size(&part);
         int frame = router ? index - 1 : index; /* -1: the routing id */

@@ -210,6 +210,9 @@ struct msg_array {
 struct msg {
     char route[MSG_ROUTE_BYTES];  /* ROUTER routing id (binary) */
     size_t route_len;             /* 0 when not received on a ROUTER socket */
+    /* The ZAP user id of the sender's connection on a CURVE socket (common/curve.h): who
+     * the sender proved to be, whatever its header says; "" on sockets without ZAP. */
+    char user_id[128];
     char type[MSG_TYPE_BYTES];    /* NUL-terminated */
     json_t *header;               /* owned */
     struct msg_array arrays[MSG_MAX_ARRAYS]; /* owned (malloc'd) */

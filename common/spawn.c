@@ -49,7 +49,7 @@ void fd_write_str(int fd, const char *s) {
 void spawn_plan_init(struct spawn_plan *p, const char *const *argv, char *const *envp) {
     long max_fd = sysconf(_SC_OPEN_MAX);
     *p = (struct spawn_plan){.argv = argv, .envp = envp, .in_fd = -1, .out_fd = -1, .err_fd = -1,
-                             .death_signal = SIGTERM, .who = "smelt", .parent = getpid(),
+                             .death_signal = SIGTERM, .who = "smelt", .parent = getpid(), .pass_fd = -1,
                              .max_fd = max_fd > 0 && max_fd < 65536 ? (int)max_fd : 65536};
 }
 
@@ -60,6 +60,19 @@ static _Noreturn void child_fail(const struct spawn_plan *p, const char *what, c
                            desc ? desc : "unknown", ")\n"};
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) fd_write_str(2, parts[i]);
     _exit(127);
+}
+
+/* Closes every descriptor above stderr except keep (-1: none). */
+static void close_fds_but(int keep, int max_fd) {
+    if (keep < 3) {
+        if (close_range(3, ~0U, 0) != 0)
+            for (int fd = 3; fd < max_fd; fd++) close(fd);
+        return;
+    }
+    if (keep > 3 && close_range(3, (unsigned)keep - 1, 0) != 0)
+        for (int fd = 3; fd < keep; fd++) close(fd);
+    if (close_range((unsigned)keep + 1, ~0U, 0) != 0)
+        for (int fd = keep + 1; fd < max_fd; fd++) close(fd);
 }
 
 /* The child between fork and exec: async-signal-safe calls only. */
@@ -78,8 +91,8 @@ static _Noreturn void child_exec(const struct spawn_plan *p) {
     if (prctl(PR_SET_PDEATHSIG, p->death_signal) != 0) child_fail(p, "prctl", "PR_SET_PDEATHSIG", errno);
     if (getppid() != p->parent) _exit(127);
     if (p->workdir && chdir(p->workdir) != 0) child_fail(p, "chdir", p->workdir, errno);
-    if (close_range(3, ~0U, 0) != 0)
-        for (int fd = 3; fd < p->max_fd; fd++) close(fd);
+    close_fds_but(p->pass_fd, p->max_fd);
+    if (p->pass_fd > 2 && fcntl(p->pass_fd, F_SETFD, 0) != 0) child_fail(p, "fcntl", "pass_fd", errno);
     execve(p->argv[0], (char *const *)p->argv, p->envp);
     child_fail(p, "execve", p->argv[0], errno);
 }

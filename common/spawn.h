@@ -34,9 +34,11 @@ struct spawn_plan {
     const char *who;          /* prefix of the child's messages when exec fails ("smelt-agent") */
     pid_t parent;             /* spawn_plan_init's: the death-signal check compares getppid() */
     int max_fd;               /* close_range's fallback */
+    int pass_fd;              /* -1, or a descriptor above stdio the child keeps open at its
+                               * number (close-on-exec cleared): common/secret_fd.h's pipe */
 };
-/* argv and envp as given; no workdir, fds inherited, same group, death signal SIGTERM,
- * who "smelt". */
+/* argv and envp as given; no workdir, fds inherited, no fd passed, same group, death
+ * signal SIGTERM, who "smelt". */
 void spawn_plan_init(struct spawn_plan *p, const char *const *argv, char *const *envp);
 /* Forks and execs. The child: default signal mask and handlers (a worker must see
  * SIGTERM), its fds, its group, PR_SET_PDEATHSIG death_signal (a parent killed outright
