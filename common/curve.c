@@ -14,6 +14,7 @@
 
 #include "common/file.h"
 #include "common/json.h"
+#include "common/secret_fd.h"
 
 bool curve_available(void) { return zmq_has("curve") != 0; }
 
@@ -153,4 +154,38 @@ bool curve_authorize_single_key(void *arg, const char *address, const char *clie
     }
     snprintf(user_id, user_id_cap, "%s", k->user_id);
     return true;
+}
+
+json_t *curve_job_keys_json(const struct curve_job_keys *keys) {
+    return json_pack("{s:s, s:s, s:s}", "worker_public_key", keys->worker.public_key, "worker_secret_key",
+                     keys->worker.secret_key, "server_public_key", keys->server_public_key);
+}
+
+int curve_job_keys_from_json(const json_t *obj, struct curve_job_keys *out, struct smelt_error *err) {
+    memset(out, 0, sizeof *out);
+    static const char *const names[] = {"worker_public_key", "worker_secret_key", "server_public_key"};
+    char *const dst[] = {out->worker.public_key, out->worker.secret_key, out->server_public_key};
+    for (int i = 0; i < 3; i++) {
+        const char *v = json_string_value(json_object_get(obj, names[i]));
+        if (!v || !curve_key_valid(v))
+            return error_set_field(err, SMELT_EINVAL, names[i], "%s: missing or not a CURVE key", names[i]);
+        memcpy(dst[i], v, CURVE_KEY_BYTES);
+    }
+    char derived[CURVE_KEY_BYTES];
+    TRY(curve_public_of(out->worker.secret_key, derived, "worker_secret_key", err));
+    if (strcmp(derived, out->worker.public_key) != 0)
+        return error_set_field(err, SMELT_EINVAL, "worker_public_key", "worker_public_key is not the secret's");
+    out->present = true;
+    return 0;
+}
+
+int curve_job_keys_take(struct curve_job_keys *out, struct smelt_error *err) {
+    memset(out, 0, sizeof *out);
+    json_t *secret = NULL;
+    TRY(secret_fd_take(&secret, err));
+    if (!secret) return 0;
+    int rc = curve_job_keys_from_json(secret, out, err);
+    json_decref(secret);
+    if (rc) return error_wrap(err, rc, "the launch's keys");
+    return 0;
 }

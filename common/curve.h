@@ -68,6 +68,26 @@ int curve_key_file_read(const char *path, struct curve_keypair *keys, struct jso
  * not exist: a server's own keys, made on first start. */
 int curve_key_file_load_or_create(const char *path, struct curve_keypair *keys, struct smelt_error *err);
 
+/* ---- a job's keys ----
+ * smeltd makes a keypair for every attempt of a job and hands it to the attempt's worker
+ * in its launch (through the agent, common/secret_fd.h). The worker shows it to smeltd
+ * (the Tinker channel) and uses it for the job's own channels: its rollout workers are
+ * CURVE servers with this keypair that admit only this public key, so a process without
+ * the attempt's secret — of another job, or of none — can reach none of them.
+ * As JSON (the launch's "secrets"): {"worker_public_key", "worker_secret_key",
+ * "server_public_key"}. */
+struct curve_job_keys {
+    bool present;                          /* false: started by hand, without a launch's keys */
+    struct curve_keypair worker;
+    char server_public_key[CURVE_KEY_BYTES]; /* smeltd's */
+};
+/* New reference; NULL when out of memory. */
+struct json_t *curve_job_keys_json(const struct curve_job_keys *keys);
+/* From the JSON above, each key checked (SMELT_EINVAL naming the field). */
+int curve_job_keys_from_json(const struct json_t *obj, struct curve_job_keys *out, struct smelt_error *err);
+/* This process's keys from its launch (secret_fd_take; present false without). */
+int curve_job_keys_take(struct curve_job_keys *out, struct smelt_error *err);
+
 /* ---- the ZAP handler ---- */
 /* Decides one handshake: return true and fill user_id (a NUL-terminated string of at most
  * CURVE_USER_ID_BYTES - 1 bytes) to let the client in, false to refuse it; why (a short

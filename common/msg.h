@@ -125,10 +125,13 @@
  *                 -> agent.registered {v, heartbeat_ms}: smeltd answers every heartbeat; an
  *                 agent that hears nothing for 5 heartbeats registers again
  * worker.launch   (smeltd -> agent) {v, job_id, attempt, argv: [string], env: {k: v},
- *                  workdir, log_path, metrics_path, devices: [index]}
+ *                  workdir, log_path, metrics_path, devices: [index], secrets?: {the
+ *                  attempt's keys, common/curve.h's struct curve_job_keys as JSON}}
  *                  The agent execv()s argv[0] (no shell) in workdir with env added,
  *                  stdout+stderr appended to log_path, CUDA_VISIBLE_DEVICES set from
- *                  devices for "cuda" devices; it tails metrics_path and relays lines.
+ *                  devices for "cuda" devices, secrets through an inherited pipe
+ *                  (common/secret_fd.h: never argv, env values or files); it tails
+ *                  metrics_path and relays lines.
  * worker.stop     (smeltd -> agent) {v, job_id, attempt, grace_ms, reason}
  *                  SIGTERM, then SIGKILL after grace_ms.
  * worker.started  {v, agent_id, job_id, attempt, pid}

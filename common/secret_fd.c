@@ -26,6 +26,11 @@ int secret_pipe_new(const json_t *secret, int *read_fd, struct smelt_error *err)
         if (n != (ssize_t)len) {
             close(fds[0]);
             rc = error_set(err, SMELT_EIO, "secret pipe: write: %s", strerror(errno));
+        } else if (fds[0] < 3) {
+            /* above stdio, so a child's dup2 onto 0..2 never clobbers it */
+            *read_fd = fcntl(fds[0], F_DUPFD_CLOEXEC, 3);
+            close(fds[0]);
+            if (*read_fd < 0) rc = error_set(err, SMELT_EIO, "secret pipe: fcntl: %s", strerror(errno));
         } else
             *read_fd = fds[0];
     }

@@ -26,7 +26,9 @@
 #include <zmq.h>
 
 #include "common/common.h"
+#include "common/curve.h"
 #include "common/msg.h"
+#include "common/secret_fd.h"
 
 #ifdef SMELT_CUDA
 #include <cuda_runtime_api.h>
@@ -349,6 +351,7 @@ struct launch {
     const char *workdir, *log_path, *metrics_path;
     int devices[AGENT_MAX_DEVICES];
     int n_devices;
+    const json_t *secrets; /* NULL, or the attempt's keys for the worker (common/secret_fd.h) */
 };
 
 static int read_argv(const json_t *header, struct launch *l, struct refusal *r) {
@@ -417,11 +420,25 @@ static int read_devices(const struct agent *a, const json_t *header, struct laun
     return SMELT_OK;
 }
 
+/* The attempt's keys, passed on to the worker through a pipe as they are (checked here
+ * so a bad launch is refused rather than a worker failing later). */
+static int read_secrets(const json_t *header, struct launch *l, struct refusal *r) {
+    const json_t *secrets = json_object_get(header, "secrets");
+    if (!secrets) return SMELT_OK;
+    struct curve_job_keys keys;
+    struct smelt_error err = {0};
+    int rc = curve_job_keys_from_json(secrets, &keys, &err);
+    explicit_bzero(&keys, sizeof keys);
+    if (rc) return refuse(r, "secrets", "%s", err.message);
+    l->secrets = secrets;
+    return SMELT_OK;
+}
+
 /* Everything but job_id and attempt, which the caller has read. */
 static int read_launch(const struct agent *a, const json_t *header, struct launch *l,
                        struct refusal *r) {
     static const char *const allowed[] = {"v", "job_id", "attempt", "argv", "env", "workdir",
-                                          "log_path", "metrics_path", "devices", NULL};
+                                          "log_path", "metrics_path", "devices", "secrets", NULL};
     int rc = check_keys(header, allowed, r);
     if (!rc) rc = read_argv(header, l, r);
     if (!rc) rc = read_env(header, l, r);
@@ -431,6 +448,7 @@ static int read_launch(const struct agent *a, const json_t *header, struct launc
     if (!rc) rc = read_abs_path(header, "log_path", &l->log_path, r);
     if (!rc) rc = read_abs_path(header, "metrics_path", &l->metrics_path, r);
     if (!rc) rc = read_devices(a, header, l, r);
+    if (!rc) rc = read_secrets(header, l, r);
     return rc;
 }
 
@@ -458,19 +476,21 @@ static void device_lists(const struct agent *a, const struct launch *l, char *vi
 
 /* The agent's environment, with the launch's env laid over it and then the device
  * variables, which the agent owns (a launch cannot widen its devices through env). */
-static char **build_envp(const struct agent *a, const struct launch *l) {
+static char **build_envp(const struct agent *a, const struct launch *l, int secret_fd) {
     char visible[AGENT_MAX_DEVICES * (VISIBLE_TOKEN_BYTES + 1)];
     char slots[AGENT_MAX_DEVICES * 16];
     device_lists(a, l, visible, sizeof visible, slots, sizeof slots);
     size_t n_own = 0;
     while (environ && environ[n_own]) n_own++;
-    size_t cap = n_own + json_object_size(l->env) + 3, n = 0;
+    size_t cap = n_own + json_object_size(l->env) + 4, n = 0;
     char **envp = calloc(cap, sizeof *envp);
     if (!envp) return NULL;
     bool ok = true;
     for (size_t i = 0; ok && i < n_own; i++) {
         const char *e = environ[i];
-        if (env_entry_is(e, "CUDA_VISIBLE_DEVICES") || env_entry_is(e, "SMELT_CPU_SLOT")) continue;
+        if (env_entry_is(e, "CUDA_VISIBLE_DEVICES") || env_entry_is(e, "SMELT_CPU_SLOT") ||
+            env_entry_is(e, SECRET_FD_ENV))
+            continue;
         const char *name;
         json_t *value;
         bool replaced = false;
@@ -481,12 +501,19 @@ static char **build_envp(const struct agent *a, const struct launch *l) {
     json_t *value;
     json_object_foreach((json_t *)l->env, name, value) {
         if (!ok) break;
-        if (strcmp(name, "CUDA_VISIBLE_DEVICES") == 0 || strcmp(name, "SMELT_CPU_SLOT") == 0) continue;
+        if (strcmp(name, "CUDA_VISIBLE_DEVICES") == 0 || strcmp(name, "SMELT_CPU_SLOT") == 0 ||
+            strcmp(name, SECRET_FD_ENV) == 0)
+            continue;
         ok = (envp[n++] = env_entry(name, json_string_value(value))) != NULL;
     }
     /* No GPU listed means none: an empty CUDA_VISIBLE_DEVICES, not "all of them". */
     if (ok) ok = (envp[n++] = env_entry("CUDA_VISIBLE_DEVICES", visible)) != NULL;
     if (ok && slots[0]) ok = (envp[n++] = env_entry("SMELT_CPU_SLOT", slots)) != NULL;
+    if (ok && secret_fd >= 0) {
+        char number[16];
+        snprintf(number, sizeof number, "%d", secret_fd);
+        ok = (envp[n++] = env_entry(SECRET_FD_ENV, number)) != NULL;
+    }
     if (!ok) {
         spawn_envp_free(envp);
         return NULL;
@@ -525,9 +552,12 @@ static int spawn_worker(struct agent *a, const struct launch *l, struct worker *
     plan.who = "smelt-agent";
     int rc = SMELT_OK;
     char *metrics_path = strdup(l->metrics_path);
-    char **envp = build_envp(a, l);
+    struct smelt_error err = {0};
+    if (l->secrets && secret_pipe_new(l->secrets, &plan.pass_fd, &err) != 0)
+        rc = refuse(r, "secrets", "%s", err.message);
+    char **envp = build_envp(a, l, plan.pass_fd);
     plan.envp = envp;
-    if (!metrics_path) rc = refuse(r, "metrics_path", "out of memory");
+    if (!rc && !metrics_path) rc = refuse(r, "metrics_path", "out of memory");
     if (!rc && !envp) rc = refuse(r, "env", "out of memory building the environment");
     if (!rc) {
         plan.out_fd = plan.err_fd = open_above_stdio(l->log_path, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
@@ -550,6 +580,7 @@ static int spawn_worker(struct agent *a, const struct launch *l, struct worker *
     }
     if (plan.out_fd >= 0) close(plan.out_fd);
     if (plan.in_fd >= 0) close(plan.in_fd);
+    if (plan.pass_fd >= 0) close(plan.pass_fd);
     spawn_envp_free(envp);
     free(metrics_path);
     return rc;

@@ -783,21 +783,32 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
         control_job_fail(s, c, id, "launch_failed", "the worker's command line could not be made (stored spec)");
         return;
     }
+    /* Keys of this attempt alone: a worker of an earlier attempt cannot pass for it. */
+    struct curve_job_keys keys = {.present = true};
+    memcpy(keys.server_public_key, s->curve.public_key, CURVE_KEY_BYTES);
+    if (curve_keypair_new(&keys.worker, &err) != 0) {
+        log_error("control: keys for %s: %s", id, err.message);
+        json_decref(argv);
+        return;
+    }
     json_t *dev_array = json_array();
     for (int i = 0; i < n_devices; i++) json_array_append_new(dev_array, json_integer(devices[i]));
     int64_t now = server_now();
     rc = store_exec(c, &err, "UPDATE jobs SET status = 'running', attempt = ?, agent_id = ?, devices = ?, pid = NULL, "
-                    "stop_sent_at = NULL, saw_final = 0, started_at = coalesce(started_at, ?), run_started_at = ? "
-                    "WHERE id = ?", "isjiis", attempt, agent_id, dev_array, now, now, id);
+                    "stop_sent_at = NULL, saw_final = 0, started_at = coalesce(started_at, ?), run_started_at = ?, "
+                    "worker_public_key = ? WHERE id = ?", "isjiiss", attempt, agent_id, dev_array, now, now,
+                    keys.worker.public_key, id);
     if (rc < 0) {
         log_error("control: allocating for %s: %s", id, err.message);
         json_decref(argv);
         json_decref(dev_array);
         return;
     }
-    json_t *h = json_pack("{s:s, s:I, s:o, s:{s:s}, s:s, s:s, s:s, s:O}", "job_id", id, "attempt",
+    json_t *h = json_pack("{s:s, s:I, s:o, s:{s:s}, s:s, s:s, s:s, s:O, s:o}", "job_id", id, "attempt",
                           (json_int_t)attempt, "argv", argv, "env", "SMELT_LOG_LEVEL", "info", "workdir", job_dir,
-                          "log_path", log_path, "metrics_path", metrics_path, "devices", dev_array);
+                          "log_path", log_path, "metrics_path", metrics_path, "devices", dev_array, "secrets",
+                          curve_job_keys_json(&keys));
+    explicit_bzero(&keys, sizeof keys);
     if (h) send_to_agent(s, agent_id, MSG_WORKER_LAUNCH, h);
     json_decref(h);
     char what[512], list[256] = "";

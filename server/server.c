@@ -74,6 +74,16 @@ static int setup_paths(struct server *s, struct smelt_error *err) {
     return 0;
 }
 
+/* smeltd's CURVE keys, made on the first start and kept in the data directory (only the
+ * server reads them), and the ZAP handler of its ZeroMQ context. */
+static int server_curve_start(struct server *s, struct smelt_error *err) {
+    char path[SERVER_PATH_BYTES + 16];
+    snprintf(path, sizeof path, "%s/server.key", s->data_dir);
+    int rc = curve_key_file_load_or_create(path, &s->curve, err);
+    if (rc) return error_wrap(err, rc, "smeltd's CURVE keys");
+    return zap_handler_start(s->zmq, &s->zap, err);
+}
+
 int server_run(const struct server_config *config, struct smelt_error *err) {
     struct server *s = calloc(1, sizeof *s);
     if (!s) return error_set(err, SMELT_ENOMEM, "out of memory");
@@ -90,6 +100,7 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
         s->zmq = zmq_ctx_new();
         if (!s->zmq) rc = error_set(err, SMELT_EIO, "zmq_ctx_new failed");
     }
+    if (rc == 0) rc = server_curve_start(s, err);
     /* before the control loop: it launches session workers at this endpoint, and must
      * not see the last run's session jobs as its own */
     if (rc == 0) rc = tinker_dispatch_start(s, err);
@@ -132,6 +143,7 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
     http_server_stop(atomic_exchange(&s->http, NULL));
     tinker_dispatch_free(s); /* after HTTP: handlers submit to it (refused once stopped) */
     tinker_api_stop(s);
+    zap_handler_stop(s->zap); /* its socket too must be closed before the context ends */
     if (s->zmq) zmq_ctx_term(s->zmq);
     store_close(s->store);
     free(s);

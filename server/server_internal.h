@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/curve.h"
 #include "server/http.h"
 #include "server/server.h"
 #include "server/store.h"
@@ -27,6 +28,8 @@ struct server {
      * control loop (events wake SSE followers), so atomic. */
     _Atomic(struct http_server *) http;
     void *zmq;                             /* the ZeroMQ context */
+    struct curve_keypair curve;            /* smeltd's CURVE keys (<data>/server.key, made once) */
+    struct zap_handler *zap;               /* who may connect to smeltd's CURVE sockets */
     int64_t started_at;
     atomic_int kick;                       /* HTTP threads ask the control loop to look now */
     /* counters for /metrics that are not in the store */

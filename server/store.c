@@ -118,6 +118,8 @@ static const char *const MIGRATIONS[] = {
     "CREATE TABLE tinker_samplers ("
     "  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, session_id TEXT, job_id TEXT NOT NULL,"
     "  base_model TEXT NOT NULL, model_id TEXT, adapter_path TEXT, created_at INTEGER NOT NULL);",
+    /* 4: the CURVE public key of each job's current attempt (common/curve.h) */
+    "ALTER TABLE jobs ADD COLUMN worker_public_key TEXT;",
 };
 #define N_MIGRATIONS ((int)(sizeof MIGRATIONS / sizeof MIGRATIONS[0]))
 
