@@ -68,9 +68,12 @@ static void send_text(void *rep, const char *s, bool more) {
     zmq_send(rep, s, strlen(s), more ? ZMQ_SNDMORE : 0);
 }
 
+/* Always answers (a REP socket takes no request before it has answered the last one);
+ * request_id NULL: a request too short to have one. */
 static void reply(void *rep, zmq_msg_t *request_id, bool ok, const char *status_text, const char *user_id) {
     send_text(rep, "1.0", true);
-    zmq_send(rep, zmq_msg_data(request_id), zmq_msg_size(request_id), ZMQ_SNDMORE);
+    if (request_id) zmq_send(rep, zmq_msg_data(request_id), zmq_msg_size(request_id), ZMQ_SNDMORE);
+    else zmq_send(rep, "", 0, ZMQ_SNDMORE);
     send_text(rep, ok ? "200" : "400", true);
     send_text(rep, status_text, true);
     send_text(rep, ok ? user_id : "", true);
@@ -121,7 +124,7 @@ static void handle(struct zap_handler *h, struct zap_request *r) {
         if (strcmp(version, "1.0") == 0)
             ok = decide(h, domain, address, &r->frames[5], &r->frames[6], user_id, why, sizeof why);
     }
-    if (r->n >= 2) reply(h->rep, &r->frames[1], ok, ok ? "OK" : why, user_id);
+    reply(h->rep, r->n >= 2 ? &r->frames[1] : NULL, ok, ok ? "OK" : why, user_id);
     pthread_mutex_lock(&h->lock);
     if (ok) h->allowed++;
     else h->refused++;
