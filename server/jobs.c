@@ -803,6 +803,7 @@ static int show_hyperparameters(const struct job_method *m, const struct job_spe
         void *full = NULL;
         if (job_spec_to_json(js, &full, err)) return SMELT_ENOMEM;
         json_t *reward = json_object_get(json_object_get(full, "rl"), "reward");
+        jobs_grader_shown(json_object_get(reward, "grader")); /* full is this function's: changed in place */
         json_object_set(json_object_get(p->method, m->type), m->reward_key,
                         takes_grader(m) ? json_object_get(reward, "grader") : reward);
         json_decref(full);
