@@ -210,40 +210,52 @@ Test(model_grader, spec_defaults_round_trip_and_refusals) {
 
 /* ---- the trainer's generator ---- */
 
-Test(model_grader, the_generator_feeds_the_templates_ids_and_replies_as_the_reference_does) {
+/* A random tiny LM opened as a grader model through the trainer's scorer (the plain
+ * template as the policy's). cfg and plain are what sc's ctx points at. */
+struct judge {
     char dir[600];
-    test_make_model_dir(test_tmp_path(dir, sizeof dir, "judge"), true);
     struct chat_template plain;
-    chat_template_init(&plain, CHAT_TEMPLATE_PLAIN);
-    struct reward_scorer_config cfg = {.backend = BACKEND_CPU, .policy_chat = &plain, .where = "rl.reward"};
+    struct reward_scorer_config cfg;
     struct reward_model_scorer sc;
-    reward_scorer_init(&cfg, &sc);
-    struct reward_model_ref ref = {.model = "judge", .dir = dir, .field = "grader", .batch_size = 1};
-    void *h;
+    void *h; /* the generator handle */
+};
+
+static void open_judge(struct judge *j) {
+    test_make_model_dir(test_tmp_path(j->dir, sizeof j->dir, "judge"), true);
+    chat_template_init(&j->plain, CHAT_TEMPLATE_PLAIN);
+    j->cfg = (struct reward_scorer_config){.backend = BACKEND_CPU, .policy_chat = &j->plain, .where = "rl.reward"};
+    reward_scorer_init(&j->cfg, &j->sc);
+    struct reward_model_ref ref = {.model = "judge", .dir = j->dir, .field = "grader", .batch_size = 1};
     struct smelt_error err = {0};
-    TEST_OK(sc.open_generator(sc.ctx, &ref, &h, &err), &err);
+    TEST_OK(j->sc.open_generator(j->sc.ctx, &ref, &j->h, &err), &err);
+}
+
+Test(model_grader, the_generator_feeds_the_templates_ids_and_replies_as_the_reference_does) {
+    struct judge j;
+    open_judge(&j);
+    struct smelt_error err = {0};
 
     struct reward_message m[2] = {{"system", "Rate it."}, {"user", "A: b"}};
     struct reward_prompt pr[3] = {{m, 2}, {NULL, 0}, {m + 1, 1}};
     int32_t *ids;
     size_t n;
-    TEST_OK(reward_generator_prompt_ids(h, &pr[0], &ids, &n, &err), &err);
+    TEST_OK(reward_generator_prompt_ids(j.h, &pr[0], &ids, &n, &err), &err);
     struct tokenizer *tok;
-    TEST_OK(tokenizer_load(dir, &tok, &err), &err);
+    TEST_OK(tokenizer_load(j.dir, &tok, &err), &err);
     struct chat_message cm[2] = {{"system", "Rate it."}, {"user", "A: b"}};
     int32_t *want;
     uint8_t *mask;
     size_t nw;
-    TEST_OK(chat_tokenize(&plain, tok, cm, 2, true, &want, &mask, &nw, &err), &err);
+    TEST_OK(chat_tokenize(&j.plain, tok, cm, 2, true, &want, &mask, &nw, &err), &err);
     cr_assert_eq(n, nw);
     cr_expect(memcmp(ids, want, n * sizeof *ids) == 0, "the ids fed are the plain template's");
 
     struct reward_generate_params gp = {.temperature = 0, .top_p = 1, .max_tokens = 6, .seed = 3};
     struct reward_generation out[3];
-    TEST_OK(sc.generate(h, pr, 3, &gp, out, &err), &err);
+    TEST_OK(j.sc.generate(j.h, pr, 3, &gp, out, &err), &err);
     cr_expect(!out[1].text && !out[1].failed, "an empty prompt is not asked");
     struct model *lm;
-    TEST_OK(model_load(dir, BACKEND_CPU, &lm, &err), &err);
+    TEST_OK(model_load(j.dir, BACKEND_CPU, &lm, &err), &err);
     int32_t stop = tokenizer_special_ids(tok)->eos;
     struct generate_params ref_p = {.max_new_tokens = 6, .temperature = 0, .top_p = 1, .stop_ids = &stop,
                                     .n_stop_ids = 1};
@@ -263,7 +275,7 @@ Test(model_grader, the_generator_feeds_the_templates_ids_and_replies_as_the_refe
     free(want);
     free(mask);
     tokenizer_free(tok);
-    sc.close_generator(h);
+    j.sc.close_generator(j.h);
     test_tmp_teardown();
 }
 
@@ -288,34 +300,25 @@ static void free_replies(struct reward_generation g[4]) {
 }
 
 Test(model_grader, the_generator_honours_max_tokens_and_seed) {
-    char dir[600];
-    test_make_model_dir(test_tmp_path(dir, sizeof dir, "judge"), true);
-    struct chat_template plain;
-    chat_template_init(&plain, CHAT_TEMPLATE_PLAIN);
-    struct reward_scorer_config cfg = {.backend = BACKEND_CPU, .policy_chat = &plain, .where = "rl.reward"};
-    struct reward_model_scorer sc;
-    reward_scorer_init(&cfg, &sc);
-    struct reward_model_ref ref = {.model = "judge", .dir = dir, .field = "grader", .batch_size = 1};
-    void *h;
-    struct smelt_error err = {0};
-    TEST_OK(sc.open_generator(sc.ctx, &ref, &h, &err), &err);
+    struct judge j;
+    open_judge(&j);
     struct reward_generate_params p = {.temperature = 1, .top_p = 1, .max_tokens = 2, .seed = 5};
     struct reward_generation a[4], b[4], c[4];
-    replies(h, &sc, &p, a);
+    replies(j.h, &j.sc, &p, a);
     for (int i = 0; i < 4; i++) /* the byte tokenizer: a token is at most one byte of text */
         cr_expect_leq(strlen(a[i].text), 2, "max_completions_tokens 2: \"%s\"", a[i].text);
     p.max_tokens = 12;
-    replies(h, &sc, &p, b);
-    replies(h, &sc, &p, c);
+    replies(j.h, &j.sc, &p, b);
+    replies(j.h, &j.sc, &p, c);
     cr_expect(same_replies(b, c), "the same seed, the same replies");
     free_replies(c);
     p.seed = 6;
-    replies(h, &sc, &p, c);
+    replies(j.h, &j.sc, &p, c);
     cr_expect(!same_replies(b, c), "another seed, other replies (a random model at temperature 1, 4 x 12 tokens)");
     free_replies(a);
     free_replies(b);
     free_replies(c);
-    sc.close_generator(h);
+    j.sc.close_generator(j.h);
     test_tmp_teardown();
 }
 
