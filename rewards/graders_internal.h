@@ -273,8 +273,7 @@ struct grader_lm {
     struct grader_lm_message msgs[GRADER_LM_MAX_MESSAGES];
     json_t *input;                     /* the spec's input, written back as given */
     double range[2];                   /* score_model */
-    bool has_sampling;                 /* sampling_params given (written back either way) */
-    struct reward_generate_params params;
+    struct reward_generate_params params; /* sampling_params, defaults filled (both types) */
     char **labels, **passing;          /* label_model */
     int n_labels, n_passing;
     struct reward_model_scorer scorer;

@@ -1,7 +1,9 @@
 /* OpenAI's model graders, read and written back: score_model {"model", "input":
  * [messages], "range"?, "sampling_params"?, "pass_threshold"?} and label_model {"model",
  * "input", "labels", "passing_labels"}, plus smeltd's "model_dir" (its resolution of the
- * model name). Messages are {"role", "content", "type"?: "message"} with content a
+ * model name) and, for label_model, smelt's "sampling_params" (score_model's: OpenAI's
+ * label_model has none, but a label judge that cannot be made greedy or seeded gives
+ * verdicts no one can reproduce). Both are written back with every sampling default. Messages are {"role", "content", "type"?: "message"} with content a
  * template string or {"type": "input_text" | "output_text", "text": template}: the
  * text-only part of OpenAI's EvalItem (images and audio are refused by name). Scoring is
  * model_grader.c's. */
@@ -20,8 +22,8 @@
 
 const char *const GRADER_SCORE_MODEL_KEYS[] = {"type",  "name",  "model",           "model_dir",     "input",
                                                "range", "sampling_params", "pass_threshold", NULL};
-const char *const GRADER_LABEL_MODEL_KEYS[] = {"type",   "name",           "model", "model_dir", "input",
-                                               "labels", "passing_labels", NULL};
+const char *const GRADER_LABEL_MODEL_KEYS[] = {"type",   "name",           "model",           "model_dir", "input",
+                                               "labels", "passing_labels", "sampling_params", NULL};
 
 int grader_parse_text(const json_t *obj, const char *key, bool required, size_t max, const char *w, char **out,
                       struct smelt_error *err) {
@@ -100,7 +102,7 @@ static int parse_input(const json_t *obj, const char *w, struct grader_lm *lm, s
     return lm->input ? SMELT_OK : error_set(err, SMELT_ENOMEM, "%s.input: out of memory", w);
 }
 
-/* ---- score_model: range, sampling_params ---- */
+/* ---- score_model: range; both: sampling_params ---- */
 
 static int parse_range(const json_t *obj, const char *w, struct grader_lm *lm, struct smelt_error *err) {
     const json_t *r = json_object_get(obj, "range");
@@ -142,7 +144,6 @@ static int parse_sampling(const json_t *obj, const char *w, struct grader_lm *lm
                                  GRADER_LM_MAX_TOKENS, &lm->params.max_tokens, ws, err);
     if (!rc) rc = json_field_int(sp, "seed", false, 0, 0, INT64_MAX, &seed, ws, err);
     lm->params.seed = (uint64_t)seed;
-    lm->has_sampling = true;
     return error_in_field(err, rc, "sampling_params");
 }
 
@@ -194,13 +195,9 @@ int grader_lm_parse(const json_t *obj, const char *w, struct reward_grader *g, s
     TRY(grader_parse_text(obj, "model", true, MAX_MODEL_BYTES, w, &lm->model, err));
     TRY(grader_parse_text(obj, "model_dir", false, MAX_MODEL_BYTES, w, &lm->model_dir, err));
     TRY(parse_input(obj, w, lm, err));
-    if (lm->label) {
-        lm->params = (struct reward_generate_params){.temperature = 1, .top_p = 1,
-                                                     .max_tokens = GRADER_LM_DEFAULT_TOKENS};
-        return parse_labels(obj, w, lm, err);
-    }
-    TRY(parse_range(obj, w, lm, err));
     TRY(parse_sampling(obj, w, lm, err));
+    if (lm->label) return parse_labels(obj, w, lm, err);
+    TRY(parse_range(obj, w, lm, err));
     const json_t *t = json_object_get(obj, "pass_threshold");
     g->has_pass_threshold = t && !json_is_null(t);
     return json_field_double(obj, "pass_threshold", false, 0.0, -1e300, 1e300, &g->pass_threshold, w, err);
@@ -236,15 +233,15 @@ int grader_lm_to_json(const struct reward_grader *g, json_t *obj) {
     int bad = reward_json_set(obj, "model", json_string(lm->model));
     if (lm->model_dir) bad |= reward_json_set(obj, "model_dir", json_string(lm->model_dir));
     bad |= reward_json_set(obj, "input", json_deep_copy(lm->input));
+    bad |= reward_json_set(obj, "sampling_params",
+                           json_pack("{sfsfsIsI}", "temperature", lm->params.temperature, "top_p", lm->params.top_p,
+                                     "max_completions_tokens", (json_int_t)lm->params.max_tokens, "seed",
+                                     (json_int_t)lm->params.seed));
     if (lm->label) {
         bad |= reward_json_set(obj, "labels", string_list(lm->labels, lm->n_labels));
         return bad | reward_json_set(obj, "passing_labels", string_list(lm->passing, lm->n_passing));
     }
     bad |= reward_json_set(obj, "range", json_pack("[ff]", lm->range[0], lm->range[1]));
-    bad |= reward_json_set(obj, "sampling_params",
-                           json_pack("{sfsfsIsI}", "temperature", lm->params.temperature, "top_p", lm->params.top_p,
-                                     "max_completions_tokens", (json_int_t)lm->params.max_tokens, "seed",
-                                     (json_int_t)lm->params.seed));
     if (g->has_pass_threshold) bad |= reward_json_set(obj, "pass_threshold", json_real(g->pass_threshold));
     return bad;
 }

@@ -784,7 +784,8 @@ static json_t *resolved_hp(const struct openai_hp *o, const struct job_spec *js)
 
 /* The job object's hyperparameters under OpenAI's names, resolved from the parsed spec:
  * {"type": T, T: {"hyperparameters": {...}}}, as OpenAI shows a job's method; an RL
- * method's reward (grpo) or grader (reinforcement) beside them, as the trainer runs it. */
+ * method's reward (grpo) or grader (reinforcement) beside them, as the request gave it
+ * (the spec keeps it so) less the model directories smeltd added. */
 static int show_hyperparameters(const struct job_method *m, const struct job_spec *js, struct job_plan *p,
                                 struct smelt_error *err) {
     p->shown_hp = json_object();
@@ -799,10 +800,11 @@ static int show_hyperparameters(const struct job_method *m, const struct job_spe
     }
     if (takes_grader(m)) TRY(set_member(p->shown_hp, "reasoning_effort", json_string("default"), err));
     p->method = json_pack("{s:s, s:{s:O}}", "type", m->type, m->type, "hyperparameters", p->shown_hp);
-    if (p->method && m->reward_key) { /* the reward as the trainer will run it (defaults filled in) */
+    if (p->method && m->reward_key) { /* the reward as the request gave it */
         void *full = NULL;
         if (job_spec_to_json(js, &full, err)) return SMELT_ENOMEM;
         json_t *reward = json_object_get(json_object_get(full, "rl"), "reward");
+        jobs_grader_shown(json_object_get(reward, "grader")); /* full is this function's: changed in place */
         json_object_set(json_object_get(p->method, m->type), m->reward_key,
                         takes_grader(m) ? json_object_get(reward, "grader") : reward);
         json_decref(full);

@@ -4,7 +4,8 @@
  * as resolve_critic does for a ppo job's critic_model. A directory never comes from the
  * request: "model_dir" there is refused. The trainer then checks the model is a
  * sequence classifier (trainer/reward_scorer.c), or a causal LM for the model graders
- * (trainer/reward_generator.c). */
+ * (trainer/reward_generator.c). The job object shows the grader without it
+ * (jobs_grader_shown): a server path is no business of an API client. */
 #include <stdio.h>
 #include <string.h>
 
@@ -52,4 +53,12 @@ int jobs_resolve_reward_models(struct server *s, struct store_conn *conn, const 
         if (json_is_object(sub)) TRY(resolve_one(s, conn, project, sub, at, err));
     }
     return SMELT_OK;
+}
+
+void jobs_grader_shown(json_t *grader) {
+    if (!json_is_object(grader)) return;
+    json_object_del(grader, "model_dir"); /* absent for other types: nothing to delete */
+    const char *key;
+    json_t *sub;
+    json_object_foreach(json_object_get(grader, "graders"), key, sub) jobs_grader_shown(sub);
 }

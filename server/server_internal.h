@@ -98,6 +98,9 @@ bool jobs_status_final(const char *status);
  * when the request gives one). grader is changed in place: pass the spec's copy. */
 int jobs_resolve_reward_models(struct server *s, struct store_conn *conn, const char *project, json_t *grader,
                                const char *path, struct smelt_error *err);
+/* grader as the job object shows it: every "model_dir" (the tree's, a multi's sub-graders')
+ * removed in place, so no server path reaches a client; the trainer's spec keeps them. */
+void jobs_grader_shown(json_t *grader);
 /* The head of the model a job of method.type `type` makes ("lm"; reward models will say
  * "reward"), or NULL for a type smelt does not run. */
 const char *jobs_method_head(const char *type);

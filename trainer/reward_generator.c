@@ -11,7 +11,8 @@
  *     while the policy trains; prompt i draws from stream (seed, i), so a batch with the
  *     same seed gives the same replies, and temperature 0 is greedy;
  *   - generation ends at the model's eos ids or the tokenizer's, at max_tokens, or at
- *     the model's context; replies are decoded without special tokens.
+ *     the model's context; replies are decoded without special tokens (and without ids
+ *     the tokenizer lacks, as the policy's samples are).
  * A prompt longer than the model's context fails its sample, saying so. */
 #include "trainer/trainer_internal.h"
 
@@ -142,16 +143,28 @@ static int request(struct gen_handle *h, const struct reward_prompt *pr, int i, 
     return SMELT_OK;
 }
 
+/* A reply's text as the policy's samples are decoded (grpo.c): ids the tokenizer has no
+ * token for (a model's vocabulary may be larger than its tokenizer's, and a sampling judge
+ * can draw one) have no text, rather than failing the whole batch. */
+static int decode_reply(struct gen_handle *h, const struct rollout_result *res, char **text,
+                        struct smelt_error *err) {
+    int32_t *known = malloc((size_t)(res->n ? res->n : 1) * sizeof *known);
+    if (!known) return error_set(err, SMELT_ENOMEM, "%s: out of memory", h->field);
+    size_t k = 0, len;
+    for (int64_t i = 0; i < res->n; i++)
+        if (tokenizer_id_to_token(h->tok, res->ids[i])) known[k++] = res->ids[i];
+    int rc = tokenizer_decode(h->tok, known, k, true, text, &len, err);
+    free(known);
+    return rc;
+}
+
 static int take(struct gen_handle *h, struct rollout_engine *e, struct reward_generation *out,
                 struct smelt_error *err) {
     struct rollout_result *res;
     int k;
     TRY(rollout_engine_take(e, &res, &k, err));
     int rc = SMELT_OK;
-    for (int i = 0; i < k && !rc; i++) {
-        size_t len;
-        rc = tokenizer_decode(h->tok, res[i].ids, (size_t)res[i].n, true, &out[res[i].request_id].text, &len, err);
-    }
+    for (int i = 0; i < k && !rc; i++) rc = decode_reply(h, &res[i], &out[res[i].request_id].text, err);
     rollout_results_free(res, k);
     return rc;
 }

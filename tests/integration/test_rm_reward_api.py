@@ -178,12 +178,12 @@ def test_grpo_learns_what_the_reward_model_prefers(smeltd, jobs, prompt_files):
     job, lines = run(smeltd, grpo(sft["fine_tuned_model"], prompt_files, grader))
     seconds = time.time() - t0
     status, raw = smeltd.request("GET", J + "/" + job["id"])
-    # the spec keeps the name and the directory smeltd found (the reward-model job's output), and
-    # the job's method shows the same
+    # the spec keeps the name and the directory smeltd found (the reward-model job's output);
+    # the job's method shows the grader without that server path
     written = raw["spec"]["rl"]["reward"]["grader"]
     assert written == dict(grader, model_dir=written["model_dir"]), written
     assert written["model_dir"].endswith(rm["id"] + "/output"), (written, rm["id"])
-    assert raw["method"]["grpo"]["reward"]["grader"] == written, raw["method"]
+    assert raw["method"]["grpo"]["reward"]["grader"] == grader, raw["method"]
 
     train = [m["data"] for m in lines if m["type"] == "train"]
     assert len(train) == ITERATIONS, lines

@@ -101,7 +101,8 @@ Test(model_grader, label_model_scores_passing_labels_1) {
     struct fake f = {.replies = replies};
     struct reward_stage *st = fake_stage(
         "{\"type\": \"label_model\", \"name\": \"l\", \"model\": \"/models/judge\", \"labels\": [\"good\", \"ok\", "
-        "\"bad\"], \"passing_labels\": [\"good\", \"ok\"], \"input\": [{\"role\": \"user\", \"content\": "
+        "\"bad\"], \"passing_labels\": [\"good\", \"ok\"], \"sampling_params\": {\"temperature\": 0, \"seed\": 3, "
+        "\"top_p\": 0.5, \"max_completions_tokens\": 4}, \"input\": [{\"role\": \"user\", \"content\": "
         "\"Label: {{sample.output_text}}\", \"type\": \"message\"}]}", &f);
     struct reward_sample s[5];
     for (int i = 0; i < 5; i++) s[i] = (struct reward_sample){.completion = "x"};
@@ -109,6 +110,8 @@ Test(model_grader, label_model_scores_passing_labels_1) {
     struct smelt_error err = {0};
     TEST_OK(reward_stage_score(st, s, 5, r, &err), &err);
     cr_expect_str_eq(f.seen[0], "user:Label: x");
+    cr_expect(f.params.temperature == 0 && f.params.seed == 3 && f.params.max_tokens == 4 && f.params.top_p == 0.5,
+              "smelt's sampling_params of a label_model reach the generator");
     cr_expect(!r[0].failed && r[0].reward == 1);
     cr_expect(!r[1].failed && r[1].reward == 0);
     cr_expect(!r[2].failed && r[2].reward == 1);
@@ -167,6 +170,17 @@ Test(model_grader, spec_defaults_round_trip_and_refusals) {
     json_decref(want);
     reward_stage_free(st);
 
+    st = rewards_test_stage("{\"grader\": {\"type\": \"label_model\", \"name\": \"l\", \"model\": \"m\", "
+                            "\"input\": [{\"role\": \"user\", \"content\": \"x\"}], \"labels\": [\"a\"], "
+                            "\"passing_labels\": [\"a\"]}}");
+    TEST_OK(reward_stage_to_json(st, &back, &err), &err);
+    json_t *sp = json_object_get(json_object_get(back, "grader"), "sampling_params");
+    want = rewards_test_parse("{\"temperature\": 1.0, \"top_p\": 1.0, \"max_completions_tokens\": 64, \"seed\": 0}");
+    cr_expect(json_equal(sp, want), "a label_model is written back with the sampling defaults, as a score_model");
+    json_decref(back);
+    json_decref(want);
+    reward_stage_free(st);
+
 #define SM(more) "{\"grader\": {\"type\": \"score_model\", \"model\": \"m\"" more "}}"
 #define IN ", \"input\": [{\"role\": \"user\", \"content\": \"x\"}]"
     rewards_test_refused(SM(""), "grader.input", "1 to 16 messages");
@@ -183,6 +197,9 @@ Test(model_grader, spec_defaults_round_trip_and_refusals) {
     rewards_test_refused(SM(IN ", \"sampling_params\": {\"reasoning_effort\": \"high\"}"),
                          "grader.sampling_params.reasoning_effort", "no reasoning effort");
     rewards_test_refused(SM(IN ", \"labels\": [\"a\"]"), "grader.labels", "labels");
+    rewards_test_refused("{\"grader\": {\"type\": \"label_model\", \"model\": \"m\"" IN ", \"labels\": [\"a\"], "
+                         "\"passing_labels\": [\"a\"], \"sampling_params\": {\"temperature\": 3}}}",
+                         "grader.sampling_params.temperature", "temperature");
     rewards_test_refused("{\"grader\": {\"type\": \"label_model\", \"model\": \"m\"" IN ", \"labels\": [\"a\", "
                          "\"a\"], \"passing_labels\": [\"a\"]}}", "grader.labels", "listed twice");
     rewards_test_refused("{\"grader\": {\"type\": \"label_model\", \"model\": \"m\"" IN ", \"labels\": [\"a\"], "
@@ -193,40 +210,52 @@ Test(model_grader, spec_defaults_round_trip_and_refusals) {
 
 /* ---- the trainer's generator ---- */
 
-Test(model_grader, the_generator_feeds_the_templates_ids_and_replies_as_the_reference_does) {
+/* A random tiny LM opened as a grader model through the trainer's scorer (the plain
+ * template as the policy's). cfg and plain are what sc's ctx points at. */
+struct judge {
     char dir[600];
-    test_make_model_dir(test_tmp_path(dir, sizeof dir, "judge"), true);
     struct chat_template plain;
-    chat_template_init(&plain, CHAT_TEMPLATE_PLAIN);
-    struct reward_scorer_config cfg = {.backend = BACKEND_CPU, .policy_chat = &plain, .where = "rl.reward"};
+    struct reward_scorer_config cfg;
     struct reward_model_scorer sc;
-    reward_scorer_init(&cfg, &sc);
-    struct reward_model_ref ref = {.model = "judge", .dir = dir, .field = "grader", .batch_size = 1};
-    void *h;
+    void *h; /* the generator handle */
+};
+
+static void open_judge(struct judge *j) {
+    test_make_model_dir(test_tmp_path(j->dir, sizeof j->dir, "judge"), true);
+    chat_template_init(&j->plain, CHAT_TEMPLATE_PLAIN);
+    j->cfg = (struct reward_scorer_config){.backend = BACKEND_CPU, .policy_chat = &j->plain, .where = "rl.reward"};
+    reward_scorer_init(&j->cfg, &j->sc);
+    struct reward_model_ref ref = {.model = "judge", .dir = j->dir, .field = "grader", .batch_size = 1};
     struct smelt_error err = {0};
-    TEST_OK(sc.open_generator(sc.ctx, &ref, &h, &err), &err);
+    TEST_OK(j->sc.open_generator(j->sc.ctx, &ref, &j->h, &err), &err);
+}
+
+Test(model_grader, the_generator_feeds_the_templates_ids_and_replies_as_the_reference_does) {
+    struct judge j;
+    open_judge(&j);
+    struct smelt_error err = {0};
 
     struct reward_message m[2] = {{"system", "Rate it."}, {"user", "A: b"}};
     struct reward_prompt pr[3] = {{m, 2}, {NULL, 0}, {m + 1, 1}};
     int32_t *ids;
     size_t n;
-    TEST_OK(reward_generator_prompt_ids(h, &pr[0], &ids, &n, &err), &err);
+    TEST_OK(reward_generator_prompt_ids(j.h, &pr[0], &ids, &n, &err), &err);
     struct tokenizer *tok;
-    TEST_OK(tokenizer_load(dir, &tok, &err), &err);
+    TEST_OK(tokenizer_load(j.dir, &tok, &err), &err);
     struct chat_message cm[2] = {{"system", "Rate it."}, {"user", "A: b"}};
     int32_t *want;
     uint8_t *mask;
     size_t nw;
-    TEST_OK(chat_tokenize(&plain, tok, cm, 2, true, &want, &mask, &nw, &err), &err);
+    TEST_OK(chat_tokenize(&j.plain, tok, cm, 2, true, &want, &mask, &nw, &err), &err);
     cr_assert_eq(n, nw);
     cr_expect(memcmp(ids, want, n * sizeof *ids) == 0, "the ids fed are the plain template's");
 
     struct reward_generate_params gp = {.temperature = 0, .top_p = 1, .max_tokens = 6, .seed = 3};
     struct reward_generation out[3];
-    TEST_OK(sc.generate(h, pr, 3, &gp, out, &err), &err);
+    TEST_OK(j.sc.generate(j.h, pr, 3, &gp, out, &err), &err);
     cr_expect(!out[1].text && !out[1].failed, "an empty prompt is not asked");
     struct model *lm;
-    TEST_OK(model_load(dir, BACKEND_CPU, &lm, &err), &err);
+    TEST_OK(model_load(j.dir, BACKEND_CPU, &lm, &err), &err);
     int32_t stop = tokenizer_special_ids(tok)->eos;
     struct generate_params ref_p = {.max_new_tokens = 6, .temperature = 0, .top_p = 1, .stop_ids = &stop,
                                     .n_stop_ids = 1};
@@ -246,7 +275,50 @@ Test(model_grader, the_generator_feeds_the_templates_ids_and_replies_as_the_refe
     free(want);
     free(mask);
     tokenizer_free(tok);
-    sc.close_generator(h);
+    j.sc.close_generator(j.h);
+    test_tmp_teardown();
+}
+
+/* The generator's replies for prompt "A: b" x 4 under p: texts into out (caller frees). */
+static void replies(void *h, const struct reward_model_scorer *sc, const struct reward_generate_params *p,
+                    struct reward_generation out[4]) {
+    struct reward_message m = {"user", "A: b"};
+    struct reward_prompt pr[4] = {{&m, 1}, {&m, 1}, {&m, 1}, {&m, 1}};
+    struct smelt_error err = {0};
+    TEST_OK(sc->generate(h, pr, 4, p, out, &err), &err);
+    for (int i = 0; i < 4; i++) cr_assert(out[i].text && !out[i].failed, "%s", out[i].error);
+}
+
+static bool same_replies(struct reward_generation a[4], struct reward_generation b[4]) {
+    bool same = true;
+    for (int i = 0; i < 4; i++) same = same && strcmp(a[i].text, b[i].text) == 0;
+    return same;
+}
+
+static void free_replies(struct reward_generation g[4]) {
+    for (int i = 0; i < 4; i++) free(g[i].text);
+}
+
+Test(model_grader, the_generator_honours_max_tokens_and_seed) {
+    struct judge j;
+    open_judge(&j);
+    struct reward_generate_params p = {.temperature = 1, .top_p = 1, .max_tokens = 2, .seed = 5};
+    struct reward_generation a[4], b[4], c[4];
+    replies(j.h, &j.sc, &p, a);
+    for (int i = 0; i < 4; i++) /* the byte tokenizer: a token is at most one byte of text */
+        cr_expect_leq(strlen(a[i].text), 2, "max_completions_tokens 2: \"%s\"", a[i].text);
+    p.max_tokens = 12;
+    replies(j.h, &j.sc, &p, b);
+    replies(j.h, &j.sc, &p, c);
+    cr_expect(same_replies(b, c), "the same seed, the same replies");
+    free_replies(c);
+    p.seed = 6;
+    replies(j.h, &j.sc, &p, c);
+    cr_expect(!same_replies(b, c), "another seed, other replies (a random model at temperature 1, 4 x 12 tokens)");
+    free_replies(a);
+    free_replies(b);
+    free_replies(c);
+    j.sc.close_generator(j.h);
     test_tmp_teardown();
 }
 
