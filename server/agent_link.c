@@ -90,7 +90,10 @@ void agent_link_close(struct server *s) {
 
 static int failure_kind(uint16_t event, uint32_t value) {
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) return FAILURE_AUTH;
-    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+    /* a plain client meeting a CURVE server: the mismatch, or (as libzmq 4.3 reports it) the
+     * connection closed with no detail */
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
+        (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH))
         return FAILURE_MECHANISM;
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
         return FAILURE_CRYPTO;
@@ -99,9 +102,9 @@ static int failure_kind(uint16_t event, uint32_t value) {
 
 static const char *const FAILURE_TEXT[FAILURE_KINDS] = {
     [FAILURE_AUTH] = "its key is no live agent credential's",
-    [FAILURE_MECHANISM] = "not CURVE (an agent without a credential?)",
+    [FAILURE_MECHANISM] = "no CURVE handshake (not CURVE: an agent without a credential?, or closed early)",
     [FAILURE_CRYPTO] = "cryptographic failure (a public key it holds no secret of, or another server key)",
-    [FAILURE_OTHER] = "protocol error, or closed during the handshake",
+    [FAILURE_OTHER] = "protocol error",
 };
 
 static void log_failure(struct agent_link *l, uint16_t event, uint32_t value, const char *endpoint) {
