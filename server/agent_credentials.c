@@ -169,7 +169,7 @@ int agent_credential_rotate(struct store_conn *c, const char *id, const struct a
 
 int agent_credential_list(struct store_conn *c, json_t **list_out, struct smelt_error *err) {
     json_t *rows = NULL;
-    TRY(store_query(c, &rows, err, "SELECT * FROM agent_credentials ORDER BY created_at, id", ""));
+    TRY(store_query(c, &rows, err, "SELECT * FROM agent_credentials ORDER BY rowid", ""));
     *list_out = json_array();
     size_t i;
     json_t *row;

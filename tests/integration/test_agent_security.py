@@ -342,3 +342,44 @@ def test_insecure_agents_is_explicit(start_smeltd, agents):
     assert cluster["agents_security"] == "insecure"
     agents(smeltd, "plain", ["--server", endpoint, "--id", "node-p"])
     wait_agent(smeltd, "node-p", "online")
+
+
+def run_cli(*args):
+    return subprocess.run([os.path.join(BUILD, "smeltd"), "agent-credential"] + list(args),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_agent_credential_subcommand(tmp_path):
+    data, out = str(tmp_path / "data"), str(tmp_path / "node-c.key")
+    r = run_cli("create", "--data", data, "--agent-id", "node-c", "--out", out, "--endpoint", "tcp://10.0.0.5:7071")
+    assert r.returncode == 0, r.stderr
+    created = json.loads(r.stdout)
+    assert os.stat(out).st_mode & 0o777 == 0o600
+    with open(out) as f:
+        key_file = json.load(f)
+    with open(os.path.join(data, "server.key")) as f:
+        server_key = json.load(f)
+    assert key_file["agent_id"] == "node-c" and key_file["credential_id"] == created["id"]
+    assert key_file["public_key"] == created["public_key"] and key_file["endpoint"] == "tcp://10.0.0.5:7071"
+    assert key_file["server_public_key"] == server_key["public_key"]
+    assert "secret_key" not in r.stdout
+    r = run_cli("create", "--data", data, "--agent-id", "node-c", "--out", str(tmp_path / "again.key"))
+    assert r.returncode == 2 and "already has a live credential" in r.stderr, r
+    assert not os.path.exists(str(tmp_path / "again.key"))
+    # a key file that cannot be written leaves no live credential behind
+    r = run_cli("create", "--data", data, "--agent-id", "node-d", "--out", out)
+    assert r.returncode != 0 and out in r.stderr, r
+    r = run_cli("list", "--data", data)
+    listed = json.loads(r.stdout)
+    assert [(c["agent_id"], c["live"]) for c in listed] == [("node-c", True), ("node-d", False)], listed
+    r = run_cli("rotate", "--data", data, "--id", created["id"], "--out", str(tmp_path / "node-c.new.key"))
+    assert r.returncode == 0, r.stderr
+    rotated = json.loads(r.stdout)
+    r = run_cli("revoke", "--data", data, "--id", created["id"])
+    assert r.returncode == 2 and "already revoked" in r.stderr, r
+    r = run_cli("revoke", "--data", data, "--id", rotated["id"])
+    assert r.returncode == 0 and json.loads(r.stdout)["live"] is False, r
+    r = run_cli("create", "--data", data, "--agent-id", "local", "--out", str(tmp_path / "l.key"))
+    assert r.returncode == 2 and "embedded agent" in r.stderr, r
+    assert run_cli("bogus", "--data", data).returncode == 2
+    assert run_cli("list").returncode == 2  # --data is required
