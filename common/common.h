@@ -13,12 +13,14 @@
 
 #include "common/args.h"
 #include "common/clock.h"
+#include "common/curve.h"
 #include "common/error.h"
 #include "common/file.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/msg.h"
 #include "common/rng.h"
+#include "common/secret_fd.h"
 #include "common/spawn.h"
 
 #endif

@@ -75,6 +75,8 @@ struct worker {
     int64_t kill_at_ms;
 };
 
+#define AGENT_RECONNECT_MAX_MS 5000
+
 struct agent {
     const struct agent_config *config;
     char id[MSG_ROUTE_BYTES];
@@ -881,8 +883,15 @@ static int open_socket(struct agent *a, struct smelt_error *err) {
     if (!(a->sock = zmq_socket(a->ctx, ZMQ_DEALER)))
         return error_set(err, SMELT_EIO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
     int linger = 0, hwm = SEND_HWM;
-    if (zmq_setsockopt(a->sock, ZMQ_ROUTING_ID, a->id, strlen(a->id)) != 0 ||
-        zmq_setsockopt(a->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+    int backoff_ms = AGENT_RECONNECT_MAX_MS; /* a refused handshake is retried, less and less often */
+    if (c->curve) {
+        TRY(curve_socket_client(a->sock, c->curve, c->server_public_key, err));
+        if (zmq_setsockopt(a->sock, ZMQ_RECONNECT_IVL_MAX, &backoff_ms, sizeof backoff_ms) != 0)
+            return error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+    }
+    else if (zmq_setsockopt(a->sock, ZMQ_ROUTING_ID, a->id, strlen(a->id)) != 0)
+        return error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+    if (zmq_setsockopt(a->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
         zmq_setsockopt(a->sock, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0)
         return error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
     if (zmq_connect(a->sock, c->server_endpoint) != 0)
@@ -907,8 +916,8 @@ static int agent_init(struct agent *a, const struct agent_config *c, struct smel
         return error_set(err, SMELT_ENOMEM, "agent: out of memory");
     rc = open_socket(a, err);
     if (!rc)
-        log_info("agent %s: %d %s device(s), smeltd at %s", a->id, a->n_devices, a->devices[0].kind,
-                 c->server_endpoint);
+        log_info("agent %s: %d %s device(s), smeltd at %s%s", a->id, a->n_devices, a->devices[0].kind,
+                 c->server_endpoint, c->curve ? " (CURVE)" : "");
     return rc;
 }
 

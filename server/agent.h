@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/curve.h"
 #include "common/error.h"
 
 #define AGENT_MAX_DEVICES 64
@@ -45,6 +46,12 @@ struct agent_config {
     int cpu_slots;
     bool force_cpu;
     int heartbeat_ms;             /* 0: 1000 */
+    /* CURVE (docs/security.md): the agent's credential (keys and smeltd's public key), from
+     * `smelt-agent --credential FILE`. NULL: a plain connection (inproc, or a smeltd started
+     * with --insecure-agents). With a credential the agent sets no routing id: smeltd knows it
+     * by its credential and answers it on the connection the ROUTER numbered. */
+    const struct curve_keypair *curve;
+    const char *server_public_key;
     /* agent_run returns soon after *stop becomes non-zero. Atomic: smeltd sets it from
      * another thread, smelt-agent from a signal handler. */
     const atomic_int *stop;

@@ -1,5 +1,5 @@
-/* /v1/cluster: agents and their devices (what runs where), and the queue with each
- * waiting job's position and the reason it waits. Jobs of other projects show as
+/* /v1/cluster: agents and their devices (what runs where), how agents connect
+ * (agents_security), and the queue with each waiting job's position and the reason it waits. Jobs of other projects show as
  * occupied devices and queue places without their ids. */
 #include <stdio.h>
 #include <string.h>
@@ -97,7 +97,9 @@ void api_cluster(void *app, struct http_request *req, struct http_response *res)
                                                (json_int_t)(now - json_integer_value(json_object_get(job, "queued_at"))),
                                                "reason", reason));
     }
-    json_t *out = json_pack("{s:s, s:o, s:o}", "object", "cluster", "agents", out_agents, "queue", queue);
+    /* "curve": agents prove their credential and the traffic is encrypted (docs/security.md) */
+    json_t *out = json_pack("{s:s, s:s, s:o, s:o}", "object", "cluster", "agents_security",
+                            s->config.insecure_agents ? "insecure" : "curve", "agents", out_agents, "queue", queue);
     json_decref(agents);
     json_decref(alloc);
     json_decref(queued);

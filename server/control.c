@@ -33,8 +33,18 @@ static int64_t grace_ms(struct server *s) {
 
 static void send_to_agent(struct server *s, const char *agent_id, const char *type, json_t *header) {
     struct smelt_error err = {0};
-    if (msg_send(s->agent_router, agent_id, strlen(agent_id), type, header, NULL, 0, &err) != 0)
+    const void *route = NULL;
+    size_t route_len = 0;
+    if (!agent_link_route(s, agent_id, &route, &route_len))
+        log_warn("control: %s to agent %s: not connected on a live credential", type, agent_id);
+    else if (msg_send(s->agent_router, route, route_len, type, header, NULL, 0, &err) != 0)
         log_warn("control: %s to agent %s: %s", type, agent_id, err.message);
+}
+
+static void reply_error(struct server *s, const struct msg *m, const char *field, const char *message) {
+    json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", message, "field", field);
+    if (h) msg_send(s->agent_router, m->route, m->route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
+    json_decref(h);
 }
 
 /* ---- job endings ---- */
@@ -219,18 +229,20 @@ static void reconcile_running(struct server *s, struct store_conn *c, const char
     }
 }
 
-static void on_register(struct server *s, struct store_conn *c, const struct msg *m) {
+/* sender: the agent id the connection proved (its credential's), whatever the header says. */
+static void on_register(struct server *s, struct store_conn *c, const struct msg *m, const char *sender) {
     const char *agent_id = json_string_value(json_object_get(m->header, "agent_id"));
     const char *hostname = json_string_value(json_object_get(m->header, "hostname"));
     json_t *devices = json_object_get(m->header, "devices");
     json_t *running = json_object_get(m->header, "running");
-    if (!agent_id || m->route_len != strlen(agent_id) || memcmp(m->route, agent_id, m->route_len) != 0 ||
-        !json_is_array(devices) || !json_is_array(running)) {
-        json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message",
-                              "agent.register: agent_id (equal to the routing id), devices and running are "
-                              "required", "field", "agent_id");
-        if (h) msg_send(s->agent_router, m->route, m->route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
-        json_decref(h);
+    if (agent_id && strcmp(agent_id, sender) != 0) {
+        log_warn("control: refused agent.register as '%.64s' from agent %s (its credential's)", agent_id, sender);
+        reply_error(s, m, "agent_id", "agent.register: agent_id is not the agent id of this connection's credential");
+        return;
+    }
+    if (!agent_id || !json_is_array(devices) || !json_is_array(running)) {
+        reply_error(s, m, "agent_id", "agent.register: agent_id (equal to the routing id), devices and running are "
+                    "required");
         return;
     }
     struct smelt_error err = {0};
@@ -544,27 +556,28 @@ static void on_worker_event(struct server *s, struct store_conn *c, json_t *job,
     else if (strcmp(type, "sample_errors") == 0) on_sample_errors_line(s, c, id, step, line);
 }
 
+/* Whether job row `job` runs attempt `attempt` on agent_id: what an agent may report on. */
+static bool placed_on(const json_t *job, const char *agent_id, const json_t *attempt) {
+    const char *placed = json_string_value(json_object_get(job, "agent_id"));
+    return placed && strcmp(placed, agent_id) == 0 &&
+           json_integer_value(json_object_get(job, "attempt")) == json_integer_value(attempt);
+}
+
 static void on_agent_message(struct server *s, struct store_conn *c, const struct msg *m) {
-    char agent_id[MSG_ROUTE_BYTES + 1];
-    memcpy(agent_id, m->route, m->route_len);
-    agent_id[m->route_len] = 0;
+    char agent_id[MSG_ROUTE_BYTES];
+    if (agent_link_sender(s, c, m, agent_id, sizeof agent_id) != 0) return;
     struct smelt_error err = {0};
     if (msg_check_version(m, &err) != 0) {
-        json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", err.message, "field", "v");
-        if (h) msg_send(s->agent_router, m->route, m->route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
-        json_decref(h);
+        reply_error(s, m, "v", err.message);
         return;
     }
     if (strcmp(m->type, MSG_AGENT_REGISTER) == 0) {
-        on_register(s, c, m);
+        on_register(s, c, m, agent_id);
         return;
     }
     if (!agent_known(c, agent_id)) {
         /* An agent we lost (or never saw) must register again before anything else. */
-        json_t *h = json_pack("{s:{s:s, s:s}}", "error", "message", "unknown agent: register first", "field",
-                              "agent_id");
-        if (h) msg_send(s->agent_router, m->route, m->route_len, MSG_AGENT_ERROR, h, NULL, 0, NULL);
-        json_decref(h);
+        reply_error(s, m, "agent_id", "unknown agent: register first");
         return;
     }
     exec_logged("last seen", store_exec(c, &err, "UPDATE agents SET last_seen = ? WHERE id = ?", "is",
@@ -587,6 +600,12 @@ static void on_agent_message(struct server *s, struct store_conn *c, const struc
     }
     json_t *job = job_by_id(c, job_id);
     if (!job) return;
+    if (!placed_on(job, agent_id, attempt)) {
+        log_warn("control: dropped %s for %s attempt %lld from agent %s, which does not run that attempt", m->type,
+                 job_id, (long long)json_integer_value(attempt), agent_id);
+        json_decref(job);
+        return;
+    }
     bool current = json_integer_value(json_object_get(job, "attempt")) == json_integer_value(attempt) &&
                    !json_is_null(json_object_get(job, "devices"));
     if (strcmp(m->type, MSG_WORKER_STARTED) == 0 && current) {
@@ -607,6 +626,20 @@ static void on_agent_message(struct server *s, struct store_conn *c, const struc
 
 /* ---- the periodic pass ---- */
 
+/* Marks agent_id lost; its workers are gone (their jobs retried or failed). */
+static void agent_lost(struct server *s, struct store_conn *c, const char *agent_id) {
+    struct smelt_error err = {0};
+    exec_logged("lost", store_exec(c, &err, "UPDATE agents SET status = 'lost' WHERE id = ?", "s", agent_id), &err);
+    json_t *jobs = NULL;
+    if (store_query(c, &jobs, &err, "SELECT * FROM jobs WHERE agent_id = ? AND devices IS NOT NULL", "s",
+                    agent_id) == 0) {
+        size_t k;
+        json_t *job;
+        json_array_foreach(jobs, k, job) worker_gone(s, c, job, -1, 0, NULL);
+        json_decref(jobs);
+    }
+}
+
 static void mark_lost_agents(struct server *s, struct store_conn *c) {
     struct smelt_error err = {0};
     int64_t now = server_now();
@@ -622,18 +655,21 @@ static void mark_lost_agents(struct server *s, struct store_conn *c) {
     json_array_foreach(lost, i, a) {
         const char *agent_id = json_string_value(json_object_get(a, "id"));
         log_warn("control: agent %s missed its heartbeats: lost", agent_id);
-        exec_logged("lost", store_exec(c, &err, "UPDATE agents SET status = 'lost' WHERE id = ?", "s", agent_id),
-                    &err);
-        json_t *jobs = NULL;
-        if (store_query(c, &jobs, &err, "SELECT * FROM jobs WHERE agent_id = ? AND devices IS NOT NULL", "s",
-                        agent_id) == 0) {
-            size_t k;
-            json_t *job;
-            json_array_foreach(jobs, k, job) worker_gone(s, c, job, -1, 0, NULL);
-            json_decref(jobs);
-        }
+        agent_lost(s, c, agent_id);
     }
     json_decref(lost);
+}
+
+/* An agent whose credential was revoked (or rotated) is lost at once: its jobs go on
+ * elsewhere, and nothing more is sent to or taken from that connection. */
+static void mark_revoked_agents(struct server *s, struct store_conn *c) {
+    char revoked[16][MSG_ROUTE_BYTES];
+    int n = agent_link_revoked(s, c, revoked, 16);
+    for (int i = 0; i < n; i++) {
+        log_warn("control: agent %s's credential was revoked: lost", revoked[i]);
+        agent_link_forget(s, revoked[i]);
+        agent_lost(s, c, revoked[i]);
+    }
 }
 
 static void send_stops(struct server *s, struct store_conn *c) {
@@ -865,6 +901,7 @@ static void tick(struct server *s) {
     /* One transaction per pass, so readers (the SSE streams) never see a job's end
      * without the events written with it. */
     bool txn = store_begin(c, &err) == 0;
+    mark_revoked_agents(s, c);
     mark_lost_agents(s, c);
     tinker_jobs_tick(s, c);
     send_stops(s, c);
@@ -902,6 +939,7 @@ static void *control_main(void *arg) {
         } else if (rc == SMELT_EIO) {
             log_error("control: %s", err.message);
         }
+        agent_link_poll(s);
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         int64_t now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
@@ -932,6 +970,7 @@ int control_start(struct server *s, struct smelt_error *err) {
     zmq_setsockopt(s->agent_router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
     zmq_setsockopt(s->agent_router, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s->agent_router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    TRY(agent_link_open(s, err)); /* before bind: CURVE options apply to later connections */
     if (zmq_bind(s->agent_router, CONTROL_INPROC) != 0)
         return error_set(err, SMELT_EIO, "binding %s: %s", CONTROL_INPROC, zmq_strerror(zmq_errno()));
     if (s->config.agent_bind && zmq_bind(s->agent_router, s->config.agent_bind) != 0)
@@ -962,4 +1001,5 @@ void control_stop(struct server *s) {
     }
     if (s->agent_router) zmq_close(s->agent_router);
     s->agent_router = NULL;
+    agent_link_close(s);
 }

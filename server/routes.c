@@ -38,6 +38,10 @@ const struct http_route SERVER_ROUTES[] = {
     {"GET", "/v1/models/{model}", api_models_get, 0},
 
     {"GET", "/v1/cluster", api_cluster, 0},
+    {"POST", "/v1/cluster/agent_credentials", api_agent_credentials_create, HTTP_ADMIN},
+    {"GET", "/v1/cluster/agent_credentials", api_agent_credentials_list, HTTP_ADMIN},
+    {"POST", "/v1/cluster/agent_credentials/{credential_id}/revoke", api_agent_credentials_revoke, HTTP_ADMIN},
+    {"POST", "/v1/cluster/agent_credentials/{credential_id}/rotate", api_agent_credentials_rotate, HTTP_ADMIN},
 
     {"POST", "/v1/api_keys", api_keys_create, HTTP_ADMIN},
     {"GET", "/v1/api_keys", api_keys_list, HTTP_ADMIN},

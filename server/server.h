@@ -22,6 +22,8 @@ struct server_config {
     const char *port_file;        /* NULL or a path the HTTP port is written to once bound */
     const char *agent_bind;       /* ZeroMQ ROUTER for remote agents, e.g.
                                      "tcp://127.0.0.1:7071"; NULL: none */
+    bool insecure_agents;         /* agent_bind without CURVE (--insecure-agents): anyone who
+                                     reaches it may join; logged, shown in /v1/cluster */
     bool embedded_agent;          /* run a local agent on a thread (no cluster configured) */
     int cpu_slots;                /* the embedded agent's CPU slots (0: its default) */
     bool force_cpu;               /* the embedded agent reports CPU slots even with GPUs */
@@ -45,5 +47,10 @@ struct server_config {
 };
 
 int server_run(const struct server_config *config, struct smelt_error *err);
+
+/* `smeltd agent-credential VERB ...` (argv as main's, argv[1] == "agent-credential"): agent
+ * credentials created, listed, revoked or rotated on a data directory (docs/security.md).
+ * Returns the process's exit status. */
+int server_agent_credential_main(int argc, char **argv);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "common/curve.h"
+#include "common/msg.h"
 #include "server/http.h"
 #include "server/server.h"
 #include "server/store.h"
@@ -41,6 +42,7 @@ struct server {
     bool control_started;
     atomic_int control_stop;
     void *agent_router;                    /* ROUTER: inproc for the embedded agent (+ tcp) */
+    struct agent_link *agent_link;         /* its CURVE, senders and routes (agent_link.c) */
     pthread_t agent_thread;
     bool agent_started;
     atomic_int agent_stop;                 /* set by control_stop, read by the agent thread */
@@ -112,6 +114,63 @@ void control_stop(struct server *s);
 /* Ends job id as failed with error {code, message} and an event saying so. */
 void control_job_fail(struct server *s, struct store_conn *c, const char *id, const char *code,
                       const char *message);
+
+/* ---- the agents socket's security (server/agent_link.c; control thread only) ---- */
+
+/* Before the agents socket binds: CURVE with smeltd's keys and the "agents" ZAP domain
+ * (unless config.insecure_agents, which is logged), and a monitor of failed handshakes. */
+int agent_link_open(struct server *s, struct smelt_error *err);
+void agent_link_close(struct server *s);
+bool agent_link_secure(const struct server *s);
+/* Logs the handshakes that failed since the last call (rate-limited). */
+void agent_link_poll(struct server *s);
+/* The agent id of m's sender: its live credential's agent (CURVE), the embedded agent
+ * (inproc), or the routing id (insecure); remembers the route to answer it on. Non-zero:
+ * drop the message (logged at WARN). */
+int agent_link_sender(struct server *s, struct store_conn *c, const struct msg *m, char *agent_id, size_t cap);
+/* Where messages to agent_id go; false when it has not been heard from on a live route. */
+bool agent_link_route(struct server *s, const char *agent_id, const void **route, size_t *len);
+/* The agents whose last message came on a credential revoked since (at most max). */
+int agent_link_revoked(struct server *s, struct store_conn *c, char (*out)[MSG_ROUTE_BYTES], int max);
+void agent_link_forget(struct server *s, const char *agent_id);
+
+/* ---- agent credentials (server/agent_credentials.c; docs/security.md) ----
+ * An enrolled agent's CURVE keypair: the store keeps its public key, the agent's key file
+ * (mode 0600) the secret. On the agents socket the ZAP user id of a connection is its
+ * credential's id; the control loop maps it to the agent id on every message. */
+
+#define AGENT_LOCAL_ID "local" /* the embedded agent (inproc: no CURVE, no credential) */
+
+struct agent_credential_request {
+    const char *agent_id;          /* create: 1..63 of [A-Za-z0-9._-], not "local" */
+    const char *description;       /* create: NULL or at most 256 bytes */
+    const char *server_public_key; /* smeltd's, written into the key file */
+    const char *endpoint;          /* NULL or the agents endpoint, written into the key file */
+};
+/* SMELT_EINVAL naming "agent_id" when agent_id is not a valid credential's agent id. */
+int agent_credential_check_id(const char *agent_id, struct smelt_error *err);
+/* A new credential for r->agent_id (refused while that agent has a live one). *object_out:
+ * the credential as the API shows it; *key_file_out: the key file's JSON, the only copy of
+ * the secret key ({credential_id, agent_id, public_key, secret_key, server_public_key,
+ * endpoint?}). Both new references. Runs its own transaction on c. */
+int agent_credential_create(struct store_conn *c, const struct agent_credential_request *r, json_t **object_out,
+                            json_t **key_file_out, struct smelt_error *err);
+/* Revokes credential id (SMELT_ENOTFOUND, or SMELT_EINVAL when already revoked); the control
+ * loop then treats the agent connected with it as lost. Own transaction. */
+int agent_credential_revoke(struct store_conn *c, const char *id, json_t **object_out, struct smelt_error *err);
+/* A new credential for id's agent (r's agent_id and description are ignored) and id revoked,
+ * in one transaction; outputs as agent_credential_create's. */
+int agent_credential_rotate(struct store_conn *c, const char *id, const struct agent_credential_request *r,
+                            json_t **object_out, json_t **key_file_out, struct smelt_error *err);
+/* Every credential, oldest first, as the API shows them (no secrets). New reference. */
+int agent_credential_list(struct store_conn *c, json_t **list_out, struct smelt_error *err);
+/* The agent id of a live credential; SMELT_ENOTFOUND when unknown or revoked. */
+int agent_credential_agent(struct store_conn *c, const char *credential_id, char *agent_id, size_t cap,
+                           struct smelt_error *err);
+/* The ZAP callback of the "agents" domain (arg: struct server *): a key of a live credential
+ * is admitted with the credential's id as user id. Thread-safe (a store connection of its own). */
+bool agent_credentials_authorize(void *arg, const char *address, const char *client_public_key, char *user_id,
+                                 size_t user_id_cap, char *why, size_t why_cap);
 
 /* ---- Tinker session jobs (server/tinker_jobs.c; the API's shared part: tinker_internal.h) ----
  * A session job is a jobs row of method {"type": "tinker"} whose worker (smelt-tinker) holds
@@ -195,6 +254,12 @@ void api_schedules_trigger(void *app, struct http_request *req, struct http_resp
 void api_schedules_runs(void *app, struct http_request *req, struct http_response *res);
 
 void api_cluster(void *app, struct http_request *req, struct http_response *res);
+
+/* /v1/cluster/agent_credentials (admin; api_agent_credentials.c) */
+void api_agent_credentials_create(void *app, struct http_request *req, struct http_response *res);
+void api_agent_credentials_list(void *app, struct http_request *req, struct http_response *res);
+void api_agent_credentials_revoke(void *app, struct http_request *req, struct http_response *res);
+void api_agent_credentials_rotate(void *app, struct http_request *req, struct http_response *res);
 
 void api_keys_create(void *app, struct http_request *req, struct http_response *res);
 void api_keys_list(void *app, struct http_request *req, struct http_response *res);

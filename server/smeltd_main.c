@@ -23,12 +23,13 @@ static void on_signal(int sig) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: smeltd [--data DIR] [--models DIR] [--listen ADDR] [--port N] [--port-file F]\n"
-            "              [--agents tcp://ADDR:PORT] [--no-local-agent] [--cpu-slots N] [--cpu]\n"
+            "              [--agents tcp://ADDR:PORT] [--insecure-agents] [--no-local-agent] [--cpu-slots N] [--cpu]\n"
             "              [--admin-key-file F] [--bin-dir DIR] [--web-dir DIR] [--threads N]\n"
             "              [--heartbeat-ms N] [--agent-lost-ms N] [--stop-grace-ms N] [--max-upload-mb N]\n"
             "              [--tinker-bind tcp://ADDR:PORT] [--tinker-idle-seconds N]\n"
             "The admin key comes from SMELT_ADMIN_KEY, --admin-key-file, or is generated into DIR/admin_key\n"
-            "at the first start. docs/operations.md explains each flag.\n");
+            "at the first start. docs/operations.md explains each flag.\n"
+            "       smeltd agent-credential create|list|revoke|rotate ... (enrolls agents; docs/security.md)\n");
 }
 
 int main(int argc, char **argv) {
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
                               .embedded_agent = true};
     struct smelt_error err = {0};
     const char *key_file = NULL;
+    if (argc > 1 && strcmp(argv[1], "agent-credential") == 0) return server_agent_credential_main(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int64_t n = 0;
@@ -46,6 +48,10 @@ int main(int argc, char **argv) {
         }
         if (strcmp(a, "--no-local-agent") == 0) {
             c.embedded_agent = false;
+            continue;
+        }
+        if (strcmp(a, "--insecure-agents") == 0) {
+            c.insecure_agents = true;
             continue;
         }
         if (strcmp(a, "--cpu") == 0) {

@@ -120,6 +120,14 @@ static const char *const MIGRATIONS[] = {
     "  base_model TEXT NOT NULL, model_id TEXT, adapter_path TEXT, created_at INTEGER NOT NULL);",
     /* 4: the CURVE public key of each job's current attempt (common/curve.h) */
     "ALTER TABLE jobs ADD COLUMN worker_public_key TEXT;",
+    /* 5: agent credentials (docs/security.md): the public key an enrolled agent shows on
+     * the agents socket; the secret key lives only in the agent's key file. replaced_by: the
+     * credential a rotation made in its place. */
+    "CREATE TABLE agent_credentials ("
+    "  id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, public_key TEXT NOT NULL UNIQUE,"
+    "  description TEXT NOT NULL DEFAULT '', created_at INTEGER NOT NULL, revoked_at INTEGER,"
+    "  replaced_by TEXT);"
+    "CREATE INDEX agent_credentials_agent ON agent_credentials(agent_id, revoked_at);",
 };
 #define N_MIGRATIONS ((int)(sizeof MIGRATIONS / sizeof MIGRATIONS[0]))
 

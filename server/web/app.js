@@ -340,6 +340,11 @@ function renderCluster(c) {
       el('td', {}, fmtAgo(a.last_seen)),
       el('td', {}, el('span', {className: 'muted'}, a.free_devices + ' free'), devices));
   });
+  /* How agents connect (docs/security.md): "insecure" is --insecure-agents, said plainly. */
+  const insecure = c.agents_security === 'insecure';
+  $('agents-security').replaceChildren(insecure
+    ? el('span', {className: 'badge status-failed'}, 'agents: insecure (no CURVE; --insecure-agents)')
+    : el('span', {}, 'Agents connect with CURVE: enrolled credentials, encrypted traffic.'));
   $('agents-table').tBodies[0].replaceChildren(...agents);
   $('agents-empty').hidden = agents.length > 0;
   const queue = (c.queue || []).map((q) => el('tr', {},
