@@ -184,7 +184,10 @@ void api_tinker_forward_backward(void *app, struct http_request *req, struct htt
     struct server *s = app;
     struct store_conn *c = server_conn(s, res);
     if (!c) return;
-    forward_backward(s, c, res, req->identity.project, req);
+    if (tinker_txn_begin(c, res) == 0) {
+        forward_backward(s, c, res, req->identity.project, req);
+        tinker_txn_end(c, res);
+    }
     store_release(s->store, c);
 }
 

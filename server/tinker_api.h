@@ -148,7 +148,15 @@ json_t *tinker_body(const struct http_request *req, struct http_response *res);
 /* A handler's work on its JSON body with a store connection (project: the key's). */
 typedef void (*tinker_body_fn)(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
                                const json_t *body);
-/* Runs fn with the request's body and a store connection (replies 400 / 503 without them). */
+/* A handler's work as one write transaction (BEGIN IMMEDIATE): a session job's pick, or a model's liveness check,
+ * commits with the future made for it, so the control loop's idle release (tinker_jobs_tick, one transaction of
+ * its own) comes wholly before it (the request sees the job released: a new job, or 410 for its model) or wholly
+ * after (the release sees the new future and keeps the job). Begin replies 503 on failure (non-zero); end commits,
+ * replying 500 when that fails. */
+int tinker_txn_begin(struct store_conn *c, struct http_response *res);
+void tinker_txn_end(struct store_conn *c, struct http_response *res);
+/* Runs fn with the request's body and a store connection, in one transaction (tinker_txn_begin; replies 400 / 503
+ * without them). */
 void tinker_with_body(void *app, struct http_request *req, struct http_response *res, tinker_body_fn fn);
 /* The project's session job for base model name (resolved like a job's model); fills
  * base_dir. Replies on failure (non-zero). */

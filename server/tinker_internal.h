@@ -17,6 +17,11 @@ int tinker_future_create(struct store_conn *c, const char *project, const char *
  * (status done; a save's checkpoint rows inserted), or its error stored (status failed). Unknown or finished
  * futures: SMELT_ENOTFOUND, nothing changed. */
 int tinker_future_complete(struct server *s, struct store_conn *c, const struct msg *result, struct smelt_error *err);
+/* Fails pending future future_id with a server-category error (message says why: a result that could not be
+ * stored, a request that could not be sent) and writes a warning event on job_id (may be NULL: none). The caller
+ * wakes its polls (tinker_futures_wake) after its commit. SMELT_ENOTFOUND when it is not pending. */
+int tinker_future_fail(struct server *s, struct store_conn *c, const char *future_id, const char *job_id,
+                       const char *message, struct smelt_error *err);
 /* Fails every pending future of job_id with a server-category error (the worker is gone), and marks the job's
  * live models "lost". Their polls are woken by tinker_futures_wake_failed after the caller's commit. */
 int tinker_futures_fail_job(struct server *s, struct store_conn *c, const char *job_id, const char *message,
