@@ -725,3 +725,40 @@ Test(tinker_worker, sampler_adapters_cached_bounded_and_reloaded_when_rewritten)
     tinker_reply_free(&before), tinker_reply_free(&after);
     tinker_worker_free(w);
 }
+
+/* The reference: k passes over the row, each taking the best id not taken yet (ties: the lower id). */
+static void topk_brute(const float *row, int64_t V, int64_t k, int32_t *ids) {
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t v = 0; v < V; v++) {
+            bool taken = false;
+            for (int64_t i = 0; i < j && !taken; i++) taken = ids[i] == v;
+            if (!taken && (best < 0 || row[v] > row[best])) best = v;
+        }
+        ids[j] = (int32_t)best;
+    }
+}
+
+Test(tinker_worker, row_topk_matches_a_brute_force_reference_with_ties) {
+    srand(25);
+    float row[300];
+    int32_t got[24], want[24];
+    float lps[24];
+    for (int trial = 0; trial < 400; trial++) {
+        int64_t V = 1 + rand() % 300, k = 1 + rand() % 20;
+        int levels = 1 + rand() % 8; /* few distinct values: many ties */
+        for (int64_t v = 0; v < V; v++) row[v] = (float)(rand() % levels) * 0.5f - 1.0f;
+        tinker_row_topk(row, V, k, got, lps);
+        int64_t kept = k < V ? k : V;
+        topk_brute(row, V, kept, want);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int64_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+        for (int64_t j = 0; j < kept; j++) {
+            cr_assert_eq(got[j], want[j], "trial %d (V %lld, k %lld): place %lld is id %d, not %d", trial,
+                         (long long)V, (long long)k, (long long)j, got[j], want[j]);
+            cr_assert_eq(lps[j], (float)((double)row[want[j]] - (mx + log(sum))));
+        }
+        for (int64_t j = kept; j < k; j++) cr_assert(got[j] == -1 && isnan(lps[j]), "k past V: id %d", got[j]);
+    }
+}
