@@ -225,20 +225,6 @@ Test(tinker_dispatch, submit_after_stop_is_an_error) {
     json_decref(h);
 }
 
-static bool event_says(const char *job, const char *text) {
-    struct store_conn *c = tinker_conn();
-    struct smelt_error err = {0};
-    json_t *rows = NULL;
-    cr_assert(store_query(c, &rows, &err, "SELECT message FROM events WHERE job_id = ?", "s", job) == 0);
-    store_release(tinker_s.store, c);
-    bool found = false;
-    size_t i;
-    json_t *row;
-    json_array_foreach(rows, i, row) found |= strstr(json_string_value(json_object_get(row, "message")), text) != 0;
-    json_decref(rows);
-    return found;
-}
-
 static void exec_sql(const char *sql) {
     struct store_conn *c = tinker_conn();
     struct smelt_error err = {0};
@@ -266,7 +252,7 @@ Test(tinker_dispatch, a_result_the_store_refuses_fails_its_future) {
     cr_expect(message && strstr(message, "storing its result failed") && strstr(message, "disk is full"), "%s",
               message);
     json_decref(row);
-    cr_expect(event_says(JOB, "Request fut-1 failed"));
+    cr_expect(tinker_event_says(JOB, "Request fut-1 failed"));
     zmq_close(w);
 }
 
@@ -291,7 +277,7 @@ Test(tinker_dispatch, a_request_that_cannot_be_sent_fails_its_future) {
     json_decref(row);
     char text[HTTP_ID_BYTES + 32];
     snprintf(text, sizeof text, "Request %s failed", fut);
-    cr_expect(event_says(JOB, text));
+    cr_expect(tinker_event_says(JOB, text));
 }
 
 static void tick(void) {

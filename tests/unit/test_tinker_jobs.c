@@ -35,20 +35,6 @@ static const char *column(const char *table, const char *id, const char *col, ch
     return out;
 }
 
-static bool event_says(const char *job, const char *text) {
-    struct store_conn *c = tinker_conn();
-    struct smelt_error err = {0};
-    json_t *rows = NULL;
-    cr_assert(store_query(c, &rows, &err, "SELECT message FROM events WHERE job_id = ?", "s", job) == 0);
-    store_release(tinker_s.store, c);
-    bool found = false;
-    size_t i;
-    json_t *row;
-    json_array_foreach(rows, i, row) found |= strstr(json_string_value(json_object_get(row, "message")), text) != 0;
-    json_decref(rows);
-    return found;
-}
-
 Test(tinker_jobs, one_session_job_per_project_and_base_while_it_takes_work) {
     char a[HTTP_ID_BYTES], b[HTTP_ID_BYTES], other_base[HTTP_ID_BYTES], other_project[HTTP_ID_BYTES], v[256];
     session_job("default", "/models/tiny", a);
@@ -109,7 +95,7 @@ Test(tinker_jobs, an_idle_job_is_released_and_a_busy_one_is_not) {
     cr_expect_str_eq(column("jobs", "ftjob-idle", "desired", v, sizeof v), "release");
     cr_expect_str_eq(column("jobs", "ftjob-idle", "status", v, sizeof v), "running", "it ends when its worker does");
     cr_expect_str_eq(column("tinker_models", "m-idle", "status", v, sizeof v), "released");
-    cr_expect(event_says("ftjob-idle", "Releasing the session job"));
+    cr_expect(tinker_event_says("ftjob-idle", "Releasing the session job"));
     const char *busy[] = {"ftjob-pending", "ftjob-heard", "ftjob-new"};
     for (int i = 0; i < 3; i++)
         cr_expect_str_eq(column("jobs", busy[i], "desired", v, sizeof v), "run", "%s was released", busy[i]);
@@ -134,7 +120,7 @@ Test(tinker_jobs, a_released_worker_exiting_0_ends_the_job_succeeded) {
     char v[64];
     cr_expect_str_eq(column("jobs", JOB, "status", v, sizeof v), "succeeded");
     cr_expect_str_eq(column("jobs", JOB, "fine_tuned_model", v, sizeof v), "", "a session job makes no model");
-    cr_expect(event_says(JOB, "Session released"));
+    cr_expect(tinker_event_says(JOB, "Session released"));
 }
 
 Test(tinker_jobs, a_worker_that_dies_fails_the_job_its_futures_and_its_models) {
@@ -214,7 +200,7 @@ Test(tinker_jobs, metrics_lines_are_recorded_once_and_optim_steps_are_events) {
     cr_expect_str_eq(json_string_value(json_object_get(last, "type")), "tinker");
     cr_expect_str_eq(json_string_value(json_object_get(json_object_get(last, "data"), "op")), "optim_step");
     json_decref(rows);
-    cr_expect(event_says(JOB, "Model m1: optimizer step 1"));
+    cr_expect(tinker_event_says(JOB, "Model m1: optimizer step 1"));
 }
 
 Test(tinker_jobs, the_jobs_api_refuses_to_create_one_and_lists_one) {
