@@ -20,5 +20,6 @@
 #include "common/msg.h"
 #include "common/rng.h"
 #include "common/spawn.h"
+#include "common/strmap.h"
 
 #endif

@@ -87,6 +87,21 @@ struct tinker_order *tinker_api_order(struct server *s) {
     return s->tinker_api->order;
 }
 
+void tinker_api_forget_job(struct server *s, struct store_conn *c, const char *job_id) {
+    if (!s->tinker_api) return;
+    json_t *rows = NULL;
+    struct smelt_error err = {0};
+    if (store_query(c, &rows, &err, "SELECT id FROM tinker_models WHERE job_id = ?", "s", job_id) != 0) {
+        log_error("tinker: the models of job %s stay ordered: %s", job_id, err.message);
+        return;
+    }
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) tinker_order_close(s->tinker_api->order, json_string_value(json_object_get(row,
+                                                                                                               "id")));
+    json_decref(rows);
+}
+
 /* ---- shared helpers ---- */
 
 void tinker_reply_failure(struct http_response *res, const struct smelt_error *err, const char *param) {

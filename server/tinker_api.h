@@ -70,8 +70,10 @@ int tinker_order_submit(struct tinker_order *o, const char *model_id, int64_t se
                         void *payload, void *ctx, char *first_id, size_t cap, struct smelt_error *err);
 /* seq was refused at submission: it is passed over, so later ones are not held for it. */
 int tinker_order_skip(struct tinker_order *o, const char *model_id, int64_t seq, void *ctx);
-/* Forgets model_id (unloaded), dropping what waits. */
+/* Forgets model_id (its job ended, or its create_model never reached the worker), dropping what waits. */
 void tinker_order_close(struct tinker_order *o, const char *model_id);
+/* How many models have order state (open, or seen by a submit and not closed). */
+size_t tinker_order_count(struct tinker_order *o);
 
 /* ---- the HTTP handlers (server/api_tinker*.c; routes in server/routes.c) ---- */
 
@@ -80,6 +82,9 @@ int tinker_api_start(struct server *s, struct smelt_error *err);
 void tinker_api_stop(struct server *s);
 /* The order of model requests (s->tinker_api's). */
 struct tinker_order *tinker_api_order(struct server *s);
+/* Session job job_id ended (its worker gone, released, failed, or left over from the last run): the order state of
+ * every model it held is freed. Nothing without s->tinker_api. */
+void tinker_api_forget_job(struct server *s, struct store_conn *c, const char *job_id);
 
 /* Checkpoint names and tinker:// paths (server/api_tinker_runs.c). */
 /* true for a save name: [A-Za-z0-9._-]{1,64}, not starting with '.'. */

@@ -136,6 +136,7 @@ int tinker_futures_fail_job(struct server *s, struct store_conn *c, const char *
     json_decref(failure);
     if (rc < 0) return rc;
     if (rc > 0) atomic_store(&s->tinker_futures_failed, true);
+    tinker_api_forget_job(s, c, job_id);
     rc = store_exec(c, err, "UPDATE tinker_models SET status = 'lost' WHERE job_id = ? AND status = 'live'", "s",
                     job_id);
     return rc < 0 ? rc : 0;

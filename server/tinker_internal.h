@@ -22,8 +22,8 @@ int tinker_future_complete(struct server *s, struct store_conn *c, const struct 
  * wakes its polls (tinker_futures_wake) after its commit. SMELT_ENOTFOUND when it is not pending. */
 int tinker_future_fail(struct server *s, struct store_conn *c, const char *future_id, const char *job_id,
                        const char *message, struct smelt_error *err);
-/* Fails every pending future of job_id with a server-category error (the worker is gone), and marks the job's
- * live models "lost". Their polls are woken by tinker_futures_wake_failed after the caller's commit. */
+/* Fails every pending future of job_id with a server-category error (the worker is gone), marks the job's
+ * live models "lost" and frees its models' order state (tinker_api_forget_job). Their polls are woken by tinker_futures_wake_failed after the caller's commit. */
 int tinker_futures_fail_job(struct server *s, struct store_conn *c, const char *job_id, const char *message,
                             struct smelt_error *err);
 /* Wakes retrieve_future's waiting polls of future_id (NULL: all of them); called after the commit that finished

@@ -1,7 +1,8 @@
 """The Tinker API under faults, through the official SDK: a session worker killed during
 forward_backward fails the request with an error the SDK raises, leaves no process
 behind, and the model resumes from its last save_state in a new worker; a smeltd restart
-keeps the saved checkpoints, which load with the same losses."""
+keeps the saved checkpoints, which load with the same losses; a save_state with overwrite
+that fails leaves the checkpoint it would have replaced listed and loadable."""
 import os
 import shutil
 import signal
@@ -95,4 +96,40 @@ def test_restart_keeps_checkpoints(data_dirs):
     listed = rest.list_checkpoints(model_id).result()
     assert any(c.tinker_path == path for c in listed.checkpoints), listed
     resumed = svc2.create_training_client_from_state(path).result()
+    assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == loss
+
+
+def test_failed_overwrite_keeps_the_old_checkpoint(data_dirs):
+    """The worker stopped, a save_state(overwrite=True) onto a checkpoint is submitted, then the
+    worker is killed: the save fails, and the old checkpoint is still there, listed, and loads
+    with the losses it had (smeltd once removed it at submission)."""
+    data_dir, models, servers = data_dirs
+    s = Smeltd(data_dir, models).start()
+    servers.append(s)
+    svc = service(s)
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=2).result()
+    probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
+    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
+    path = tc.save_state("kept").result().path
+    loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[16:24]]])  # the model moves on
+    ck_dir = os.path.join(data_dir, "tinker", tc.model_id, "weights", "kept")
+    assert os.path.isfile(os.path.join(ck_dir, "state.json")), ck_dir
+    workers = tinker_workers()
+    assert len(workers) == 1, workers
+
+    os.kill(workers[0], signal.SIGSTOP)
+    again = tc.save_state("kept", overwrite=True)
+    time.sleep(1.5)  # submitted: the SDK sends it from its own thread
+    assert os.path.isfile(os.path.join(ck_dir, "state.json")), "the old checkpoint went at submission"
+    os.kill(workers[0], signal.SIGKILL)
+    with pytest.raises(Exception) as e:
+        again.result()
+    assert "worker" in str(e.value).lower(), e.value
+    wait_no_workers()
+
+    rest = tinker.RestClient(base_url="http://127.0.0.1:%d" % s.port, api_key=TINKER_KEY)
+    listed = rest.list_checkpoints(tc.model_id).result()
+    assert any(c.tinker_path == path for c in listed.checkpoints), listed
+    resumed = svc.create_training_client_from_state_with_optimizer(path).result()
     assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == loss

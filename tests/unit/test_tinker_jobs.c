@@ -6,6 +6,8 @@
  * one and listing one. */
 #include "tests/unit/tinker_testutil.h"
 
+#include "server/tinker_api.h"
+
 #define JOB "ftjob-tinker1"
 #define OLD 1000 /* seconds ago: past the idle window below */
 
@@ -236,4 +238,32 @@ Test(tinker_jobs, a_release_whose_stop_was_never_confirmed_ends_at_the_next_tick
     tick();
     char v[64];
     cr_expect_str_eq(column("jobs", JOB, "status", v, sizeof v), "succeeded");
+}
+
+/* Opens order state for model_id (as create_model does). */
+static void order_open(const char *model_id) {
+    struct smelt_error err = {0};
+    TEST_OK(tinker_order_open(tinker_api_order(&tinker_s), model_id, 1, &err), &err);
+}
+
+/* A session job's end frees its models' order state (a released model's too), not other jobs'. */
+Test(tinker_jobs, a_jobs_end_frees_its_models_order_state) {
+    struct smelt_error err = {0};
+    TEST_OK(tinker_api_start(&tinker_s, &err), &err);
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    tinker_insert_job("ftjob-other", "default", "running", 1, 0);
+    tinker_insert_model("m1", "sess", JOB, 0);
+    tinker_insert_model("m2", "sess", JOB, 0);
+    tinker_insert_model("m3", "sess2", "ftjob-other", 0);
+    struct store_conn *c = tinker_conn();
+    cr_assert(store_exec(c, &err, "UPDATE tinker_models SET status = 'released' WHERE id = 'm2'", "") == 1);
+    store_release(tinker_s.store, c);
+    order_open("m1"), order_open("m2"), order_open("m3");
+    struct tinker_order *o = tinker_api_order(&tinker_s);
+    cr_assert_eq(tinker_order_count(o), 3);
+    worker_gone(JOB, -1, "was stopped by signal 9");
+    cr_expect_eq(tinker_order_count(o), 1, "%zu models still ordered", tinker_order_count(o));
+    TEST_OK(tinker_jobs_recover(&tinker_s, &err), &err); /* a restart ends ftjob-other the same way */
+    cr_expect_eq(tinker_order_count(o), 0, "%zu models still ordered", tinker_order_count(o));
+    tinker_api_stop(&tinker_s);
 }

@@ -311,6 +311,42 @@ Test(tinker_worker, save_then_load_resumes_with_the_same_losses) {
     tinker_worker_free(w);
 }
 
+/* The step recorded in a checkpoint's state.json (-1 when it cannot be read). */
+static int64_t saved_step(const char *dir) {
+    char p[300];
+    json_t *st = NULL;
+    struct smelt_error err = {0};
+    snprintf(p, sizeof p, "%s/state.json", dir);
+    if (json_load_path(p, &st, &err)) return -1;
+    int64_t step = json_is_integer(json_object_get(st, "step")) ? json_integer_value(json_object_get(st, "step")) : -1;
+    json_decref(st);
+    return step;
+}
+
+/* A save onto an existing checkpoint (smeltd no longer empties it first) replaces it whole, leaving no partial copy. */
+Test(tinker_worker, save_onto_an_existing_checkpoint_replaces_it) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 2);
+    char path[256], partial[300];
+    test_tmp_path(path, sizeof path, "ckpt");
+    snprintf(partial, sizeof partial, "%s.partial", path);
+    for (int step = 0; step < 2; step++) {
+        ce(w, "forward_backward", "m", &DA, 1, NULL);
+        optim(w, "m", 1e-2);
+        struct tinker_reply r = ok(w, request("save_weights", json_pack("{s:s, s:s, s:b}", "model_id", "m", "path",
+                                                                        path, "optimizer", 1)));
+        tinker_reply_free(&r);
+        cr_expect_eq(saved_step(path), step + 1, "save %d: state.json says step %lld", step,
+                     (long long)saved_step(path));
+        cr_expect(!path_exists(partial), "save %d left %s", step, partial);
+    }
+    create(w, "copy", 4, 7);
+    struct tinker_reply r = ok(w, request("load_weights", json_pack("{s:s, s:s, s:b}", "model_id", "copy", "path",
+                                                                    path, "optimizer", 1)));
+    tinker_reply_free(&r);
+    tinker_worker_free(w);
+}
+
 Test(tinker_worker, bad_requests_are_refused_naming_the_field) {
     struct tinker_worker *w = worker_new();
     create(w, "m", 4, 1);
