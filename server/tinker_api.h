@@ -72,6 +72,9 @@ int tinker_order_submit(struct tinker_order *o, const char *model_id, int64_t se
 int tinker_order_skip(struct tinker_order *o, const char *model_id, int64_t seq, void *ctx);
 /* Forgets model_id (its job ended, or its create_model never reached the worker), dropping what waits. */
 void tinker_order_close(struct tinker_order *o, const char *model_id);
+/* Takes back future_id's request of model_id while it waits here for an earlier seq (its seq is passed over):
+ * true; false when it is not waiting (sent already, or unknown). */
+bool tinker_order_cancel(struct tinker_order *o, const char *model_id, const char *future_id);
 /* How many models have order state (open, or seen by a submit and not closed). */
 size_t tinker_order_count(struct tinker_order *o);
 

@@ -189,6 +189,23 @@ int tinker_dispatch_submit(struct server *s, const char *job_id, const char *fut
     return 0;
 }
 
+bool tinker_dispatch_cancel(struct server *s, const char *job_id, const char *future_id) {
+    struct tinker_dispatch *d = s->tinker;
+    if (!d || !job_id || !future_id) return false;
+    pthread_mutex_lock(&d->lock);
+    struct tinker_session *q = session_find(d, job_id);
+    struct tinker_request *r = NULL, *prev = NULL;
+    for (r = q ? q->head : NULL; r && strcmp(r->future_id, future_id) != 0; r = r->next) prev = r;
+    if (r) {
+        if (prev) prev->next = r->next;
+        else q->head = r->next;
+        if (q->tail == r) q->tail = prev;
+    }
+    pthread_mutex_unlock(&d->lock);
+    request_free(r);
+    return r != NULL;
+}
+
 void tinker_dispatch_forget(struct server *s, const char *job_id) {
     struct tinker_dispatch *d = s->tinker;
     if (!d) return;

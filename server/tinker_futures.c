@@ -116,6 +116,14 @@ int tinker_future_fail(struct server *s, struct store_conn *c, const char *futur
                       message);
 }
 
+int tinker_future_cancel(struct store_conn *c, const char *future_id, struct smelt_error *err) {
+    json_t *failure = failure_object("cancelled (cancel_future) before it reached the session worker", NULL, "user");
+    if (!failure) return error_set(err, SMELT_ENOMEM, "out of memory cancelling future %s", future_id);
+    int rc = finish(c, future_id, "failed", NULL, failure, err);
+    json_decref(failure);
+    return rc;
+}
+
 void tinker_futures_wake(struct server *s, const char *future_id) {
     struct http_server *http = atomic_load(&s->http);
     if (http) http_deferred_wake(http, future_id);

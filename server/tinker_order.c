@@ -186,6 +186,19 @@ void tinker_order_close(struct tinker_order *o, const char *model_id) {
     pthread_mutex_unlock(&o->lock);
 }
 
+bool tinker_order_cancel(struct tinker_order *o, const char *model_id, const char *future_id) {
+    pthread_mutex_lock(&o->lock);
+    struct order_model *m = strmap_get(&o->models, model_id);
+    struct order_item *it = m ? m->waiting : NULL;
+    while (it && !(it->payload && strcmp(it->future_id, future_id) == 0)) it = it->next;
+    if (it) { /* its seq stays, passed over when its turn comes */
+        o->free_payload(it->payload);
+        it->payload = NULL;
+    }
+    pthread_mutex_unlock(&o->lock);
+    return it != NULL;
+}
+
 size_t tinker_order_count(struct tinker_order *o) {
     pthread_mutex_lock(&o->lock);
     size_t n = o->models.count;

@@ -389,3 +389,25 @@ Test(tinker_dispatch, create_model_racing_the_idle_release_gets_a_new_job) {
     tinker_api_stop(&tinker_s);
     zmq_close(w);
 }
+
+/* A request queued before its worker's hello is taken back (never sent); once sent it cannot be. */
+Test(tinker_dispatch, a_request_cancelled_before_the_hello_is_never_sent) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    start();
+    submit("fut-1", "optim_step", NULL, 0);
+    submit("fut-2", "optim_step", NULL, 0);
+    submit("fut-3", "optim_step", NULL, 0);
+    cr_expect(tinker_dispatch_cancel(&tinker_s, JOB, "fut-2"));
+    cr_expect(tinker_dispatch_cancel(&tinker_s, JOB, "fut-3"), "the queue's tail");
+    cr_expect(!tinker_dispatch_cancel(&tinker_s, JOB, "fut-2"), "taken back twice");
+    cr_expect(!tinker_dispatch_cancel(&tinker_s, "ftjob-other", "fut-1"), "another job's queue");
+    submit("fut-4", "optim_step", NULL, 0); /* after the tail was taken: the queue still links */
+    void *w = worker(JOB ".1");
+    hello(w, JOB, 1);
+    char id[64];
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-1");
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-4");
+    cr_expect_str_eq(next_request(w, 300, id, sizeof id, NULL), "");
+    cr_expect(!tinker_dispatch_cancel(&tinker_s, JOB, "fut-1"), "sent already");
+    zmq_close(w);
+}
