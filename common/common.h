@@ -20,6 +20,7 @@
 #include "common/msg.h"
 #include "common/rng.h"
 #include "common/spawn.h"
+#include "common/stop.h"
 #include "common/strmap.h"
 
 #endif

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 
 import pytest
@@ -17,19 +16,15 @@ import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_tinker_sdk import BASE, BASE_DIR, TINKER_KEY, TRAIN, service, sft_datum, train_steps  # noqa: E402
+from test_tinker_sdk import BASE, TINKER_KEY, TRAIN, service, sft_datum, tinker_dirs, train_steps  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from smeltd_harness import Smeltd, make_models_dir, processes  # noqa: E402
+from smeltd_harness import Smeltd, processes  # noqa: E402
 
 
 @pytest.fixture
 def data_dirs():
-    tmp = tempfile.mkdtemp(prefix="smelt-tinker-faults-")
-    data_dir = os.path.join(tmp, "data")
-    os.makedirs(data_dir)
-    models = make_models_dir(tmp)
-    shutil.copytree(BASE_DIR, os.path.join(models, BASE))
+    tmp, data_dir, models = tinker_dirs("smelt-tinker-faults-")
     servers = []
     yield data_dir, models, servers
     for s in servers:
@@ -48,16 +43,22 @@ def wait_no_workers(timeout=30):
     assert not tinker_workers()
 
 
-def test_worker_killed_during_forward_backward(data_dirs):
+def saved_model(data_dirs, seed, name):
+    """A smeltd, its service client, a model trained one step and saved as name: (server, svc, tc, probe data,
+    the checkpoint's path, the probe's loss at the save)."""
     data_dir, models, servers = data_dirs
     s = Smeltd(data_dir, models).start()
     servers.append(s)
     svc = service(s)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=0).result()
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=seed).result()
     probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
     train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
-    path = tc.save_state("before-kill").result().path
-    saved_loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    path = tc.save_state(name).result().path
+    return s, svc, tc, probe, path, tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+
+
+def test_worker_killed_during_forward_backward(data_dirs):
+    _, svc, tc, probe, path, saved_loss = saved_model(data_dirs, 0, "before-kill")
     workers = tinker_workers()
     assert len(workers) == 1, workers
 
@@ -77,14 +78,7 @@ def test_worker_killed_during_forward_backward(data_dirs):
 
 def test_restart_keeps_checkpoints(data_dirs):
     data_dir, models, servers = data_dirs
-    s = Smeltd(data_dir, models).start()
-    servers.append(s)
-    svc = service(s)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
-    probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
-    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
-    path = tc.save_state("kept").result().path
-    loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    s, svc, tc, probe, path, loss = saved_model(data_dirs, 1, "kept")
     model_id = tc.model_id
     s.kill()
     wait_no_workers()
@@ -103,15 +97,8 @@ def test_failed_overwrite_keeps_the_old_checkpoint(data_dirs):
     """The worker stopped, a save_state(overwrite=True) onto a checkpoint is submitted, then the
     worker is killed: the save fails, and the old checkpoint is still there, listed, and loads
     with the losses it had (smeltd once removed it at submission)."""
-    data_dir, models, servers = data_dirs
-    s = Smeltd(data_dir, models).start()
-    servers.append(s)
-    svc = service(s)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=2).result()
-    probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
-    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
-    path = tc.save_state("kept").result().path
-    loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    data_dir = data_dirs[0]
+    s, svc, tc, probe, path, loss = saved_model(data_dirs, 2, "kept")
     train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[16:24]]])  # the model moves on
     ck_dir = os.path.join(data_dir, "tinker", tc.model_id, "weights", "kept")
     assert os.path.isfile(os.path.join(ck_dir, "state.json")), ck_dir

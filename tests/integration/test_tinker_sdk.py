@@ -73,13 +73,19 @@ def accuracy(sampler, examples):
     return hits / len(examples)
 
 
-@pytest.fixture(scope="module")
-def server():
-    tmp = tempfile.mkdtemp(prefix="smelt-tinker-")
+def tinker_dirs(prefix):
+    """A temporary folder with a data directory and a models directory holding the base: (tmp, data_dir, models)."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     data_dir = os.path.join(tmp, "data")
     os.makedirs(data_dir)
     models = make_models_dir(tmp)
     shutil.copytree(BASE_DIR, os.path.join(models, BASE))
+    return tmp, data_dir, models
+
+
+@pytest.fixture(scope="module")
+def server():
+    tmp, data_dir, models = tinker_dirs("smelt-tinker-")
     s = Smeltd(data_dir, models).start()
     yield s
     s.kill()

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -641,4 +642,16 @@ Test(common, strmap_agrees_with_an_array_through_puts_and_removes) {
     cr_expect_null(strmap_remove(&m, "absent"));
     strmap_free(&m);
     cr_expect_null(strmap_get(&m, "model-1:train:7"));
+}
+
+/* SIGTERM and SIGINT set the stop flag and nothing else (criterion runs each test in its own process). */
+Test(common, stop_signals_set_the_flag) {
+    struct smelt_error err = {0};
+    TEST_OK(stop_on_signals(&err), &err);
+    cr_assert_eq(atomic_load(stop_flag()), 0);
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_expect_eq(atomic_load(stop_flag()), 1, "SIGTERM did not set the flag");
+    atomic_store(stop_flag(), 0);
+    cr_assert_eq(raise(SIGINT), 0);
+    cr_expect_eq(atomic_load(stop_flag()), 1, "SIGINT did not set the flag");
 }
