@@ -22,5 +22,7 @@
 #include "common/rng.h"
 #include "common/secret_fd.h"
 #include "common/spawn.h"
+#include "common/stop.h"
+#include "common/strmap.h"
 
 #endif

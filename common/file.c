@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/log.h"
+
 int file_read_all(const char *path, char **out, size_t *len, struct smelt_error *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return error_set(err, SMELT_EIO, "%s: %s", path, strerror(errno));
@@ -159,6 +161,44 @@ int dir_remove_all(const char *path, struct smelt_error *err) {
     int rc = nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     if (rc) return error_set(err, SMELT_EIO, "%s: cannot remove: %s", path, strerror(rc > 0 ? rc : errno));
     return SMELT_OK;
+}
+
+static int replace_error(const char *src, const char *dst, int e, struct smelt_error *err) {
+    return error_set(err, SMELT_EIO, "cannot put %s at %s: %s", src, dst, strerror(e));
+}
+
+/* The replaced directory goes; dst is already the new one, so a failure here is only logged. */
+static int leftover_remove(const char *path) {
+    struct smelt_error err = {0};
+    if (dir_remove_all(path, &err)) log_error("file: a replaced directory stays: %s", err.message);
+    return SMELT_OK;
+}
+
+/* dir_replace where renameat2 cannot swap: dst aside, src in, the old one removed. */
+static int replace_in_steps(const char *src, const char *dst, struct smelt_error *err) {
+    char old[4096];
+    if (snprintf(old, sizeof old, "%s.old", src) >= (int)sizeof old)
+        return error_set(err, SMELT_EINVAL, "path too long: %s.old", src);
+    TRY(dir_remove_all(old, err));
+    if (rename(dst, old) != 0) return replace_error(dst, old, errno, err);
+    if (rename(src, dst) != 0) {
+        int e = errno;
+        if (rename(old, dst) != 0) log_error("file: %s stays at %s: %s", dst, old, strerror(errno));
+        return replace_error(src, dst, e, err);
+    }
+    return leftover_remove(old);
+}
+
+int dir_replace(const char *src, const char *dst, struct smelt_error *err) {
+    if (renameat2(AT_FDCWD, src, AT_FDCWD, dst, RENAME_NOREPLACE) == 0) return SMELT_OK;
+    if (errno == EEXIST) {
+        if (renameat2(AT_FDCWD, src, AT_FDCWD, dst, RENAME_EXCHANGE) == 0) return leftover_remove(src);
+        if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) return replace_error(src, dst, errno, err);
+        return replace_in_steps(src, dst, err);
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) return replace_error(src, dst, errno, err);
+    if (!path_exists(dst)) return rename(src, dst) == 0 ? SMELT_OK : replace_error(src, dst, errno, err);
+    return replace_in_steps(src, dst, err);
 }
 
 bool path_exists(const char *path) {

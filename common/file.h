@@ -35,6 +35,13 @@ int dir_create_all(const char *path, struct smelt_error *err);
  * A missing path is SMELT_OK. */
 int dir_remove_all(const char *path, struct smelt_error *err);
 
+/* Puts the directory src at dst, where an existing dst (a previous checkpoint) is
+ * replaced only now, once src is complete: the two are swapped in one rename
+ * (renameat2 RENAME_EXCHANGE) and the old one, now at src, removed. Where the file
+ * system cannot swap, dst moves to "<src>.old" first and comes back if src cannot
+ * follow. Either way a failure leaves dst as it was. */
+int dir_replace(const char *src, const char *dst, struct smelt_error *err);
+
 bool path_exists(const char *path);
 bool path_is_dir(const char *path);
 

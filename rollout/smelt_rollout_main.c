@@ -124,17 +124,6 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
     return SMELT_OK;
 }
 
-/* An atomic, not a volatile sig_atomic_t: the handler may run on another thread than
- * the serving one (OpenMP's); a lock-free atomic may be written by a signal handler
- * (C11 7.14.1.1). */
-_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "signal handlers need a lock-free atomic_int");
-static atomic_int stop_requested;
-
-static void on_signal(int sig) {
-    (void)sig;
-    atomic_store(&stop_requested, 1);
-}
-
 /* --tokenizer, else the model directory's tokenizer.json, else none. */
 static int load_tokenizer(const struct options *o, const struct model *m, struct tokenizer **out,
                           struct smelt_error *err) {
@@ -205,7 +194,7 @@ static int serve(const struct options *o, struct smelt_error *err) {
                  ROLLOUT_KV_BLOCK_TOKENS, (long long)o->engine.max_batch_tokens, o->engine.max_seqs);
         fprintf(stderr, "smelt-rollout: serving on %s\n", bound);
         struct rollout_worker_setup setup = {.engine = engine, .model = m, .tok = tok, .adapter = adapter,
-                                             .router = router, .stop = &stop_requested, .weights_comm = o->comm,
+                                             .router = router, .stop = stop_flag(), .weights_comm = o->comm,
                                              .weights_comm_name = o->comm_name,
                                              .weights_comm_rank = (int)o->comm_rank,
                                              .weights_comm_size = (int)o->comm_size};
@@ -230,11 +219,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL)) {
-        perror("smelt-rollout: sigaction");
+    if (stop_on_signals(&err)) {
+        fprintf(stderr, "smelt-rollout: %s\n", err.message);
         return 1;
     }
     if (serve(&o, &err)) {

@@ -41,15 +41,16 @@ static void payload_free(void *p) {
     free(x);
 }
 
-/* A pending future that never reached the dispatcher, failed with its error (c may be NULL: left pending). */
-static void future_fail(struct server *s, struct store_conn *c, const char *future_id, const struct smelt_error *err) {
-    json_t *e = json_pack("{s:s, s:s}", "error", err->message, "category", "server");
-    struct smelt_error e2 = {0};
-    if (c && e && store_exec(c, &e2, "UPDATE tinker_futures SET status = 'failed', error = ?, finished_at = ? "
-                             "WHERE id = ? AND status = 'pending'", "jis", e, server_now(), future_id) < 0)
-        log_error("tinker: failing future %s: %s", future_id, e2.message);
-    else if (c && e) tinker_futures_wake(s, future_id);
-    json_decref(e);
+/* A pending future whose request could not be handed to the dispatcher: failed with why, with an event on its
+ * job, so its poll does not wait for a worker that will never see it. */
+static void future_fail(struct server *s, struct store_conn *c, const char *job_id, const char *future_id,
+                        const struct smelt_error *why) {
+    char message[700];
+    snprintf(message, sizeof message, "the request could not be sent to the session worker: %.600s", why->message);
+    struct smelt_error err = {0};
+    if (tinker_future_fail(s, c, future_id, job_id, message, &err) != 0)
+        log_error("tinker: failing future %s: %s", future_id, err.message);
+    else tinker_futures_wake(s, future_id);
 }
 
 /* The order's send: to the dispatcher; a failure fails the future (ctx: a store conn). */
@@ -57,7 +58,7 @@ static void payload_send(void *ctx, void *p, const char *future_id) {
     struct payload *x = p;
     struct smelt_error err = {0};
     if (tinker_dispatch_submit(x->s, x->job_id, future_id, x->header, x->arrays, x->n_arrays, &err) != 0)
-        future_fail(x->s, ctx, future_id, &err);
+        future_fail(x->s, ctx, x->job_id, future_id, &err);
     payload_free(x);
 }
 
@@ -86,6 +87,21 @@ struct tinker_order *tinker_api_order(struct server *s) {
     return s->tinker_api->order;
 }
 
+void tinker_api_forget_job(struct server *s, struct store_conn *c, const char *job_id) {
+    if (!s->tinker_api) return;
+    json_t *rows = NULL;
+    struct smelt_error err = {0};
+    if (store_query(c, &rows, &err, "SELECT id FROM tinker_models WHERE job_id = ?", "s", job_id) != 0) {
+        log_error("tinker: the models of job %s stay ordered: %s", job_id, err.message);
+        return;
+    }
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) tinker_order_close(s->tinker_api->order, json_string_value(json_object_get(row,
+                                                                                                               "id")));
+    json_decref(rows);
+}
+
 /* ---- shared helpers ---- */
 
 void tinker_reply_failure(struct http_response *res, const struct smelt_error *err, const char *param) {
@@ -100,16 +116,31 @@ json_t *tinker_body(const struct http_request *req, struct http_response *res) {
     return server_body_object(req, res);
 }
 
+int tinker_txn_begin(struct store_conn *c, struct http_response *res) {
+    struct smelt_error err = {0};
+    int rc = store_begin(c, &err);
+    if (rc) http_reply_error(res, 503, NULL, "store_busy", "the store is busy: %s", err.message);
+    return rc;
+}
+
+void tinker_txn_end(struct store_conn *c, struct http_response *res) {
+    struct smelt_error err = {0};
+    /* a refusal may have written too (a failed future, a dropped model): committed alike */
+    if (store_commit(c, &err) != 0)
+        http_reply_error(res, 500, NULL, NULL, "storing the request failed: %s", err.message);
+}
+
 void tinker_with_body(void *app, struct http_request *req, struct http_response *res,
                       tinker_body_fn fn) {
     struct server *s = app;
     json_t *body = tinker_body(req, res);
     if (!body) return;
     struct store_conn *c = server_conn(s, res);
-    if (c) {
+    if (c && tinker_txn_begin(c, res) == 0) {
         fn(s, c, res, req->identity.project, body);
-        store_release(s->store, c);
+        tinker_txn_end(c, res);
     }
+    if (c) store_release(s->store, c);
     json_decref(body);
 }
 
@@ -198,7 +229,8 @@ int tinker_submit_quiet(struct server *s, struct store_conn *c, const char *proj
     json_object_set_new(header, "op", json_string(op));
     if (model_id) json_object_set_new(header, "model_id", json_string(model_id));
     int rc = future_start(c, project, model_id, job_id, op, base, fut, cap, err);
-    if (!rc && (rc = tinker_dispatch_submit(s, job_id, fut, header, NULL, 0, err)) != 0) future_fail(s, c, fut, err);
+    if (!rc && (rc = tinker_dispatch_submit(s, job_id, fut, header, NULL, 0, err)) != 0)
+        future_fail(s, c, job_id, fut, err);
     json_decref(header);
     return rc;
 }

@@ -102,8 +102,47 @@ void api_tinker_retrieve_future(void *app, struct http_request *req, struct http
     snprintf(res->deferred_key, sizeof res->deferred_key, "%s", p->id);
 }
 
+/* Takes a pending future's request back from wherever it waits before the worker (the model's seq order first: it
+ * moves from there to the dispatcher, never back) and fails the future; true when it did. */
+static bool cancel_unsent(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                          const char *id) {
+    json_t *row = NULL;
+    struct smelt_error err = {0};
+    int rc = store_query_one(c, &row, &err, "SELECT status, model_id, job_id FROM tinker_futures WHERE id = ? AND "
+                             "project_id = ?", "ss", id, project);
+    if (rc == SMELT_ENOTFOUND)
+        http_reply_error(res, 404, "request_id", "not_found", "request_id: no such future: %.200s", id);
+    else if (rc) tinker_reply_failure(res, &err, NULL);
+    const char *model_id = json_string_value(json_object_get(row, "model_id"));
+    bool taken = !rc && strcmp(json_string_value(json_object_get(row, "status")), "pending") == 0 &&
+                 ((model_id && tinker_order_cancel(tinker_api_order(s), model_id, id)) ||
+                  tinker_dispatch_cancel(s, json_string_value(json_object_get(row, "job_id")), id));
+    if (taken && tinker_future_cancel(c, id, &err) != 0) log_error("tinker: cancelling %s: %s", id, err.message);
+    if (!rc) http_reply_json(res, 200, json_object());
+    json_decref(row);
+    return taken;
+}
+
+/* A request still waiting in smeltd (its model's earlier seqs, or its worker not yet connected) is taken back and
+ * its future fails, category user; one already sent runs and answers as usual (a worker cannot be interrupted). */
 void api_tinker_cancel_future(void *app, struct http_request *req, struct http_response *res) {
-    (void)app, (void)req;
-    /* A running request cannot be taken back from the worker; its result is just never read. */
-    http_reply_json(res, 200, json_object());
+    struct server *s = app;
+    json_t *body = tinker_body(req, res);
+    if (!body) return;
+    const char *id = json_string_value(json_object_get(body, "request_id"));
+    struct store_conn *c = id ? server_conn(s, res) : NULL;
+    if (!id) http_reply_error(res, 400, "request_id", "invalid_value", "request_id: required");
+    else if (c && tinker_txn_begin(c, res) == 0) {
+        bool taken = cancel_unsent(s, c, res, req->identity.project, id);
+        struct smelt_error err = {0};
+        if (store_commit(c, &err) != 0) {
+            /* its request is gone: the future must not stay pending */
+            log_error("tinker: committing the cancel of %s: %s", id, err.message);
+            store_rollback(c);
+            if (taken && tinker_future_cancel(c, id, &err) != 0) log_error("tinker: %s stays pending", id);
+        }
+        if (taken) tinker_futures_wake(s, id);
+    }
+    if (c) store_release(s->store, c);
+    json_decref(body);
 }

@@ -184,7 +184,10 @@ void api_tinker_forward_backward(void *app, struct http_request *req, struct htt
     struct server *s = app;
     struct store_conn *c = server_conn(s, res);
     if (!c) return;
-    forward_backward(s, c, res, req->identity.project, req);
+    if (tinker_txn_begin(c, res) == 0) {
+        forward_backward(s, c, res, req->identity.project, req);
+        tinker_txn_end(c, res);
+    }
     store_release(s->store, c);
 }
 
@@ -237,8 +240,9 @@ void api_tinker_optim_step(void *app, struct http_request *req, struct http_resp
 }
 
 /* DATA/tinker/<model>/<segment>/<name> for a save: the parent made, the directory itself
- * left to the worker (it renames its finished copy there); an existing one is replaced
- * only with overwrite. */
+ * left to the worker, which puts its finished copy there (dir_replace). An existing one
+ * may be replaced only with overwrite, and stays, with its rows, until the new save has
+ * succeeded: a save that fails loses nothing. */
 static int save_dir(struct server *s, const json_t *row, const json_t *body, const char *kind, char *tpath,
                     size_t tcap, char *dir, size_t dcap, struct smelt_error *err) {
     const char *name = json_string_value(json_object_get(body, "path"));
@@ -252,23 +256,10 @@ static int save_dir(struct server *s, const json_t *row, const json_t *body, con
     if (path_exists(dir) && !overwrite)
         return error_set_field(err, SMELT_EINVAL, "path", "path: checkpoint %s exists (overwrite: true replaces it)",
                                tpath);
-    if (path_exists(dir)) TRY(dir_remove_all(dir, err));
     char parent[SERVER_PATH_BYTES];
     snprintf(parent, sizeof parent, "%s", dir);
     *strrchr(parent, '/') = '\0';
     return dir_create_all(parent, err);
-}
-
-/* A save replacing a checkpoint removed its directory (save_dir): the old rows go with it, and the new ones come
- * only when the worker's save succeeds (tinker_future_complete). */
-static int checkpoint_forget(struct store_conn *c, const json_t *row, const char *kind, const char *name,
-                             const char *tpath, struct smelt_error *err) {
-    int rc = store_exec(c, err, "DELETE FROM tinker_checkpoints WHERE id = ?", "s", tpath);
-    if (rc < 0 || strcmp(kind, "sampler") != 0) return rc < 0 ? rc : 0;
-    char id[HTTP_ID_BYTES * 2];
-    snprintf(id, sizeof id, "ft:tinker:%s:%s", json_string_value(json_object_get(row, "id")), name);
-    rc = store_exec(c, err, "DELETE FROM models WHERE id = ?", "s", id);
-    return rc < 0 ? rc : 0;
 }
 
 static void save(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
@@ -282,7 +273,6 @@ static void save(struct server *s, struct store_conn *c, struct http_response *r
     struct smelt_error err = {0};
     const char *name = json_string_value(json_object_get(body, "path"));
     int rc = save_dir(s, row, body, kind, tpath, sizeof tpath, dir, sizeof dir, &err);
-    if (!rc) rc = checkpoint_forget(c, row, kind, name, tpath, &err);
     if (rc) refuse(s, c, res, model_id, seq, &err, NULL);
     else
         tinker_submit(s, c, res, project, model_id, seq, json_string_value(json_object_get(row, "job_id")), op,
@@ -321,7 +311,6 @@ static void save_for_new_sampler(struct server *s, struct store_conn *c, struct 
     char parent[SERVER_PATH_BYTES];
     snprintf(parent, sizeof parent, "%s", rc ? "" : dir);
     if (strrchr(parent, '/')) *strrchr(parent, '/') = '\0';
-    if (!rc && path_exists(dir)) rc = dir_remove_all(dir, &err);
     if (!rc) rc = dir_create_all(parent, &err);
     if (!rc && store_exec(c, &err, "INSERT OR REPLACE INTO tinker_samplers (id, project_id, session_id, job_id, "
                           "base_model, model_id, adapter_path, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

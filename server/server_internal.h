@@ -190,13 +190,17 @@ void tinker_job_worker_gone(struct server *s, struct store_conn *c, const json_t
  * optim_step; a line at or before the last offset seen (a file read again) is dropped. */
 void tinker_job_metrics_line(struct server *s, struct store_conn *c, const json_t *job_row, const json_t *event);
 /* Every control tick: idle session jobs released (their models "released", the worker
- * stopped through send_stops); pending futures of ended session jobs failed. */
+ * stopped through send_stops); a running one whose worker said no tinker.hello within
+ * TINKER_HELLO_DEADLINE_S of its start failed like a dead worker's (its futures failed,
+ * its worker stopped through send_stops); pending futures of ended session jobs failed. */
 void tinker_jobs_tick(struct server *s, struct store_conn *c);
 /* At start, before the control loop: session jobs left from the last run end (their
  * models lived in memory): failed, pending futures failed, live models lost. */
 int tinker_jobs_recover(struct server *s, struct smelt_error *err);
 /* Drops the queued requests of job_id (its worker is gone). */
 void tinker_dispatch_forget(struct server *s, const char *job_id);
+/* Whether the worker of job_id's attempt has said tinker.hello (false without a dispatcher). */
+bool tinker_dispatch_said_hello(struct server *s, const char *job_id, int64_t attempt);
 
 /* ---- schedules (server/schedules.c) ---- */
 

@@ -70,8 +70,13 @@ int tinker_order_submit(struct tinker_order *o, const char *model_id, int64_t se
                         void *payload, void *ctx, char *first_id, size_t cap, struct smelt_error *err);
 /* seq was refused at submission: it is passed over, so later ones are not held for it. */
 int tinker_order_skip(struct tinker_order *o, const char *model_id, int64_t seq, void *ctx);
-/* Forgets model_id (unloaded), dropping what waits. */
+/* Forgets model_id (its job ended, or its create_model never reached the worker), dropping what waits. */
 void tinker_order_close(struct tinker_order *o, const char *model_id);
+/* Takes back future_id's request of model_id while it waits here for an earlier seq (its seq is passed over):
+ * true; false when it is not waiting (sent already, or unknown). */
+bool tinker_order_cancel(struct tinker_order *o, const char *model_id, const char *future_id);
+/* How many models have order state (open, or seen by a submit and not closed). */
+size_t tinker_order_count(struct tinker_order *o);
 
 /* ---- the HTTP handlers (server/api_tinker*.c; routes in server/routes.c) ---- */
 
@@ -80,6 +85,9 @@ int tinker_api_start(struct server *s, struct smelt_error *err);
 void tinker_api_stop(struct server *s);
 /* The order of model requests (s->tinker_api's). */
 struct tinker_order *tinker_api_order(struct server *s);
+/* Session job job_id ended (its worker gone, released, failed, or left over from the last run): the order state of
+ * every model it held is freed. Nothing without s->tinker_api. */
+void tinker_api_forget_job(struct server *s, struct store_conn *c, const char *job_id);
 
 /* Checkpoint names and tinker:// paths (server/api_tinker_runs.c). */
 /* true for a save name: [A-Za-z0-9._-]{1,64}, not starting with '.'. */
@@ -148,7 +156,15 @@ json_t *tinker_body(const struct http_request *req, struct http_response *res);
 /* A handler's work on its JSON body with a store connection (project: the key's). */
 typedef void (*tinker_body_fn)(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
                                const json_t *body);
-/* Runs fn with the request's body and a store connection (replies 400 / 503 without them). */
+/* A handler's work as one write transaction (BEGIN IMMEDIATE): a session job's pick, or a model's liveness check,
+ * commits with the future made for it, so the control loop's idle release (tinker_jobs_tick, one transaction of
+ * its own) comes wholly before it (the request sees the job released: a new job, or 410 for its model) or wholly
+ * after (the release sees the new future and keeps the job). Begin replies 503 on failure (non-zero); end commits,
+ * replying 500 when that fails. */
+int tinker_txn_begin(struct store_conn *c, struct http_response *res);
+void tinker_txn_end(struct store_conn *c, struct http_response *res);
+/* Runs fn with the request's body and a store connection, in one transaction (tinker_txn_begin; replies 400 / 503
+ * without them). */
 void tinker_with_body(void *app, struct http_request *req, struct http_response *res, tinker_body_fn fn);
 /* The project's session job for base model name (resolved like a job's model); fills
  * base_dir. Replies on failure (non-zero). */

@@ -27,6 +27,7 @@ struct tinker_request {
     json_t *header;                            /* owned; "id" set */
     struct msg_array arrays[MSG_MAX_ARRAYS];   /* owned copies */
     int n_arrays;
+    char job_id[HTTP_ID_BYTES], why[SMELT_ERROR_MESSAGE_BYTES]; /* set once it is unsent */
     struct tinker_request *next;
 };
 
@@ -34,6 +35,7 @@ struct tinker_request {
 struct tinker_session {
     char job_id[HTTP_ID_BYTES];
     int64_t attempt;                           /* the connected worker's; 0: none yet */
+    int64_t hello_attempt;                     /* the last attempt that said hello (kept when a send fails) */
     struct tinker_request *head, *tail;
     struct tinker_session *next;
 };
@@ -47,6 +49,7 @@ struct tinker_dispatch {
     bool closed;                               /* the thread stopped: submits refused (under lock) */
     pthread_mutex_t lock;                      /* guards sessions and closed (HTTP threads vs the thread) */
     struct tinker_session *sessions;
+    struct tinker_request *unsent;             /* requests no send can ever take: failed by the thread */
 };
 
 /* ---- queues (callers hold d->lock) ---- */
@@ -90,15 +93,24 @@ static void session_remove(struct tinker_dispatch *d, const char *job_id) {
     }
 }
 
-/* Sends q's queue to its worker while the socket takes it. A send that fails (the worker
- * went away: ROUTER_MANDATORY) keeps the request and waits for the next hello. */
+/* Whether a failed send may go through later: the worker is not connected now (ROUTER_MANDATORY) or its queue is
+ * full. Anything else (out of memory, a message zmq refuses) would fail every time. */
+static bool send_may_retry(int rc, int zmq_err) {
+    return rc == SMELT_EIO && (zmq_err == EHOSTUNREACH || zmq_err == EAGAIN);
+}
+
+/* Sends q's queue to its worker while the socket takes it. A send that fails for now (the
+ * worker went away) keeps the request and waits for the next hello; one that can never go
+ * is moved to d->unsent, whose futures the thread fails (fail_unsent). Dispatch thread only. */
 static void session_flush(struct tinker_dispatch *d, struct tinker_session *q) {
     char route[MSG_ROUTE_BYTES];
     int n = snprintf(route, sizeof route, "%s.%lld", q->job_id, (long long)q->attempt);
     while (q->attempt > 0 && q->head) {
         struct tinker_request *r = q->head;
         struct smelt_error err = {0};
-        if (msg_send(d->router, route, (size_t)n, MSG_TINKER_REQUEST, r->header, r->arrays, r->n_arrays, &err) != 0) {
+        int rc = msg_send(d->router, route, (size_t)n, MSG_TINKER_REQUEST, r->header, r->arrays, r->n_arrays, &err);
+        int zmq_err = zmq_errno();
+        if (rc != 0 && send_may_retry(rc, zmq_err)) {
             log_warn("tinker: %s for %s: %s; held until the worker says hello again", r->future_id, route,
                      err.message);
             q->attempt = 0;
@@ -106,7 +118,14 @@ static void session_flush(struct tinker_dispatch *d, struct tinker_session *q) {
         }
         q->head = r->next;
         if (!q->head) q->tail = NULL;
-        request_free(r);
+        if (rc == 0) {
+            request_free(r);
+            continue;
+        }
+        snprintf(r->job_id, sizeof r->job_id, "%s", q->job_id);
+        snprintf(r->why, sizeof r->why, "%s", err.message);
+        r->next = d->unsent;
+        d->unsent = r;
     }
 }
 
@@ -170,6 +189,23 @@ int tinker_dispatch_submit(struct server *s, const char *job_id, const char *fut
     return 0;
 }
 
+bool tinker_dispatch_cancel(struct server *s, const char *job_id, const char *future_id) {
+    struct tinker_dispatch *d = s->tinker;
+    if (!d || !job_id || !future_id) return false;
+    pthread_mutex_lock(&d->lock);
+    struct tinker_session *q = session_find(d, job_id);
+    struct tinker_request *r = NULL, *prev = NULL;
+    for (r = q ? q->head : NULL; r && strcmp(r->future_id, future_id) != 0; r = r->next) prev = r;
+    if (r) {
+        if (prev) prev->next = r->next;
+        else q->head = r->next;
+        if (q->tail == r) q->tail = prev;
+    }
+    pthread_mutex_unlock(&d->lock);
+    request_free(r);
+    return r != NULL;
+}
+
 void tinker_dispatch_forget(struct server *s, const char *job_id) {
     struct tinker_dispatch *d = s->tinker;
     if (!d) return;
@@ -227,7 +263,7 @@ static void on_hello(struct server *s, struct store_conn *c, const struct msg *m
     struct tinker_session *q = session_get(d, job_id);
     bool first = q && q->attempt != attempt;
     if (q) {
-        q->attempt = attempt;
+        q->attempt = q->hello_attempt = attempt;
         session_flush(d, q);
     }
     pthread_mutex_unlock(&d->lock);
@@ -252,6 +288,23 @@ static bool future_of_job(struct store_conn *c, const char *fid, const char *job
     return mine;
 }
 
+/* Storing a result failed (the store refused it): the future still ends, failed with why, in a transaction of
+ * its own, so its poll never waits for an answer that came and was lost. */
+static void result_not_stored(struct server *s, struct store_conn *c, const char *fid, const char *job_id,
+                              const struct smelt_error *why) {
+    char message[700];
+    snprintf(message, sizeof message, "the worker answered but storing its result failed: %.600s", why->message);
+    struct smelt_error err = {0};
+    int rc = store_begin(c, &err);
+    if (rc == 0) {
+        rc = tinker_future_fail(s, c, fid, job_id, message, &err);
+        if (rc == 0) rc = store_commit(c, &err);
+        else store_rollback(c);
+    }
+    if (rc) log_error("tinker: failing future %s after its result was lost: %s", fid, err.message);
+    else tinker_futures_wake(s, fid);
+}
+
 static void on_result(struct server *s, struct store_conn *c, const struct msg *m, const char *job_id,
                       int64_t attempt) {
     const char *fid = json_string_value(json_object_get(m->header, "id"));
@@ -262,18 +315,28 @@ static void on_result(struct server *s, struct store_conn *c, const struct msg *
     struct smelt_error err = {0};
     if (store_begin(c, &err) != 0) {
         log_error("tinker: result %s: %s", fid, err.message);
+        result_not_stored(s, c, fid, job_id, &err);
         return;
     }
+    bool mine = false;
+    int rc = 0;
     if (!is_current(c, job_id, attempt))
         log_warn("tinker: result %s from %s.%lld, not the job's running attempt; dropped", fid, job_id,
                  (long long)attempt);
-    else if (!future_of_job(c, fid, job_id))
+    else if (!(mine = future_of_job(c, fid, job_id)))
         log_warn("tinker: result %s from %s.%lld: no such future of that job; dropped", fid, job_id,
                  (long long)attempt);
-    else if (tinker_future_complete(s, c, m, &err) != 0)
+    else if ((rc = tinker_future_complete(s, c, m, &err)) == SMELT_ENOTFOUND) {
         log_warn("tinker: result %s from %s.%lld: %s", fid, job_id, (long long)attempt, err.message);
-    if (store_commit(c, &err) != 0) log_error("tinker: result %s: %s", fid, err.message);
-    else tinker_futures_wake(s, fid);
+        rc = 0; /* already finished (e.g. failed with its job): nothing changed */
+    }
+    if (rc == 0 && store_commit(c, &err) == 0) {
+        tinker_futures_wake(s, fid);
+        return;
+    }
+    if (rc) store_rollback(c); /* a failed commit has rolled back already */
+    log_error("tinker: result %s from %s.%lld not stored: %s", fid, job_id, (long long)attempt, err.message);
+    if (mine) result_not_stored(s, c, fid, job_id, &err);
 }
 
 static void on_message(struct server *s, const struct msg *m) {
@@ -324,10 +387,44 @@ static void sweep(struct server *s) {
     store_release(s->store, c);
 }
 
-static void flush_all(struct tinker_dispatch *d) {
+/* The futures of requests that could not be sent end failed, each with an event on its job. */
+static void fail_unsent(struct server *s) {
+    struct tinker_dispatch *d = s->tinker;
+    pthread_mutex_lock(&d->lock);
+    struct tinker_request *list = d->unsent;
+    d->unsent = NULL;
+    pthread_mutex_unlock(&d->lock);
+    if (!list) return;
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(s->store, &err);
+    for (struct tinker_request *r = list, *next; r; r = next) {
+        next = r->next;
+        char message[SMELT_ERROR_MESSAGE_BYTES + 64];
+        snprintf(message, sizeof message, "sending the request to the session worker failed: %s", r->why);
+        if (!c || tinker_future_fail(s, c, r->future_id, r->job_id, message, &err) != 0)
+            log_error("tinker: failing future %s (%s): %s", r->future_id, message, err.message);
+        else tinker_futures_wake(s, r->future_id);
+        request_free(r);
+    }
+    if (c) store_release(s->store, c);
+}
+
+static void flush_all(struct server *s) {
+    struct tinker_dispatch *d = s->tinker;
     pthread_mutex_lock(&d->lock);
     for (struct tinker_session *q = d->sessions; q; q = q->next) session_flush(d, q);
     pthread_mutex_unlock(&d->lock);
+    fail_unsent(s);
+}
+
+bool tinker_dispatch_said_hello(struct server *s, const char *job_id, int64_t attempt) {
+    struct tinker_dispatch *d = s->tinker;
+    if (!d) return false;
+    pthread_mutex_lock(&d->lock);
+    struct tinker_session *q = session_find(d, job_id);
+    bool said = q && q->hello_attempt == attempt;
+    pthread_mutex_unlock(&d->lock);
+    return said;
 }
 
 static void receive_all(struct server *s) {
@@ -360,7 +457,7 @@ static void *dispatch_main(void *arg) {
             if (read(d->wake_fd, &n, sizeof n) < 0 && errno != EAGAIN) log_warn("tinker: %s", strerror(errno));
         }
         if (items[0].revents & ZMQ_POLLIN) receive_all(s);
-        flush_all(d);
+        flush_all(s);
         if (mono_ms() - last_sweep >= TINKER_SWEEP_MS) {
             sweep(s);
             last_sweep = mono_ms();
@@ -427,6 +524,11 @@ void tinker_dispatch_free(struct server *s) {
     if (d->router) zmq_close(d->router);
     if (d->wake_fd >= 0) close(d->wake_fd);
     while (d->sessions) session_remove(d, d->sessions->job_id);
+    while (d->unsent) {
+        struct tinker_request *r = d->unsent;
+        d->unsent = r->next;
+        request_free(r);
+    }
     pthread_mutex_destroy(&d->lock);
     free(d);
     s->tinker = NULL;

@@ -105,6 +105,25 @@ int tinker_future_complete(struct server *s, struct store_conn *c, const struct 
     return rc;
 }
 
+int tinker_future_fail(struct server *s, struct store_conn *c, const char *future_id, const char *job_id,
+                       const char *message, struct smelt_error *err) {
+    json_t *failure = failure_object(message, NULL, "server");
+    if (!failure) return error_set(err, SMELT_ENOMEM, "out of memory failing future %s", future_id);
+    int rc = finish(c, future_id, "failed", NULL, failure, err);
+    json_decref(failure);
+    if (rc || !job_id) return rc;
+    return jobs_event(s, c, job_id, "warn", "message", NULL, err, "Request %.40s failed: %.900s", future_id,
+                      message);
+}
+
+int tinker_future_cancel(struct store_conn *c, const char *future_id, struct smelt_error *err) {
+    json_t *failure = failure_object("cancelled (cancel_future) before it reached the session worker", NULL, "user");
+    if (!failure) return error_set(err, SMELT_ENOMEM, "out of memory cancelling future %s", future_id);
+    int rc = finish(c, future_id, "failed", NULL, failure, err);
+    json_decref(failure);
+    return rc;
+}
+
 void tinker_futures_wake(struct server *s, const char *future_id) {
     struct http_server *http = atomic_load(&s->http);
     if (http) http_deferred_wake(http, future_id);
@@ -125,6 +144,7 @@ int tinker_futures_fail_job(struct server *s, struct store_conn *c, const char *
     json_decref(failure);
     if (rc < 0) return rc;
     if (rc > 0) atomic_store(&s->tinker_futures_failed, true);
+    tinker_api_forget_job(s, c, job_id);
     rc = store_exec(c, err, "UPDATE tinker_models SET status = 'lost' WHERE job_id = ? AND status = 'live'", "s",
                     job_id);
     return rc < 0 ? rc : 0;

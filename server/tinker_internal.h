@@ -17,8 +17,16 @@ int tinker_future_create(struct store_conn *c, const char *project, const char *
  * (status done; a save's checkpoint rows inserted), or its error stored (status failed). Unknown or finished
  * futures: SMELT_ENOTFOUND, nothing changed. */
 int tinker_future_complete(struct server *s, struct store_conn *c, const struct msg *result, struct smelt_error *err);
-/* Fails every pending future of job_id with a server-category error (the worker is gone), and marks the job's
- * live models "lost". Their polls are woken by tinker_futures_wake_failed after the caller's commit. */
+/* Fails pending future future_id with a server-category error (message says why: a result that could not be
+ * stored, a request that could not be sent) and writes a warning event on job_id (may be NULL: none). The caller
+ * wakes its polls (tinker_futures_wake) after its commit. SMELT_ENOTFOUND when it is not pending. */
+int tinker_future_fail(struct server *s, struct store_conn *c, const char *future_id, const char *job_id,
+                       const char *message, struct smelt_error *err);
+/* Fails pending future future_id as cancelled by the client (category user; no event). SMELT_ENOTFOUND when it is
+ * not pending. The caller took its request back first (tinker_order_cancel / tinker_dispatch_cancel). */
+int tinker_future_cancel(struct store_conn *c, const char *future_id, struct smelt_error *err);
+/* Fails every pending future of job_id with a server-category error (the worker is gone), marks the job's
+ * live models "lost" and frees its models' order state (tinker_api_forget_job). Their polls are woken by tinker_futures_wake_failed after the caller's commit. */
 int tinker_futures_fail_job(struct server *s, struct store_conn *c, const char *job_id, const char *message,
                             struct smelt_error *err);
 /* Wakes retrieve_future's waiting polls of future_id (NULL: all of them); called after the commit that finished
@@ -39,6 +47,9 @@ void tinker_dispatch_free(struct server *s);
  * (the dispatcher adds id = future_id); arrays copied. Sent in submit order once the worker's hello arrived. */
 int tinker_dispatch_submit(struct server *s, const char *job_id, const char *future_id, json_t *header,
                            const struct msg_array *arrays, int n_arrays, struct smelt_error *err);
+/* Takes back future_id's request while it waits in job_id's queue (its worker has not said hello, or the socket
+ * has not taken it): true; false once it was sent (or is unknown). */
+bool tinker_dispatch_cancel(struct server *s, const char *job_id, const char *future_id);
 /* The session job of project serving base model base_dir (its model name base_name): a running or queued one,
  * else a new queued jobs row (method "tinker") that the scheduler places like any job. job_id gets its id. */
 int tinker_session_job(struct server *s, struct store_conn *c, const char *project, const char *base_name,

@@ -12,6 +12,11 @@
 #include "server/tinker_internal.h"
 
 #define TINKER_DEFAULT_IDLE_SECONDS 600
+/* A session worker that has not said tinker.hello this long after its job started running
+ * (it crashed before connecting, or hangs loading its base model) is taken as dead: the
+ * futures waiting for it fail and the job fails. Loading a large base takes minutes at
+ * most; docs/tinker.md. */
+#define TINKER_HELLO_DEADLINE_S 600
 #define TINKER_METHOD "{\"type\":\"tinker\"}"
 
 /* Find-or-create is one critical section, so two requests for the same base made at once
@@ -229,8 +234,36 @@ static void end_unconfirmed_releases(struct server *s, struct store_conn *c) {
     json_decref(rows);
 }
 
+/* Running session jobs whose worker said no hello within TINKER_HELLO_DEADLINE_S of the
+ * run's start. Only with a dispatcher: it is what hears hellos. */
+static void fail_silent_workers(struct server *s, struct store_conn *c) {
+    if (!s->tinker) return;
+    struct smelt_error err = {0};
+    json_t *rows = NULL;
+    if (store_query(c, &rows, &err, "SELECT id, attempt FROM jobs WHERE status = 'running' AND desired = 'run' AND "
+                    "devices IS NOT NULL AND json_extract(method, '$.type') = 'tinker' AND run_started_at < ?", "i",
+                    server_now() - TINKER_HELLO_DEADLINE_S) != 0) {
+        log_error("tinker: session jobs waiting for their worker: %s", err.message);
+        return;
+    }
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        const char *id = json_string_value(json_object_get(row, "id"));
+        if (tinker_dispatch_said_hello(s, id, json_integer_value(json_object_get(row, "attempt")))) continue;
+        char message[256];
+        snprintf(message, sizeof message, "the Tinker session worker did not connect (no tinker.hello) within %d s "
+                 "of its start", TINKER_HELLO_DEADLINE_S);
+        tinker_dispatch_forget(s, id);
+        logged("futures", tinker_futures_fail_job(s, c, id, message, &err), &err);
+        control_job_fail(s, c, id, "worker_failed", message);
+    }
+    json_decref(rows);
+}
+
 void tinker_jobs_tick(struct server *s, struct store_conn *c) {
     end_unconfirmed_releases(s, c);
+    fail_silent_workers(s, c);
     int64_t idle = idle_seconds(s);
     json_t *rows = idle_jobs(c, server_now() - idle);
     size_t i;

@@ -1,7 +1,9 @@
 /* Per-model ordering of Tinker requests (tinker_api.h): the SDK numbers each training
  * client's requests (seq_id) and may send them out of order (forward_backward chunks go
  * concurrently, the first last), while the worker must see them in order. Early requests
- * wait here; a request repeated by a retry answers the first one's future. */
+ * wait here; a request repeated by a retry answers the first one's future. A model's state
+ * (about 140 KiB: the seen ring) lives from its create_model until its session job ends
+ * (tinker_api_forget_job), found by id in O(1). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,19 +27,17 @@ struct order_seen {
 };
 
 struct order_model {
-    char model_id[TINKER_ID_BYTES];
     int64_t next_seq;
     struct order_item *waiting; /* sorted by seq, all > next_seq - 1 */
     struct order_seen seen[ORDER_SEEN_MAX];
     int n_seen, seen_at;        /* a ring once full */
-    struct order_model *next;
 };
 
 struct tinker_order {
     pthread_mutex_t lock;
     tinker_order_send_fn send;
     void (*free_payload)(void *payload);
-    struct order_model *models;
+    struct strmap models; /* model id -> struct order_model: opened by create_model, closed when it ends */
 };
 
 int tinker_order_new(tinker_order_send_fn send, void (*free_payload)(void *), struct tinker_order **out,
@@ -60,31 +60,31 @@ static void items_free(struct tinker_order *o, struct order_item *it) {
     }
 }
 
+static void model_free(struct tinker_order *o, struct order_model *m) {
+    if (!m) return;
+    items_free(o, m->waiting);
+    free(m);
+}
+
 void tinker_order_free(struct tinker_order *o) {
     if (!o) return;
-    for (struct order_model *m = o->models, *next; m; m = next) {
-        next = m->next;
-        items_free(o, m->waiting);
-        free(m);
-    }
+    for (size_t i = 0; i < o->models.cap; i++)
+        if (o->models.slots[i].key) model_free(o, o->models.slots[i].value);
+    strmap_free(&o->models);
     pthread_mutex_destroy(&o->lock);
     free(o);
 }
 
-static struct order_model *model_find(struct tinker_order *o, const char *model_id) {
-    for (struct order_model *m = o->models; m; m = m->next)
-        if (strcmp(m->model_id, model_id) == 0) return m;
-    return NULL;
-}
-
-/* The model's state, made (expecting seq 1: create_model is seq 0) when new. */
+/* The model's state, made (expecting seq 1: create_model is seq 0) when new; NULL when out of memory. */
 static struct order_model *model_get(struct tinker_order *o, const char *model_id) {
-    struct order_model *m = model_find(o, model_id);
+    struct order_model *m = strmap_get(&o->models, model_id);
     if (m || strlen(model_id) >= TINKER_ID_BYTES || !(m = calloc(1, sizeof *m))) return m;
-    snprintf(m->model_id, sizeof m->model_id, "%s", model_id);
     m->next_seq = 1;
-    m->next = o->models;
-    o->models = m;
+    struct smelt_error err = {0};
+    if (strmap_put(&o->models, model_id, m, &err) != 0) {
+        free(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -182,13 +182,26 @@ int tinker_order_skip(struct tinker_order *o, const char *model_id, int64_t seq,
 
 void tinker_order_close(struct tinker_order *o, const char *model_id) {
     pthread_mutex_lock(&o->lock);
-    for (struct order_model **at = &o->models; *at; at = &(*at)->next) {
-        if (strcmp((*at)->model_id, model_id)) continue;
-        struct order_model *m = *at;
-        *at = m->next;
-        items_free(o, m->waiting);
-        free(m);
-        break;
+    model_free(o, strmap_remove(&o->models, model_id));
+    pthread_mutex_unlock(&o->lock);
+}
+
+bool tinker_order_cancel(struct tinker_order *o, const char *model_id, const char *future_id) {
+    pthread_mutex_lock(&o->lock);
+    struct order_model *m = strmap_get(&o->models, model_id);
+    struct order_item *it = m ? m->waiting : NULL;
+    while (it && !(it->payload && strcmp(it->future_id, future_id) == 0)) it = it->next;
+    if (it) { /* its seq stays, passed over when its turn comes */
+        o->free_payload(it->payload);
+        it->payload = NULL;
     }
     pthread_mutex_unlock(&o->lock);
+    return it != NULL;
+}
+
+size_t tinker_order_count(struct tinker_order *o) {
+    pthread_mutex_lock(&o->lock);
+    size_t n = o->models.count;
+    pthread_mutex_unlock(&o->lock);
+    return n;
 }

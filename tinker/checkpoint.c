@@ -1,8 +1,8 @@
 /* save_weights (full state: adapter/, optimizer.safetensors, state.json),
  * save_weights_for_sampler (a PEFT adapter directory) and load_weights. A checkpoint is
- * written into "<path>.partial" and renamed onto path (a directory smeltd made is empty:
- * rename(2) replaces it), so a crash never leaves half of one at path. */
-#include <errno.h>
+ * written into "<path>.partial" and only then replaces what is at path (dir_replace: one
+ * atomic swap), so a crash or a failed save never leaves half of one at path, and an
+ * overwritten checkpoint stays usable until its replacement is complete. */
 #include <stdio.h>
 #include <string.h>
 
@@ -46,9 +46,11 @@ int tinker_op_save_weights(struct tinker_worker *w, const struct msg *msg, bool 
     if (path_exists(tmp)) TRY(dir_remove_all(tmp, err));
     int rc = for_sampler ? lora_save(m->lora, tmp, w->base_name, err) : dir_create_all(tmp, err);
     if (!rc && !for_sampler) rc = write_full(w, m, tmp, err);
-    if (!rc && rename(tmp, path) != 0)
-        rc = error_set_field(err, errno == ENOTEMPTY || errno == EEXIST ? SMELT_EINVAL : SMELT_EIO, "path",
-                             "path: cannot put the checkpoint at %s: %s", path, strerror(errno));
+    if (!rc && dir_replace(tmp, path, err) != 0) {
+        char why[SMELT_ERROR_MESSAGE_BYTES];
+        snprintf(why, sizeof why, "%s", err->message);
+        rc = error_set_field(err, SMELT_EIO, "path", "path: %s", why);
+    }
     if (rc) {
         dir_remove_all(tmp, &(struct smelt_error){0});
         return rc;

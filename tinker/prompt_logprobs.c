@@ -31,23 +31,55 @@ static int prompt_forward(struct model *base, const int32_t *ids, int64_t n, flo
     return rc;
 }
 
-/* The k most likely ids of one row of logits (ties: the lower id first) with their
- * log-softmax. */
-static void row_topk(const float *row, int64_t V, int64_t k, int32_t *ids, float *lps) {
+/* Whether id a (value va) ranks below id b (vb): a lower value, or the same value and a
+ * higher id (ties: the lower id first). */
+static bool ranks_below(float va, int32_t a, float vb, int32_t b) {
+    return va < vb || (va == vb && a > b);
+}
+
+/* Restores the min-heap (its worst at the root) below position i. */
+static void sift_down(const float *row, int32_t *heap, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t worst = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && ranks_below(row[heap[l]], heap[l], row[heap[worst]], heap[worst])) worst = l;
+        if (r < n && ranks_below(row[heap[r]], heap[r], row[heap[worst]], heap[worst])) worst = r;
+        if (worst == i) return;
+        int32_t t = heap[i];
+        heap[i] = heap[worst], heap[worst] = t;
+        i = worst;
+    }
+}
+
+/* A bounded min-heap of the k best seen so far: O(V log k). The heap, emptied worst
+ * first, fills ids from the back. */
+void tinker_row_topk(const float *row, int64_t V, int64_t k, int32_t *ids, float *lps) {
     double mx = -INFINITY, sum = 0;
     for (int64_t v = 0; v < V; v++) mx = fmax(mx, row[v]);
     for (int64_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
     double lse = mx + log(sum);
-    for (int64_t j = 0; j < k; j++) {
-        int64_t best = -1;
-        for (int64_t v = 0; v < V; v++) {
-            bool taken = false;
-            for (int64_t i = 0; i < j && !taken; i++) taken = ids[i] == v;
-            if (!taken && (best < 0 || row[v] > row[best])) best = v;
+    int64_t n = 0, kept = k < V ? k : V;
+    for (int64_t v = 0; v < V && kept > 0; v++) {
+        if (n < kept) {
+            ids[n++] = (int32_t)v; /* sifted up below */
+            for (int64_t i = n - 1; i > 0; i = (i - 1) / 2) {
+                int64_t p = (i - 1) / 2;
+                if (!ranks_below(row[ids[i]], ids[i], row[ids[p]], ids[p])) break;
+                int32_t t = ids[i];
+                ids[i] = ids[p], ids[p] = t;
+            }
+        } else if (ranks_below(row[ids[0]], ids[0], row[v], (int32_t)v)) {
+            ids[0] = (int32_t)v;
+            sift_down(row, ids, n, 0);
         }
-        ids[j] = (int32_t)best;
-        lps[j] = (float)((double)row[best] - lse);
     }
+    for (int64_t j = kept; j < k; j++) ids[j] = -1, lps[j] = NAN; /* fewer ids than k */
+    while (n > 0) { /* pop the worst into the last free place */
+        int32_t worst = ids[0];
+        ids[0] = ids[--n];
+        sift_down(row, ids, n, 0);
+        ids[n] = worst;
+    }
+    for (int64_t j = 0; j < kept; j++) lps[j] = (float)((double)row[ids[j]] - lse);
 }
 
 int tinker_prompt_logprobs(struct model *base, const int32_t *ids, int64_t n, int64_t k, float *plp,
@@ -62,7 +94,7 @@ int tinker_prompt_logprobs(struct model *base, const int32_t *ids, int64_t n, in
     }
     for (int64_t j = 0; !rc && j < k; j++) topk_ids[j] = -1, topk_lps[j] = NAN;
     for (int64_t t = 1; !rc && k > 0 && t < n; t++) /* no logits were computed when k = 0 */
-        row_topk(logits + (t - 1) * V, V, k, topk_ids + t * k, topk_lps + t * k);
+        tinker_row_topk(logits + (t - 1) * V, V, k, topk_ids + t * k, topk_lps + t * k);
     free(lp);
     free(logits);
     return rc;

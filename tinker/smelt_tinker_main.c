@@ -56,14 +56,6 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
     return error_wrap(err, backend_from_name(backend, &o->backend, err), "--backend");
 }
 
-_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "signal handlers need a lock-free atomic_int");
-static atomic_int stop_requested;
-
-static void on_signal(int sig) {
-    (void)sig;
-    atomic_store(&stop_requested, 1);
-}
-
 static int open_dealer(void *ctx, const struct options *o, void **out, struct smelt_error *err) {
     char route[256];
     snprintf(route, sizeof route, "%s.%lld", o->job, (long long)o->attempt);
@@ -91,7 +83,7 @@ static int serve(const struct options *o, struct smelt_error *err) {
     if (!rc) {
         log_info("%s on %s: serving %s.%lld at %s", o->model, backend_name(o->backend), o->job, (long long)o->attempt,
                  o->server);
-        rc = tinker_serve(w, dealer, o->job, o->attempt, &stop_requested, err);
+        rc = tinker_serve(w, dealer, o->job, o->attempt, stop_flag(), err);
     }
     if (dealer) zmq_close(dealer);
     while (ctx && zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR) {
@@ -109,11 +101,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL)) {
-        perror("smelt-tinker: sigaction");
+    if (stop_on_signals(&err)) {
+        fprintf(stderr, "smelt-tinker: %s\n", err.message);
         return 1;
     }
     if (serve(&o, &err)) {

@@ -81,6 +81,10 @@ int tinker_op_sample(struct tinker_worker *w, const struct msg *m, struct tinker
 int tinker_prompt_logprobs(struct model *base, const int32_t *ids, int64_t n, int64_t k, float *plp,
                            int32_t *topk_ids, float *topk_lps, struct smelt_error *err);
 
+/* The k most likely ids of one row of V logits, best first (ties: the lower id first), and
+ * their log-softmax; k > V fills the rest with -1 and NaN. The row is finite. O(V log k). */
+void tinker_row_topk(const float *row, int64_t V, int64_t k, int32_t *ids, float *lps);
+
 /* Checks a directory path from a request (absolute, no "..", fits): SMELT_EINVAL
  * naming field. */
 int tinker_path_check(const char *path, const char *field, struct smelt_error *err);

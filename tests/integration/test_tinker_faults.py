@@ -1,12 +1,12 @@
 """The Tinker API under faults, through the official SDK: a session worker killed during
 forward_backward fails the request with an error the SDK raises, leaves no process
 behind, and the model resumes from its last save_state in a new worker; a smeltd restart
-keeps the saved checkpoints, which load with the same losses."""
+keeps the saved checkpoints, which load with the same losses; a save_state with overwrite
+that fails leaves the checkpoint it would have replaced listed and loadable."""
 import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 
 import pytest
@@ -16,19 +16,15 @@ import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_tinker_sdk import BASE, BASE_DIR, TINKER_KEY, TRAIN, service, sft_datum, train_steps  # noqa: E402
+from test_tinker_sdk import BASE, TINKER_KEY, TRAIN, service, sft_datum, tinker_dirs, train_steps  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from smeltd_harness import Smeltd, make_models_dir, processes  # noqa: E402
+from smeltd_harness import Smeltd, processes  # noqa: E402
 
 
 @pytest.fixture
 def data_dirs():
-    tmp = tempfile.mkdtemp(prefix="smelt-tinker-faults-")
-    data_dir = os.path.join(tmp, "data")
-    os.makedirs(data_dir)
-    models = make_models_dir(tmp)
-    shutil.copytree(BASE_DIR, os.path.join(models, BASE))
+    tmp, data_dir, models = tinker_dirs("smelt-tinker-faults-")
     servers = []
     yield data_dir, models, servers
     for s in servers:
@@ -47,16 +43,22 @@ def wait_no_workers(timeout=30):
     assert not tinker_workers()
 
 
-def test_worker_killed_during_forward_backward(data_dirs):
+def saved_model(data_dirs, seed, name):
+    """A smeltd, its service client, a model trained one step and saved as name: (server, svc, tc, probe data,
+    the checkpoint's path, the probe's loss at the save)."""
     data_dir, models, servers = data_dirs
     s = Smeltd(data_dir, models).start()
     servers.append(s)
     svc = service(s)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=0).result()
+    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=seed).result()
     probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
     train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
-    path = tc.save_state("before-kill").result().path
-    saved_loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    path = tc.save_state(name).result().path
+    return s, svc, tc, probe, path, tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+
+
+def test_worker_killed_during_forward_backward(data_dirs):
+    _, svc, tc, probe, path, saved_loss = saved_model(data_dirs, 0, "before-kill")
     workers = tinker_workers()
     assert len(workers) == 1, workers
 
@@ -76,14 +78,7 @@ def test_worker_killed_during_forward_backward(data_dirs):
 
 def test_restart_keeps_checkpoints(data_dirs):
     data_dir, models, servers = data_dirs
-    s = Smeltd(data_dir, models).start()
-    servers.append(s)
-    svc = service(s)
-    tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
-    probe = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:8]]
-    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[8:16]]])
-    path = tc.save_state("kept").result().path
-    loss = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    s, svc, tc, probe, path, loss = saved_model(data_dirs, 1, "kept")
     model_id = tc.model_id
     s.kill()
     wait_no_workers()
@@ -95,4 +90,33 @@ def test_restart_keeps_checkpoints(data_dirs):
     listed = rest.list_checkpoints(model_id).result()
     assert any(c.tinker_path == path for c in listed.checkpoints), listed
     resumed = svc2.create_training_client_from_state(path).result()
+    assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == loss
+
+
+def test_failed_overwrite_keeps_the_old_checkpoint(data_dirs):
+    """The worker stopped, a save_state(overwrite=True) onto a checkpoint is submitted, then the
+    worker is killed: the save fails, and the old checkpoint is still there, listed, and loads
+    with the losses it had (smeltd once removed it at submission)."""
+    data_dir = data_dirs[0]
+    s, svc, tc, probe, path, loss = saved_model(data_dirs, 2, "kept")
+    train_steps(tc, [[sft_datum(r["prompt"], r["completion"]) for r in TRAIN[16:24]]])  # the model moves on
+    ck_dir = os.path.join(data_dir, "tinker", tc.model_id, "weights", "kept")
+    assert os.path.isfile(os.path.join(ck_dir, "state.json")), ck_dir
+    workers = tinker_workers()
+    assert len(workers) == 1, workers
+
+    os.kill(workers[0], signal.SIGSTOP)
+    again = tc.save_state("kept", overwrite=True)
+    time.sleep(1.5)  # submitted: the SDK sends it from its own thread
+    assert os.path.isfile(os.path.join(ck_dir, "state.json")), "the old checkpoint went at submission"
+    os.kill(workers[0], signal.SIGKILL)
+    with pytest.raises(Exception) as e:
+        again.result()
+    assert "worker" in str(e.value).lower(), e.value
+    wait_no_workers()
+
+    rest = tinker.RestClient(base_url="http://127.0.0.1:%d" % s.port, api_key=TINKER_KEY)
+    listed = rest.list_checkpoints(tc.model_id).result()
+    assert any(c.tinker_path == path for c in listed.checkpoints), listed
+    resumed = svc.create_training_client_from_state_with_optimizer(path).result()
     assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == loss

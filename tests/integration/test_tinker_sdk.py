@@ -73,13 +73,19 @@ def accuracy(sampler, examples):
     return hits / len(examples)
 
 
-@pytest.fixture(scope="module")
-def server():
-    tmp = tempfile.mkdtemp(prefix="smelt-tinker-")
+def tinker_dirs(prefix):
+    """A temporary folder with a data directory and a models directory holding the base: (tmp, data_dir, models)."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     data_dir = os.path.join(tmp, "data")
     os.makedirs(data_dir)
     models = make_models_dir(tmp)
     shutil.copytree(BASE_DIR, os.path.join(models, BASE))
+    return tmp, data_dir, models
+
+
+@pytest.fixture(scope="module")
+def server():
+    tmp, data_dir, models = tinker_dirs("smelt-tinker-")
     s = Smeltd(data_dir, models).start()
     yield s
     s.kill()
@@ -339,6 +345,24 @@ def test_another_projects_model_is_not_found(server):
     assert status == 404, (status, body)
     status, body = raw(server, "/api/v1/get_info", {"model_id": tc.model_id}, key="tml-" + key["key"])
     assert status == 404, (status, body)
+
+
+def test_cancel_future_takes_back_a_waiting_request(server):
+    """An optim_step waiting for the model's earlier seqs is cancelled: its future fails with a message saying so
+    (what the SDK raises as RequestFailedError), and the model's own requests go on."""
+    tc = service(server).create_lora_training_client(base_model=BASE, rank=4, seed=8).result()
+    done = tc.forward_backward([sft_datum("12+34=", "046")], "cross_entropy")
+    assert done.result().metrics["loss:sum"] > 0
+    status, fut = raw(server, "/api/v1/optim_step", {"model_id": tc.model_id, "seq_id": 500,
+                                                     "adam_params": {"learning_rate": 1e-3}})
+    assert status == 200, fut
+    status, body = raw(server, "/api/v1/cancel_future", {"request_id": fut["request_id"]})
+    assert status == 200, body
+    status, body = raw(server, "/api/v1/retrieve_future", {"request_id": fut["request_id"]})
+    assert status == 200 and "cancel" in body.get("error", "") and body.get("category") == "user", body
+    status, body = raw(server, "/api/v1/cancel_future", {"request_id": "fut-no-such"})
+    assert status == 404 and "request_id" in json.dumps(body), (status, body)
+    assert tc.forward_backward([sft_datum("12+34=", "046")], "cross_entropy").result().metrics["loss:sum"] > 0
 
 
 def poll_future(server, request_id, out):

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -570,4 +571,87 @@ Test(common, dir_remove_all_removes_trees_not_link_targets, .init = test_tmp_set
     cr_expect(!path_exists(tree));
     cr_expect(path_exists(keep), "the link's target was removed");
     TEST_OK(dir_remove_all(tree, &err), &err); /* missing is fine */
+}
+
+/* The text of dir/name ("" when it cannot be read). */
+static const char *read_in(const char *dir, const char *name, char *out, size_t cap) {
+    char path[512], *buf = NULL;
+    size_t len = 0;
+    struct smelt_error err = {0};
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    out[0] = '\0';
+    if (file_read_all(path, &buf, &len, &err) == 0) snprintf(out, cap, "%.*s", (int)len, buf);
+    free(buf);
+    return out;
+}
+
+Test(common, dir_replace_swaps_a_finished_directory_in, .init = test_tmp_setup, .fini = test_tmp_teardown) {
+    struct smelt_error err = {0};
+    char dst[256], src[256], f[300], text[32];
+    test_tmp_path(dst, sizeof dst, "ckpt");
+    test_tmp_path(src, sizeof src, "ckpt.partial");
+    TEST_OK(dir_create_all(src, &err), &err);
+    snprintf(f, sizeof f, "%s/state.json", src);
+    TEST_OK(file_write_atomic(f, "old", 3, &err), &err);
+    TEST_OK(dir_replace(src, dst, &err), &err); /* nothing at dst yet */
+    cr_expect_str_eq(read_in(dst, "state.json", text, sizeof text), "old");
+    cr_expect(!path_exists(src));
+
+    TEST_OK(dir_create_all(src, &err), &err); /* a full directory is replaced whole */
+    snprintf(f, sizeof f, "%s/other.json", src);
+    TEST_OK(file_write_atomic(f, "new", 3, &err), &err);
+    TEST_OK(dir_replace(src, dst, &err), &err);
+    cr_expect_str_eq(read_in(dst, "other.json", text, sizeof text), "new");
+    cr_expect_str_eq(read_in(dst, "state.json", text, sizeof text), "", "a file of the old directory stayed");
+    cr_expect(!path_exists(src), "the old directory was not removed");
+
+    /* a source that is not there fails and leaves dst as it was */
+    TEST_EXPECT_ERROR(dir_replace(src, dst, &err), SMELT_EIO, &err);
+    cr_expect_str_eq(read_in(dst, "other.json", text, sizeof text), "new");
+}
+
+/* Puts and removes in a scrambled order against a plain array: every key present maps to its value, every removed
+ * key is gone (backward-shift deletion keeps probe runs whole), and the count agrees. */
+Test(common, strmap_agrees_with_an_array_through_puts_and_removes) {
+    enum { N = 600 };
+    static int values[N];
+    bool in[N] = {0};
+    struct strmap m = {0};
+    struct smelt_error err = {0};
+    char key[32];
+    uint64_t x = 12345;
+    for (int round = 0; round < 6000; round++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((x >> 33) % N);
+        snprintf(key, sizeof key, "model-%d:train:%d", k, k * 7);
+        if (in[k] && (x >> 20) % 3 == 0) {
+            cr_assert_eq(strmap_remove(&m, key), &values[k], "remove %s", key);
+            in[k] = false;
+        } else {
+            TEST_OK(strmap_put(&m, key, &values[k], &err), &err);
+            in[k] = true;
+        }
+    }
+    size_t n = 0;
+    for (int k = 0; k < N; k++) {
+        snprintf(key, sizeof key, "model-%d:train:%d", k, k * 7);
+        cr_expect_eq(strmap_get(&m, key), in[k] ? &values[k] : NULL, "%s", key);
+        n += in[k];
+    }
+    cr_expect_eq(m.count, n);
+    cr_expect_null(strmap_remove(&m, "absent"));
+    strmap_free(&m);
+    cr_expect_null(strmap_get(&m, "model-1:train:7"));
+}
+
+/* SIGTERM and SIGINT set the stop flag and nothing else (criterion runs each test in its own process). */
+Test(common, stop_signals_set_the_flag) {
+    struct smelt_error err = {0};
+    TEST_OK(stop_on_signals(&err), &err);
+    cr_assert_eq(atomic_load(stop_flag()), 0);
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_expect_eq(atomic_load(stop_flag()), 1, "SIGTERM did not set the flag");
+    atomic_store(stop_flag(), 0);
+    cr_assert_eq(raise(SIGINT), 0);
+    cr_expect_eq(atomic_load(stop_flag()), 1, "SIGINT did not set the flag");
 }

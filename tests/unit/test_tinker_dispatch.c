@@ -5,9 +5,12 @@
  * attempt's worker gets nothing and its results are dropped; garbage is ignored. */
 #include "tests/unit/tinker_testutil.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include "common/msg.h"
+#include "server/tinker_api.h"
 
 #define JOB "ftjob-tinker1"
 #define SLOW_MS 240 /* under the dispatcher's poll interval: only a wake-up is this fast */
@@ -220,4 +223,191 @@ Test(tinker_dispatch, submit_after_stop_is_an_error) {
     TEST_EXPECT_ERROR(tinker_dispatch_submit(&tinker_s, JOB, "fut-1", h, NULL, 0, &err), SMELT_EIO, &err);
     cr_assert(strstr(err.message, "stopped"), "%s", err.message);
     json_decref(h);
+}
+
+static void exec_sql(const char *sql) {
+    struct store_conn *c = tinker_conn();
+    struct smelt_error err = {0};
+    cr_assert(store_exec(c, &err, sql, "") >= 0, "%s", err.message);
+    store_release(tinker_s.store, c);
+}
+
+/* The store refuses the worker's answer (a trigger stands in for a full disk): the future
+ * still ends, failed with why, and the job gets an event, so retrieve_future does not wait forever. */
+Test(tinker_dispatch, a_result_the_store_refuses_fails_its_future) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    tinker_insert_future("fut-1", JOB, "pending", 0);
+    exec_sql("CREATE TRIGGER no_done BEFORE UPDATE OF status ON tinker_futures WHEN NEW.status = 'done' "
+             "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END");
+    start();
+    void *w = worker(JOB ".1");
+    hello(w, JOB, 1);
+    send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{s:{s:f}}}", "id", "fut-1", "ok", 1, "result",
+                                             "metrics", "loss:sum", 1.5));
+    wait_status("fut-1", "failed");
+    json_t *row = tinker_row("SELECT error AS error__json FROM tinker_futures WHERE id = ?", "fut-1");
+    json_t *e = json_object_get(row, "error");
+    cr_expect_str_eq(json_string_value(json_object_get(e, "category")), "server");
+    const char *message = json_string_value(json_object_get(e, "error"));
+    cr_expect(message && strstr(message, "storing its result failed") && strstr(message, "disk is full"), "%s",
+              message);
+    json_decref(row);
+    cr_expect(tinker_event_says(JOB, "Request fut-1 failed"));
+    zmq_close(w);
+}
+
+/* A request the dispatcher cannot take (here: it is not running) fails its future at once, with an event. */
+Test(tinker_dispatch, a_request_that_cannot_be_sent_fails_its_future) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    struct smelt_error err = {0};
+    TEST_OK(tinker_api_start(&tinker_s, &err), &err);
+    struct store_conn *c = tinker_conn();
+    char fut[HTTP_ID_BYTES];
+    cr_expect_neq(tinker_submit_quiet(&tinker_s, c, "default", "m1", JOB, "unload_model", NULL, json_object(), fut,
+                                      sizeof fut, &err), 0);
+    store_release(tinker_s.store, c);
+    tinker_api_stop(&tinker_s);
+    json_t *row = tinker_row("SELECT status, error AS error__json FROM tinker_futures WHERE id = ?", fut);
+    cr_assert(row, "no future %s", fut);
+    cr_expect_str_eq(json_string_value(json_object_get(row, "status")), "failed");
+    json_t *e = json_object_get(row, "error");
+    cr_expect_str_eq(json_string_value(json_object_get(e, "category")), "server");
+    const char *message = json_string_value(json_object_get(e, "error"));
+    cr_expect(message && strstr(message, "could not be sent"), "%s", message);
+    json_decref(row);
+    char text[HTTP_ID_BYTES + 32];
+    snprintf(text, sizeof text, "Request %s failed", fut);
+    cr_expect(tinker_event_says(JOB, text));
+}
+
+static void tick(void) {
+    struct store_conn *c = tinker_conn();
+    struct smelt_error err = {0};
+    TEST_OK(store_begin(c, &err), &err);
+    tinker_jobs_tick(&tinker_s, c);
+    TEST_OK(store_commit(c, &err), &err);
+    store_release(tinker_s.store, c);
+}
+
+static void wait_hello(const char *job, int64_t attempt) {
+    for (int64_t deadline = mono_ms() + 5000; mono_ms() < deadline; sleep_ms(10))
+        if (tinker_dispatch_said_hello(&tinker_s, job, attempt)) return;
+    cr_assert_fail("no hello from %s.%lld", job, (long long)attempt);
+}
+
+/* A worker that never says hello (crashed before connecting, or hung loading) past the
+ * deadline: its job fails and the futures waiting for it fail; a worker that said hello,
+ * or one just started, is left alone. */
+Test(tinker_dispatch, a_worker_silent_past_the_hello_deadline_fails_its_job_and_futures) {
+    int64_t now = server_now();
+    tinker_insert_job("ftjob-silent", "default", "running", 1, now - 3600);
+    tinker_insert_future("fut-silent", "ftjob-silent", "pending", now);
+    tinker_insert_job("ftjob-ready", "default", "running", 1, now - 3600);
+    tinker_insert_future("fut-ready", "ftjob-ready", "pending", now);
+    tinker_insert_job("ftjob-young", "default", "running", 1, now);
+    start();
+    void *w = worker("ftjob-ready.1");
+    hello(w, "ftjob-ready", 1);
+    wait_hello("ftjob-ready", 1);
+    tick();
+    char v[512];
+    cr_expect_str_eq(tinker_text("SELECT status FROM jobs WHERE id = ?", "ftjob-silent", "status", v, sizeof v),
+                     "failed");
+    cr_expect(strstr(tinker_text("SELECT error FROM jobs WHERE id = ?", "ftjob-silent", "error", v, sizeof v),
+                     "no tinker.hello"), "%s", v);
+    cr_expect_str_eq(tinker_text("SELECT status FROM tinker_futures WHERE id = ?", "fut-silent", "status", v,
+                                 sizeof v), "failed");
+    cr_expect(strstr(tinker_text("SELECT error FROM tinker_futures WHERE id = ?", "fut-silent", "error", v,
+                                 sizeof v), "no tinker.hello"), "%s", v);
+    cr_expect_str_eq(tinker_text("SELECT status FROM jobs WHERE id = ?", "ftjob-ready", "status", v, sizeof v),
+                     "running");
+    cr_expect_str_eq(tinker_text("SELECT status FROM tinker_futures WHERE id = ?", "fut-ready", "status", v,
+                                 sizeof v), "pending");
+    cr_expect_str_eq(tinker_text("SELECT status FROM jobs WHERE id = ?", "ftjob-young", "status", v, sizeof v),
+                     "running");
+    zmq_close(w);
+}
+
+/* The control loop's idle release, holding its transaction open a while (as a busy tick would). */
+static atomic_int release_ticked;
+static void *slow_release_tick(void *arg) {
+    (void)arg;
+    struct store_conn *c = tinker_conn();
+    struct smelt_error err = {0};
+    cr_assert(store_begin(c, &err) == 0, "%s", err.message);
+    tinker_jobs_tick(&tinker_s, c);
+    atomic_store(&release_ticked, 1);
+    sleep_ms(300);
+    cr_assert(store_commit(c, &err) == 0, "%s", err.message);
+    store_release(tinker_s.store, c);
+    return NULL;
+}
+
+/* create_model arriving while the idle release of its base's job is being decided: it must
+ * not be put on the job being released (its worker about to stop) but start a new one. */
+Test(tinker_dispatch, create_model_racing_the_idle_release_gets_a_new_job) {
+    char dir[SERVER_PATH_BYTES + 32], job[HTTP_ID_BYTES];
+    snprintf(dir, sizeof dir, "%s/tiny", tinker_s.models_dir);
+    cr_assert(mkdir(dir, 0700) == 0);
+    snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/config.json");
+    FILE *f = fopen(dir, "w");
+    cr_assert(f && fputs("{\"architectures\": [\"LlamaForCausalLM\"]}", f) >= 0 && fclose(f) == 0);
+    *strrchr(dir, '/') = 0;
+    struct smelt_error err = {0};
+    struct store_conn *c = tinker_conn();
+    TEST_OK(tinker_session_job(&tinker_s, c, "default", "tiny", dir, job, sizeof job, &err), &err);
+    int64_t now = server_now();
+    cr_assert(store_exec(c, &err, "UPDATE jobs SET status = 'running', attempt = 1, devices = '[0]', "
+                         "run_started_at = ? WHERE id = ?", "is", now - 3600, job) == 1, "%s", err.message);
+    store_release(tinker_s.store, c);
+    tinker_insert_model("m-old", "sess-1", job, now - 3600); /* the session silent past the idle window */
+    tinker_s.config.tinker_idle_seconds = 60;
+    TEST_OK(tinker_api_start(&tinker_s, &err), &err);
+    start();
+    char route[HTTP_ID_BYTES + 8];
+    snprintf(route, sizeof route, "%s.1", job);
+    void *w = worker(route);
+    hello(w, job, 1);
+    wait_hello(job, 1);
+    pthread_t t;
+    atomic_store(&release_ticked, 0);
+    cr_assert(pthread_create(&t, NULL, slow_release_tick, NULL) == 0);
+    while (!atomic_load(&release_ticked)) sleep_ms(1);
+    const char *body = "{\"session_id\": \"sess-1\", \"model_seq_id\": 1, \"base_model\": \"tiny\", "
+                       "\"lora_config\": {\"rank\": 8}}";
+    struct http_request req = {.method = "POST", .body = body, .body_len = strlen(body)};
+    snprintf(req.identity.project, sizeof req.identity.project, "default");
+    struct http_response res = {0};
+    api_tinker_create_model(&tinker_s, &req, &res);
+    pthread_join(t, NULL);
+    cr_expect_eq(res.status, 200, "%.*s", (int)res.body_len, res.body);
+    free(res.body);
+    char v[HTTP_ID_BYTES];
+    cr_expect_str_eq(tinker_text("SELECT desired FROM jobs WHERE id = ?", job, "desired", v, sizeof v), "release");
+    tinker_text("SELECT job_id FROM tinker_models WHERE id = ?", "sess-1:train:1", "job_id", v, sizeof v);
+    cr_expect(v[0] && strcmp(v, job) != 0, "the new model went to %s, the job being released", v);
+    tinker_api_stop(&tinker_s);
+    zmq_close(w);
+}
+
+/* A request queued before its worker's hello is taken back (never sent); once sent it cannot be. */
+Test(tinker_dispatch, a_request_cancelled_before_the_hello_is_never_sent) {
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    start();
+    submit("fut-1", "optim_step", NULL, 0);
+    submit("fut-2", "optim_step", NULL, 0);
+    submit("fut-3", "optim_step", NULL, 0);
+    cr_expect(tinker_dispatch_cancel(&tinker_s, JOB, "fut-2"));
+    cr_expect(tinker_dispatch_cancel(&tinker_s, JOB, "fut-3"), "the queue's tail");
+    cr_expect(!tinker_dispatch_cancel(&tinker_s, JOB, "fut-2"), "taken back twice");
+    cr_expect(!tinker_dispatch_cancel(&tinker_s, "ftjob-other", "fut-1"), "another job's queue");
+    submit("fut-4", "optim_step", NULL, 0); /* after the tail was taken: the queue still links */
+    void *w = worker(JOB ".1");
+    hello(w, JOB, 1);
+    char id[64];
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-1");
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-4");
+    cr_expect_str_eq(next_request(w, 300, id, sizeof id, NULL), "");
+    cr_expect(!tinker_dispatch_cancel(&tinker_s, JOB, "fut-1"), "sent already");
+    zmq_close(w);
 }

@@ -6,6 +6,8 @@
  * one and listing one. */
 #include "tests/unit/tinker_testutil.h"
 
+#include "server/tinker_api.h"
+
 #define JOB "ftjob-tinker1"
 #define OLD 1000 /* seconds ago: past the idle window below */
 
@@ -33,20 +35,6 @@ static const char *column(const char *table, const char *id, const char *col, ch
     else snprintf(out, cap, "%s", json_string_value(v) ?: "");
     json_decref(row);
     return out;
-}
-
-static bool event_says(const char *job, const char *text) {
-    struct store_conn *c = tinker_conn();
-    struct smelt_error err = {0};
-    json_t *rows = NULL;
-    cr_assert(store_query(c, &rows, &err, "SELECT message FROM events WHERE job_id = ?", "s", job) == 0);
-    store_release(tinker_s.store, c);
-    bool found = false;
-    size_t i;
-    json_t *row;
-    json_array_foreach(rows, i, row) found |= strstr(json_string_value(json_object_get(row, "message")), text) != 0;
-    json_decref(rows);
-    return found;
 }
 
 Test(tinker_jobs, one_session_job_per_project_and_base_while_it_takes_work) {
@@ -109,7 +97,7 @@ Test(tinker_jobs, an_idle_job_is_released_and_a_busy_one_is_not) {
     cr_expect_str_eq(column("jobs", "ftjob-idle", "desired", v, sizeof v), "release");
     cr_expect_str_eq(column("jobs", "ftjob-idle", "status", v, sizeof v), "running", "it ends when its worker does");
     cr_expect_str_eq(column("tinker_models", "m-idle", "status", v, sizeof v), "released");
-    cr_expect(event_says("ftjob-idle", "Releasing the session job"));
+    cr_expect(tinker_event_says("ftjob-idle", "Releasing the session job"));
     const char *busy[] = {"ftjob-pending", "ftjob-heard", "ftjob-new"};
     for (int i = 0; i < 3; i++)
         cr_expect_str_eq(column("jobs", busy[i], "desired", v, sizeof v), "run", "%s was released", busy[i]);
@@ -134,7 +122,7 @@ Test(tinker_jobs, a_released_worker_exiting_0_ends_the_job_succeeded) {
     char v[64];
     cr_expect_str_eq(column("jobs", JOB, "status", v, sizeof v), "succeeded");
     cr_expect_str_eq(column("jobs", JOB, "fine_tuned_model", v, sizeof v), "", "a session job makes no model");
-    cr_expect(event_says(JOB, "Session released"));
+    cr_expect(tinker_event_says(JOB, "Session released"));
 }
 
 Test(tinker_jobs, a_worker_that_dies_fails_the_job_its_futures_and_its_models) {
@@ -214,7 +202,7 @@ Test(tinker_jobs, metrics_lines_are_recorded_once_and_optim_steps_are_events) {
     cr_expect_str_eq(json_string_value(json_object_get(last, "type")), "tinker");
     cr_expect_str_eq(json_string_value(json_object_get(json_object_get(last, "data"), "op")), "optim_step");
     json_decref(rows);
-    cr_expect(event_says(JOB, "Model m1: optimizer step 1"));
+    cr_expect(tinker_event_says(JOB, "Model m1: optimizer step 1"));
 }
 
 Test(tinker_jobs, the_jobs_api_refuses_to_create_one_and_lists_one) {
@@ -250,4 +238,32 @@ Test(tinker_jobs, a_release_whose_stop_was_never_confirmed_ends_at_the_next_tick
     tick();
     char v[64];
     cr_expect_str_eq(column("jobs", JOB, "status", v, sizeof v), "succeeded");
+}
+
+/* Opens order state for model_id (as create_model does). */
+static void order_open(const char *model_id) {
+    struct smelt_error err = {0};
+    TEST_OK(tinker_order_open(tinker_api_order(&tinker_s), model_id, 1, &err), &err);
+}
+
+/* A session job's end frees its models' order state (a released model's too), not other jobs'. */
+Test(tinker_jobs, a_jobs_end_frees_its_models_order_state) {
+    struct smelt_error err = {0};
+    TEST_OK(tinker_api_start(&tinker_s, &err), &err);
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    tinker_insert_job("ftjob-other", "default", "running", 1, 0);
+    tinker_insert_model("m1", "sess", JOB, 0);
+    tinker_insert_model("m2", "sess", JOB, 0);
+    tinker_insert_model("m3", "sess2", "ftjob-other", 0);
+    struct store_conn *c = tinker_conn();
+    cr_assert(store_exec(c, &err, "UPDATE tinker_models SET status = 'released' WHERE id = 'm2'", "") == 1);
+    store_release(tinker_s.store, c);
+    order_open("m1"), order_open("m2"), order_open("m3");
+    struct tinker_order *o = tinker_api_order(&tinker_s);
+    cr_assert_eq(tinker_order_count(o), 3);
+    worker_gone(JOB, -1, "was stopped by signal 9");
+    cr_expect_eq(tinker_order_count(o), 1, "%zu models still ordered", tinker_order_count(o));
+    TEST_OK(tinker_jobs_recover(&tinker_s, &err), &err); /* a restart ends ftjob-other the same way */
+    cr_expect_eq(tinker_order_count(o), 0, "%zu models still ordered", tinker_order_count(o));
+    tinker_api_stop(&tinker_s);
 }

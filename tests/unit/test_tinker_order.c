@@ -119,6 +119,27 @@ Test(tinker_order, open_restarts_a_model_and_drops_what_waits) {
     tinker_order_free(o);
 }
 
+/* A waiting request taken back never goes out and its seq is passed over; one already sent cannot be taken. */
+Test(tinker_order, a_cancelled_waiting_request_is_passed_over) {
+    struct tinker_order *o = NULL;
+    struct smelt_error err = {0};
+    cr_assert_eq(tinker_order_new(record, free, &o, &err), 0);
+    struct sent s = {0};
+    cr_assert_eq(submit(o, "m", 1, "f1", &s, NULL), 0);
+    cr_assert_eq(submit(o, "m", 3, "f3", &s, NULL), 0);
+    cr_assert_eq(submit(o, "m", 4, "f4", &s, NULL), 0);
+    cr_expect(!tinker_order_cancel(o, "m", "f1"), "f1 was sent already");
+    cr_expect(!tinker_order_cancel(o, "other", "f3"), "f3 is not the other model's");
+    cr_expect(tinker_order_cancel(o, "m", "f3"));
+    cr_expect(!tinker_order_cancel(o, "m", "f3"), "taken back twice");
+    cr_assert_eq(submit(o, "m", 2, "f2", &s, NULL), 0);
+    cr_expect_str_eq(s.order, "f1,f2,f4", "f3 went out, or held f4 back");
+    cr_expect_eq(tinker_order_count(o), 1);
+    tinker_order_close(o, "m");
+    cr_expect_eq(tinker_order_count(o), 0);
+    tinker_order_free(o);
+}
+
 Test(tinker_paths, names_map_to_paths_and_directories) {
     char out[512];
     struct smelt_error err = {0};

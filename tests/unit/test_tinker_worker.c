@@ -311,6 +311,42 @@ Test(tinker_worker, save_then_load_resumes_with_the_same_losses) {
     tinker_worker_free(w);
 }
 
+/* The step recorded in a checkpoint's state.json (-1 when it cannot be read). */
+static int64_t saved_step(const char *dir) {
+    char p[300];
+    json_t *st = NULL;
+    struct smelt_error err = {0};
+    snprintf(p, sizeof p, "%s/state.json", dir);
+    if (json_load_path(p, &st, &err)) return -1;
+    int64_t step = json_is_integer(json_object_get(st, "step")) ? json_integer_value(json_object_get(st, "step")) : -1;
+    json_decref(st);
+    return step;
+}
+
+/* A save onto an existing checkpoint (smeltd no longer empties it first) replaces it whole, leaving no partial copy. */
+Test(tinker_worker, save_onto_an_existing_checkpoint_replaces_it) {
+    struct tinker_worker *w = worker_new();
+    create(w, "m", 4, 2);
+    char path[256], partial[300];
+    test_tmp_path(path, sizeof path, "ckpt");
+    snprintf(partial, sizeof partial, "%s.partial", path);
+    for (int step = 0; step < 2; step++) {
+        ce(w, "forward_backward", "m", &DA, 1, NULL);
+        optim(w, "m", 1e-2);
+        struct tinker_reply r = ok(w, request("save_weights", json_pack("{s:s, s:s, s:b}", "model_id", "m", "path",
+                                                                        path, "optimizer", 1)));
+        tinker_reply_free(&r);
+        cr_expect_eq(saved_step(path), step + 1, "save %d: state.json says step %lld", step,
+                     (long long)saved_step(path));
+        cr_expect(!path_exists(partial), "save %d left %s", step, partial);
+    }
+    create(w, "copy", 4, 7);
+    struct tinker_reply r = ok(w, request("load_weights", json_pack("{s:s, s:s, s:b}", "model_id", "copy", "path",
+                                                                    path, "optimizer", 1)));
+    tinker_reply_free(&r);
+    tinker_worker_free(w);
+}
+
 Test(tinker_worker, bad_requests_are_refused_naming_the_field) {
     struct tinker_worker *w = worker_new();
     create(w, "m", 4, 1);
@@ -724,4 +760,41 @@ Test(tinker_worker, sampler_adapters_cached_bounded_and_reloaded_when_rewritten)
               "the rewritten checkpoint's new weights were not used");
     tinker_reply_free(&before), tinker_reply_free(&after);
     tinker_worker_free(w);
+}
+
+/* The reference: k passes over the row, each taking the best id not taken yet (ties: the lower id). */
+static void topk_brute(const float *row, int64_t V, int64_t k, int32_t *ids) {
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t v = 0; v < V; v++) {
+            bool taken = false;
+            for (int64_t i = 0; i < j && !taken; i++) taken = ids[i] == v;
+            if (!taken && (best < 0 || row[v] > row[best])) best = v;
+        }
+        ids[j] = (int32_t)best;
+    }
+}
+
+Test(tinker_worker, row_topk_matches_a_brute_force_reference_with_ties) {
+    srand(25);
+    float row[300];
+    int32_t got[24], want[24];
+    float lps[24];
+    for (int trial = 0; trial < 400; trial++) {
+        int64_t V = 1 + rand() % 300, k = 1 + rand() % 20;
+        int levels = 1 + rand() % 8; /* few distinct values: many ties */
+        for (int64_t v = 0; v < V; v++) row[v] = (float)(rand() % levels) * 0.5f - 1.0f;
+        tinker_row_topk(row, V, k, got, lps);
+        int64_t kept = k < V ? k : V;
+        topk_brute(row, V, kept, want);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int64_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+        for (int64_t j = 0; j < kept; j++) {
+            cr_assert_eq(got[j], want[j], "trial %d (V %lld, k %lld): place %lld is id %d, not %d", trial,
+                         (long long)V, (long long)k, (long long)j, got[j], want[j]);
+            cr_assert_eq(lps[j], (float)((double)row[want[j]] - (mx + log(sum))));
+        }
+        for (int64_t j = kept; j < k; j++) cr_assert(got[j] == -1 && isnan(lps[j]), "k past V: id %d", got[j]);
+    }
 }

@@ -119,4 +119,19 @@ static inline const char *tinker_text(const char *sql, const char *arg, const ch
     return out;
 }
 
+/* Whether an event of job has a message containing text. */
+static inline bool tinker_event_says(const char *job, const char *text) {
+    struct store_conn *c = tinker_conn();
+    struct smelt_error err = {0};
+    json_t *rows = NULL;
+    cr_assert(store_query(c, &rows, &err, "SELECT message FROM events WHERE job_id = ?", "s", job) == 0);
+    store_release(tinker_s.store, c);
+    bool found = false;
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) found |= strstr(json_string_value(json_object_get(row, "message")), text) != 0;
+    json_decref(rows);
+    return found;
+}
+
 #endif
