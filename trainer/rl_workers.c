@@ -17,6 +17,9 @@
  * tcp://127.0.0.1:* (no fixed port) and the trainer reads the endpoint from the line
  * "smelt-rollout: serving on ENDPOINT" it writes to its log. Children are reaped by pid,
  * never as "any child": the trainer may run inside a program with children of its own.
+ * Keys: a trainer with its job's CURVE keys (trainer_options.job_keys) hands them to each
+ * worker through a pipe of its own (common/secret_fd.h); the worker's socket then admits
+ * only that keypair, which the client shows (docs/security.md "Job channels").
  *
  * Weights. The workers start on the trainer's starting weights: the model directory the
  * trainer loaded when its weights are that directory's, else a copy of them written to

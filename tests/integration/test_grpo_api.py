@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 import pytest
-from conftest import TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir
+from conftest import TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir, prompts_rows
 
 J = "/v1/fine_tuning/jobs"
 REWARD = {"verifiers": [{"type": "exact_match", "extract": {"type": "full"}},
@@ -31,18 +31,6 @@ def smeltd():
     yield s
     s.kill()
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def prompts_rows(path, n):
-    """The first n sums of an addition file as prompts rows with their answer."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            out.append(json.dumps({"prompt": row["prompt"], "answer": row["completion"]}))
-            if len(out) == n:
-                break
-    return ("\n".join(out) + "\n").encode()
 
 
 def upload(smeltd, content, name):

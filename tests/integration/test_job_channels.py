@@ -8,14 +8,11 @@ public key — get no gen.result: the handshake fails and the worker logs the re
 import json
 import os
 import re
-import shutil
 import sqlite3
-import tempfile
 import time
 
-import pytest
 import zmq
-from conftest import TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir
+from conftest import TRAIN_FILE, VAL_FILE, prompts_rows
 
 J = "/v1/fine_tuning/jobs"
 # Long enough (~80 ms each here) for the intruders to try while the worker serves.
@@ -23,27 +20,8 @@ ITERATIONS = 150
 REWARD = {"verifiers": [{"type": "exact_match", "extract": {"type": "full"}}]}
 
 
-@pytest.fixture(scope="module")
-def smeltd():
-    """Two CPU slots: the trainer's and its one rollout worker's."""
-    tmp = tempfile.mkdtemp(prefix="smelt-it-")
-    data_dir = os.path.join(tmp, "data")
-    os.makedirs(data_dir)
-    s = Smeltd(data_dir, make_models_dir(tmp), ["--cpu-slots", "2"]).start()
-    yield s
-    s.kill()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 def prompts_file(smeltd, path, n, name):
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            rows.append(json.dumps({"prompt": row["prompt"], "answer": row["completion"]}))
-            if len(rows) == n:
-                break
-    status, f = smeltd.upload_bytes(("\n".join(rows) + "\n").encode(), name)
+    status, f = smeltd.upload_bytes(prompts_rows(path, n), name)
     assert status == 200 and f["status"] == "processed", f
     return f["id"]
 
@@ -84,7 +62,8 @@ def gen_result_for(endpoint, curve=None, wait_s=1.0):
     return got
 
 
-def test_split_job_runs_under_curve_and_its_worker_admits_no_one_else(smeltd):
+def test_split_job_runs_under_curve_and_its_worker_admits_no_one_else(start_smeltd):
+    smeltd = start_smeltd(extra_args=["--cpu-slots", "2"])  # the trainer's slot and its worker's
     train = prompts_file(smeltd, TRAIN_FILE, 16, "channels_train.jsonl")
     val = prompts_file(smeltd, VAL_FILE, 4, "channels_val.jsonl")
     body = {"model": "tiny", "training_file": train, "validation_file": val, "seed": 5, "model_init": "random",
