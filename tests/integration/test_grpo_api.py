@@ -115,7 +115,9 @@ def test_grpo_job_in_split_placement_syncs_its_workers(smeltd, weight_sync, rank
         assert any("%d ranks, ZeRO stage" % ranks in e["message"] for e in events["data"]), events["data"]
     with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-%d.log" % (workers - 1)),
               encoding="utf-8") as f:
-        assert "serving on" in f.read()
+        log = f.read()
+        # the job's keys reached the worker (through rank 0 with two ranks): CURVE on its channel
+        assert "serving on" in log and "curve: encrypted" in log, log
     status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
     assert status == 200, events
     steps = [e["data"] for e in events["data"]
