@@ -7,7 +7,9 @@
  *   args.h   command-line values parsed whole, errors naming the flag
  *   msg.h    the ZeroMQ message frames and every message type (framing only; no zmq.h)
  *   spawn.h  starting child processes (fork + execve of a prepared argv), environments with a device
- *   clock.h  the monotonic clock in ms, a sleep that survives signals */
+ *   clock.h  the monotonic clock in ms, a sleep that survives signals
+ *   curve.h  ZeroMQ CURVE keys, key files, secure sockets, the ZAP handler; a job's keys
+ *   secret_fd.h  a secret handed to a child through an inherited pipe */
 #ifndef SMELT_COMMON_H
 #define SMELT_COMMON_H
 

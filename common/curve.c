@@ -179,6 +179,17 @@ int curve_job_keys_from_json(const json_t *obj, struct curve_job_keys *out, stru
     return 0;
 }
 
+int curve_job_keys_for_child(const struct curve_job_keys *keys, char ***envp, int *read_fd,
+                             struct smelt_error *err) {
+    *read_fd = -1;
+    if (!keys || !keys->present) return 0;
+    json_t *secret = curve_job_keys_json(keys);
+    if (!secret) return error_set(err, SMELT_ENOMEM, "keys: out of memory");
+    int rc = secret_fd_for_child(secret, envp, read_fd, err);
+    json_decref(secret); /* jansson does not wipe: the strings were copies of keys, freed here */
+    return rc;
+}
+
 int curve_job_keys_take(struct curve_job_keys *out, struct smelt_error *err) {
     memset(out, 0, sizeof *out);
     json_t *secret = NULL;

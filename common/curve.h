@@ -87,6 +87,11 @@ struct json_t *curve_job_keys_json(const struct curve_job_keys *keys);
 int curve_job_keys_from_json(const struct json_t *obj, struct curve_job_keys *out, struct smelt_error *err);
 /* This process's keys from its launch (secret_fd_take; present false without). */
 int curve_job_keys_take(struct curve_job_keys *out, struct smelt_error *err);
+/* Hands keys on to a child that is started with *envp (a malloc'd array: secret_fd_for_child):
+ * *read_fd is for spawn_plan.pass_fd, closed by the caller after spawning. keys NULL or not
+ * present: nothing handed, *read_fd -1. */
+int curve_job_keys_for_child(const struct curve_job_keys *keys, char ***envp, int *read_fd,
+                             struct smelt_error *err);
 
 /* ---- the ZAP handler ---- */
 /* Decides one handshake: return true and fill user_id (a NUL-terminated string of at most

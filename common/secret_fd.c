@@ -4,9 +4,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "common/spawn.h"
 
 int secret_pipe_new(const json_t *secret, int *read_fd, struct smelt_error *err) {
     *read_fd = -1;
@@ -37,6 +40,16 @@ int secret_pipe_new(const json_t *secret, int *read_fd, struct smelt_error *err)
     explicit_bzero(text, len);
     free(text);
     return rc;
+}
+
+int secret_fd_for_child(const json_t *secret, char ***envp, int *read_fd, struct smelt_error *err) {
+    TRY(secret_pipe_new(secret, read_fd, err));
+    char number[16];
+    snprintf(number, sizeof number, "%d", *read_fd);
+    if (spawn_envp_put(envp, env_entry(SECRET_FD_ENV, number))) return 0;
+    close(*read_fd);
+    *read_fd = -1;
+    return error_set(err, SMELT_ENOMEM, "secret: out of memory");
 }
 
 static int fd_from_env(const char *value, int *fd, struct smelt_error *err) {

@@ -21,6 +21,10 @@
  * end (close-on-exec in the parent: pass it with spawn_plan.pass_fd; the caller closes it
  * after spawning). */
 int secret_pipe_new(const json_t *secret, int *read_fd, struct smelt_error *err);
+/* Parent, for a child started with *envp (a malloc'd array such as spawn_envp_for_device's:
+ * spawn_envp_put): secret_pipe_new, and SECRET_FD_ENV naming its read end put into *envp.
+ * Pass *read_fd as spawn_plan.pass_fd and close it after spawning (-1 on failure). */
+int secret_fd_for_child(const json_t *secret, char ***envp, int *read_fd, struct smelt_error *err);
 /* Child: the JSON object from the descriptor SECRET_FD_ENV names, in *out (the caller
  * json_decrefs it; NULL when the variable is not set). The descriptor is closed and the
  * variable removed either way. */

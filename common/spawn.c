@@ -111,6 +111,30 @@ void spawn_envp_free(char **envp) {
     free(envp);
 }
 
+bool spawn_envp_put(char ***envp, char *entry) {
+    const char *eq = entry ? strchr(entry, '=') : NULL;
+    if (!eq) {
+        free(entry);
+        return false;
+    }
+    size_t n = 0, name_len = (size_t)(eq - entry);
+    for (char **e = *envp; e && *e; e++, n++)
+        if (strncmp(*e, entry, name_len + 1) == 0) { /* same name, '=' included */
+            free(*e);
+            *e = entry;
+            return true;
+        }
+    char **grown = realloc(*envp, (n + 2) * sizeof *grown);
+    if (!grown) {
+        free(entry);
+        return false;
+    }
+    grown[n] = entry;
+    grown[n + 1] = NULL;
+    *envp = grown;
+    return true;
+}
+
 bool spawn_list_entry(const char *list, int k, char *out, size_t cap) {
     for (int i = 0; list; i++) {
         const char *comma = strchr(list, ',');

@@ -57,6 +57,10 @@ pid_t spawn_start(const struct spawn_plan *p);
  * spawn_envp_free. NULL when out of memory. */
 char **spawn_envp_for_device(int device, int also_from, const char *blas_kernels);
 void spawn_envp_free(char **envp);
+/* Puts entry ("NAME=value", malloc'd: taken, freed with the array or here on failure)
+ * into *envp (a malloc'd array such as spawn_envp_for_device's, reallocated), replacing
+ * an entry of the same name. false when out of memory (*envp is then unchanged). */
+bool spawn_envp_put(char ***envp, char *entry);
 /* Entry k of a comma list into out; false when the list has no (non-empty, fitting) entry k. */
 bool spawn_list_entry(const char *list, int k, char *out, size_t cap);
 /* How a child ended, from its wait status ("exited with status 3", "was killed by signal

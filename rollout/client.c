@@ -15,6 +15,7 @@
 
 #include "common/json.h"
 #include "common/clock.h"
+#include "common/curve.h"
 #include "common/log.h"
 #include "comm/comm.h"
 #include "common/msg.h"
@@ -81,6 +82,10 @@ struct rollout_client {
     int comm_generation;
     uint64_t *hashes;
     int64_t hashes_cap;
+    /* CURVE (config.curve_keys set): the keys every socket is made with. */
+    bool curve;
+    struct curve_keypair curve_keys;
+    char curve_server_key[CURVE_KEY_BYTES];
 };
 
 /* ---- sockets ---- */
@@ -92,9 +97,15 @@ static int open_socket(struct rollout_client *c, struct client_worker *w, struct
      * gone and drops its requests. Bounded send queue: a sync waits rather than holding
      * the whole model in ZeroMQ's queues. Linger 0: a closed socket drops what it had. */
     int zero = 0, hwm = SEND_QUEUE_MESSAGES;
+    int rc = SMELT_OK;
     if (zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero) || zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero) ||
-        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_connect(s, w->endpoint)) {
-        int rc = error_set(err, SMELT_EIO, "rollout client: worker %s: %s", w->endpoint, zmq_strerror(zmq_errno()));
+        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm))
+        rc = error_set(err, SMELT_EIO, "rollout client: worker %s: %s", w->endpoint, zmq_strerror(zmq_errno()));
+    else if (c->curve && curve_socket_client(s, &c->curve_keys, c->curve_server_key, err))
+        rc = error_wrap(err, err->code, "rollout client: worker %s: CURVE", w->endpoint);
+    else if (zmq_connect(s, w->endpoint))
+        rc = error_set(err, SMELT_EIO, "rollout client: worker %s: %s", w->endpoint, zmq_strerror(zmq_errno()));
+    if (rc) {
         zmq_close(s);
         return rc;
     }
@@ -841,6 +852,7 @@ void rollout_client_free(struct rollout_client *c) {
     comm_destroy(c->comm);
     comm_store_close(c->store);
     free(c->hashes);
+    explicit_bzero(&c->curve_keys, sizeof c->curve_keys);
     if (c->own_ctx && c->ctx)
         while (zmq_ctx_term(c->ctx) != 0 && zmq_errno() == EINTR) {
         }
@@ -865,6 +877,9 @@ static int check_config(const struct rollout_client_config *cfg, struct smelt_er
         return error_set_field(err, SMELT_EINVAL, "weights_comm", "rollout client: weights_comm needs a store spec "
                                "under %d bytes and a weights_comm_name under %d", ROLLOUT_CLIENT_ENDPOINT_BYTES,
                                WEIGHTSYNC_COMM_NAME_BYTES);
+    if (cfg->curve_keys && !curve_key_valid(cfg->curve_server_key))
+        return error_set_field(err, SMELT_EINVAL, "curve_server_key", "rollout client: curve_keys without a "
+                               "curve_server_key (40 Z85 characters)");
     int64_t b = cfg->bucket_bytes;
     if (b && (b < 4 || b % 4 != 0 || b > WEIGHTSYNC_MAX_BUCKET_BYTES))
         return error_set_field(err, SMELT_EINVAL, "bucket_bytes", "rollout client: bucket_bytes %lld is not a "
@@ -888,6 +903,13 @@ int rollout_client_create(const struct rollout_client_config *config, struct rol
     }
     c->config.endpoints = NULL;
     c->config.weights_comm = c->config.weights_comm_name = NULL; /* the copies above */
+    if (config->curve_keys) {
+        c->curve = true;
+        c->curve_keys = *config->curve_keys;
+        memcpy(c->curve_server_key, config->curve_server_key, CURVE_KEY_BYTES);
+    }
+    c->config.curve_keys = NULL;
+    c->config.curve_server_key = NULL;
     c->n_workers = config->n_endpoints;
     c->workers = calloc((size_t)c->n_workers, sizeof *c->workers);
     c->ctx = config->zmq_ctx;

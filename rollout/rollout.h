@@ -241,6 +241,8 @@ int rollout_worker_serve(struct rollout_engine *engine, const struct model *mode
  * the longest one, as health_timeout_ms does. */
 #define ROLLOUT_CLIENT_DEFAULT_COMM_TIMEOUT_MS 60000
 
+struct curve_keypair;
+
 struct rollout_client_config {
     const char *const *endpoints; /* [n_endpoints]: the workers' ROUTER endpoints */
     int n_endpoints;              /* 1..ROLLOUT_CLIENT_MAX_WORKERS */
@@ -263,6 +265,13 @@ struct rollout_client_config {
      * bytes go as weights.bucket messages. */
     const char *weights_comm, *weights_comm_name;
     int64_t comm_timeout_ms;      /* every broadcast and the connection; 0: ROLLOUT_CLIENT_DEFAULT_COMM_TIMEOUT_MS */
+    /* CURVE (common/curve.h): when curve_keys is set, every socket is a CURVE client with
+     * this keypair that talks only to workers holding curve_server_key's secret (a job's
+     * workers: the job's own keypair on both sides, docs/security.md "Job channels"); a
+     * worker that is not, or that does not admit this key, never answers. NULL: plain
+     * sockets. Both copied. */
+    const struct curve_keypair *curve_keys;
+    const char *curve_server_key;
 };
 
 /* Where a batch's samples land: n_samples = the sum of the requests' n slots. */

@@ -7,7 +7,14 @@
  *                 [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N]
  *                 [--prefill-chunk N] [--backend cpu|cuda|auto] [--batch-invariant]
  *                 [--weights-comm file:DIR --weights-comm-name ID --weights-comm-rank R
- *                  --weights-comm-size N]
+ *                  --weights-comm-size N] [--key-file FILE]
+ *
+ * CURVE (docs/security.md "Job channels"): started by a trainer that holds its job's keys,
+ * it gets them through an inherited pipe (common/secret_fd.h, read once at start) and its
+ * ROUTER is a CURVE server with the job's keypair whose ZAP handler admits only the job's
+ * public key: the trainer, holding the job's secret, and no one else. --key-file FILE (a
+ * common/curve.h key file) does the same for a worker started by hand: only a client
+ * showing the file's key gets in. Neither: a plain socket, open to anyone who reaches it.
  *
  * Prints "smelt-rollout: serving on ENDPOINT" to stderr once bound (the real port when
  * --bind asks for tcp://HOST:*). SIGTERM / SIGINT stop it: requests still in flight get
@@ -24,6 +31,8 @@
 #include <zmq.h>
 
 #include "common/common.h"
+#include "common/curve.h"
+#include "common/secret_fd.h"
 #include "lora/lora.h"
 #include "model/model.h"
 #include "rollout/rollout.h"
@@ -39,7 +48,7 @@ static void usage(FILE *f) {
                "         [--kv-memory-mb N] [--max-batch-tokens N] [--max-seqs N] [--prefill-chunk N]\n"
                "         [--backend cpu|cuda|auto] [--batch-invariant]\n"
                "         [--weights-comm file:DIR --weights-comm-name ID --weights-comm-rank R\n"
-               "          --weights-comm-size N]\n"
+               "          --weights-comm-size N] [--key-file FILE]\n"
                "  --adapter      a PEFT LoRA adapter directory, applied without merging (and the one\n"
                "                 that \"lora\" weight syncs update)\n"
                "  --tokenizer    tokenizer.json or its folder (default: the model's, when it has one;\n"
@@ -55,12 +64,15 @@ static void usage(FILE *f) {
                "                 --weights-comm-name (the job id in it), --weights-comm-rank (this worker's\n"
                "                 group rank, 1..N-1; the trainer is 0) and --weights-comm-size (N). Without\n"
                "                 them, syncs by broadcast are refused (field \"transport\")\n"
+               "  --key-file     a CURVE key file (JSON, mode 0600; docs/security.md): the socket admits\n"
+               "                 only clients holding the same key (a worker started by a trainer gets\n"
+               "                 its job's keys from it instead)\n"
                "  protocol: common/msg.h (gen.request, gen.abort, health.request, stats.request,\n"
                "            weights.begin / weights.bucket / weights.end)\n");
 }
 
 struct options {
-    const char *model_dir, *adapter_dir, *tokenizer, *bind;
+    const char *model_dir, *adapter_dir, *tokenizer, *bind, *key_file;
     const char *comm, *comm_name;  /* --weights-comm, --weights-comm-name */
     int64_t comm_rank, comm_size;
     enum backend backend;
@@ -90,6 +102,7 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
         else if (strcmp(a, "--adapter") == 0) o->adapter_dir = v;
         else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
         else if (strcmp(a, "--bind") == 0) o->bind = v;
+        else if (strcmp(a, "--key-file") == 0) o->key_file = v;
         else if (strcmp(a, "--backend") == 0) backend = v;
         else if (strcmp(a, "--kv-memory-mb") == 0) {
             if (!(rc = args_int(a, v, 1, 1ll << 24, &n, err))) o->engine.kv_memory_bytes = n << 20;
@@ -146,9 +159,42 @@ static int load_tokenizer(const struct options *o, const struct model *m, struct
     return SMELT_OK;
 }
 
+/* Who may connect: with CURVE on, clients showing `admitted`'s public key (the job's).
+ * The ZAP handler is this process's context's own. */
+struct channel_keys {
+    bool curve;
+    struct curve_keypair self;
+    struct curve_single_key admitted;
+    struct zap_handler *zap;
+};
+
+/* The launch's keys (taken in main), else --key-file's, else none. */
+static int channel_keys_of(const struct options *o, const struct curve_job_keys *job, struct channel_keys *k,
+                           struct smelt_error *err) {
+    memset(k, 0, sizeof *k);
+    if (job->present && o->key_file)
+        return error_set_field(err, SMELT_EINVAL, "--key-file", "--key-file: this worker has its job's keys from "
+                               "its launch (%s); give one or the other", SECRET_FD_ENV);
+    if (job->present) k->self = job->worker;
+    else if (o->key_file) TRY(error_wrap(err, curve_key_file_read(o->key_file, &k->self, NULL, err), "--key-file"));
+    else return SMELT_OK;
+    k->curve = true;
+    memcpy(k->admitted.public_key, k->self.public_key, CURVE_KEY_BYTES);
+    snprintf(k->admitted.user_id, sizeof k->admitted.user_id, "%s", job->present ? "job" : "key-file");
+    return SMELT_OK;
+}
+
+/* Before bind: the socket a CURVE server admitting only k's key. */
+static int secure_router(void *ctx, void *s, struct channel_keys *k, struct smelt_error *err) {
+    if (!k->curve) return SMELT_OK;
+    TRY(zap_handler_start(ctx, &k->zap, err));
+    TRY(zap_handler_add_domain(k->zap, "rollout", curve_authorize_single_key, &k->admitted, err));
+    return curve_socket_server(s, &k->self, "rollout", err);
+}
+
 /* A ROUTER bound to endpoint; bound receives the endpoint as ZeroMQ resolved it. */
-static int open_router(void *ctx, const char *endpoint, void **out, char *bound, size_t bound_bytes,
-                       struct smelt_error *err) {
+static int open_router(void *ctx, const char *endpoint, struct channel_keys *k, void **out, char *bound,
+                       size_t bound_bytes, struct smelt_error *err) {
     void *s = zmq_socket(ctx, ZMQ_ROUTER);
     if (!s) return error_set(err, SMELT_EIO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
     int linger = LINGER_MS, hwm = SEND_QUEUE_MESSAGES;
@@ -156,6 +202,8 @@ static int open_router(void *ctx, const char *endpoint, void **out, char *bound,
     int rc = SMELT_OK;
     if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) || zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm))
         rc = error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+    else if (secure_router(ctx, s, k, err))
+        rc = error_wrap(err, err->code, "CURVE");
     else if (zmq_bind(s, endpoint))
         rc = error_set(err, SMELT_EIO, "--bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
     else if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, bound, &len))
@@ -168,7 +216,9 @@ static int open_router(void *ctx, const char *endpoint, void **out, char *bound,
     return SMELT_OK;
 }
 
-static int serve(const struct options *o, struct smelt_error *err) {
+static int serve(const struct options *o, const struct curve_job_keys *job, struct smelt_error *err) {
+    struct channel_keys keys;
+    TRY(channel_keys_of(o, job, &keys, err));
     struct model *m = NULL;
     struct lora *adapter = NULL;
     struct tokenizer *tok = NULL;
@@ -185,13 +235,18 @@ static int serve(const struct options *o, struct smelt_error *err) {
     if (!rc) rc = load_tokenizer(o, m, &tok, err);
     if (!rc) rc = rollout_engine_create(m, tok, &o->engine, &engine, err);
     if (!rc && !(ctx = zmq_ctx_new())) rc = error_set(err, SMELT_EIO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
-    if (!rc) rc = open_router(ctx, o->bind, &router, bound, sizeof bound, err);
+    if (!rc) rc = open_router(ctx, o->bind, &keys, &router, bound, sizeof bound, err);
     if (!rc) {
         struct rollout_stats st = rollout_engine_stats(engine);
         log_info("%s on %s%s%s%s: %lld KV blocks of %d tokens, %lld tokens and %d sequences per step", o->model_dir,
                  backend_name(o->backend), o->batch_invariant ? " (batch-invariant)" : "",
                  adapter ? ", adapter " : "", adapter ? o->adapter_dir : "", (long long)st.n_blocks,
                  ROLLOUT_KV_BLOCK_TOKENS, (long long)o->engine.max_batch_tokens, o->engine.max_seqs);
+        if (keys.curve)
+            log_info("curve: encrypted, and only clients holding the %s key (public %.8s...) are let in",
+                     job->present ? "job's" : "--key-file's", keys.self.public_key);
+        else
+            log_warn("no CURVE keys (no launch keys, no --key-file): anyone who reaches %s may connect", bound);
         fprintf(stderr, "smelt-rollout: serving on %s\n", bound);
         struct rollout_worker_setup setup = {.engine = engine, .model = m, .tok = tok, .adapter = adapter,
                                              .router = router, .stop = stop_flag(), .weights_comm = o->comm,
@@ -201,6 +256,8 @@ static int serve(const struct options *o, struct smelt_error *err) {
         rc = rollout_worker_run(&setup, err);
     }
     if (router) zmq_close(router);
+    zap_handler_stop(keys.zap); /* after its sockets, before the context ends */
+    explicit_bzero(&keys, sizeof keys);
     while (ctx && zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR) {
     }
     rollout_engine_free(engine);
@@ -211,9 +268,15 @@ static int serve(const struct options *o, struct smelt_error *err) {
 }
 
 int main(int argc, char **argv) {
-    backend_cpu_select_kernels(argv);
+    backend_cpu_select_kernels(argv); /* may re-execute this program: the pipe and variable survive it */
     struct options o;
     struct smelt_error err = {0};
+    /* First: the descriptor and its variable reach no child of this process. */
+    struct curve_job_keys job;
+    if (curve_job_keys_take(&job, &err)) {
+        fprintf(stderr, "smelt-rollout: %s\n", err.message);
+        return 1;
+    }
     if (parse(argc, argv, &o, &err)) {
         fprintf(stderr, "smelt-rollout: %s\n", err.message);
         usage(stderr);
@@ -223,7 +286,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "smelt-rollout: %s\n", err.message);
         return 1;
     }
-    if (serve(&o, &err)) {
+    int rc = serve(&o, &job, &err);
+    explicit_bzero(&job, sizeof job);
+    if (rc) {
         fprintf(stderr, "smelt-rollout: %s\n", err.message);
         return 1;
     }

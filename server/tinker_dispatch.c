@@ -5,7 +5,14 @@
  * in submit order, only to the worker of the job's current attempt, once its
  * tinker.hello arrived; tinker.result messages are stored through tinker_future_complete.
  * Anything else (another attempt's worker, a future of another job, garbage) is logged
- * and dropped: nothing a peer sends stops the thread. */
+ * and dropped: nothing a peer sends stops the thread.
+ *
+ * Who may connect (docs/security.md "Job channels"): the ROUTER is a CURVE server with
+ * smeltd's keys, ZAP domain "tinker". A worker is let in only when it shows the keypair
+ * of a running session job's current attempt (jobs.worker_public_key, made at launch and
+ * handed to that worker alone), and its connection's user id is then "<job_id>.<attempt>";
+ * a message whose routing id is not its connection's user id (a worker passing for
+ * another job) is dropped with a warning. A worker without keys never gets in. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -214,6 +221,38 @@ void tinker_dispatch_forget(struct server *s, const char *job_id) {
     pthread_mutex_unlock(&d->lock);
 }
 
+/* ---- who may connect (the ZAP thread) ---- */
+
+/* A routing id printable in the log: itself when it is text, else dots. */
+static const char *text_or_dot(const struct msg *m) {
+    for (size_t i = 0; i < m->route_len; i++)
+        if (m->route[i] < 0x20 || m->route[i] > 0x7e) return "................................................";
+    return m->route;
+}
+
+/* A session worker's handshake: its key must be the worker key of a running session
+ * job's current attempt; the user id is then that attempt, "<job_id>.<attempt>". Runs on
+ * the ZAP thread, with a store connection of its own. */
+static bool authorize_worker(void *arg, const char *address, const char *client_public_key, char *user_id,
+                             size_t user_id_cap, char *why, size_t why_cap) {
+    (void)address;
+    struct server *s = arg;
+    struct smelt_error err = {0};
+    struct store_conn *c = store_acquire(s->store, &err);
+    json_t *row = NULL;
+    int rc = c ? store_query_one(c, &row, &err, "SELECT id, attempt FROM jobs WHERE worker_public_key = ? AND status "
+                                 "= 'running' AND devices IS NOT NULL AND json_extract(method, '$.type') = 'tinker'",
+                                 "s", client_public_key) : SMELT_EIO;
+    if (c) store_release(s->store, c);
+    const char *id = json_string_value(json_object_get(row, "id"));
+    if (!rc && id)
+        snprintf(user_id, user_id_cap, "%s.%lld", id, (long long)json_integer_value(json_object_get(row, "attempt")));
+    else if (rc == SMELT_ENOTFOUND) snprintf(why, why_cap, "not the key of a running session job's attempt");
+    else snprintf(why, why_cap, "the store: %s", err.message);
+    json_decref(row);
+    return !rc && id;
+}
+
 /* ---- the worker's messages (the dispatch thread) ---- */
 
 /* "<job_id>.<attempt>" -> its parts; false when the routing id is not one. */
@@ -339,10 +378,20 @@ static void on_result(struct server *s, struct store_conn *c, const struct msg *
     if (mine) result_not_stored(s, c, fid, job_id, &err);
 }
 
+/* Whether m's routing id is the identity its sender proved (the ZAP user id). */
+static bool route_is_sender(const struct msg *m) {
+    return m->route_len == strlen(m->user_id) && memcmp(m->route, m->user_id, m->route_len) == 0;
+}
+
 static void on_message(struct server *s, const struct msg *m) {
     char job_id[HTTP_ID_BYTES];
     int64_t attempt = 0;
     struct smelt_error err = {0};
+    if (!route_is_sender(m)) {
+        log_warn("tinker: a %.32s under routing id \"%.*s\" from the worker of %s (its keys); dropped", m->type,
+                 (int)m->route_len, text_or_dot(m), m->user_id[0] ? m->user_id : "(no keys)");
+        return;
+    }
     if (!parse_route(m, job_id, sizeof job_id, &attempt)) {
         log_warn("tinker: a %s from a peer whose routing id is not <job_id>.<attempt>; ignored", m->type);
         return;
@@ -479,6 +528,9 @@ static int bind_router(struct server *s, struct tinker_dispatch *d, struct smelt
         zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
         return error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+    if (!s->zap) return error_set(err, SMELT_EINVAL, "the Tinker dispatcher needs smeltd's ZAP handler (s->zap)");
+    TRY(zap_handler_add_domain(s->zap, "tinker", authorize_worker, s, err));
+    TRY(curve_socket_server(d->router, &s->curve, "tinker", err));
     if (zmq_bind(d->router, bind) != 0)
         return error_set_field(err, SMELT_EIO, "tinker_bind", "binding the Tinker workers' endpoint %s: %s", bind,
                                zmq_strerror(zmq_errno()));

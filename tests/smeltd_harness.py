@@ -180,6 +180,19 @@ class Smeltd:
             return ""
 
 
+def prompts_rows(path, n):
+    """The first n sums of an addition file as prompts rows (an RL job's training file)
+    with their answer."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            out.append(json.dumps({"prompt": row["prompt"], "answer": row["completion"]}))
+            if len(out) == n:
+                break
+    return ("\n".join(out) + "\n").encode()
+
+
 def make_models_dir(tmp):
     models = os.path.join(tmp, "models")
     os.makedirs(models, exist_ok=True)

@@ -1,6 +1,12 @@
 /* smelt-tinker: the Tinker API's session worker (tinker/tinker.h). smeltd starts one per
  * Tinker session job; it connects a DEALER to smeltd's tinker ROUTER and serves until
- * SIGTERM / SIGINT (the request in hand is finished and answered, then exit 0). */
+ * SIGTERM / SIGINT (the request in hand is finished and answered, then exit 0).
+ *
+ * Keys (docs/security.md "Job channels"): smeltd's ROUTER is a CURVE server that admits a
+ * worker only by the keypair of the job attempt it serves, which the worker gets in its
+ * launch through an inherited pipe (common/secret_fd.h, read first thing): the DEALER is a
+ * CURVE client with that keypair and smeltd's public key from the launch. Started by hand
+ * (no SMELT_SECRETS_FD) it connects without CURVE, and smeltd never lets it in. */
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -10,6 +16,8 @@
 #include <zmq.h>
 
 #include "common/common.h"
+#include "common/curve.h"
+#include "common/secret_fd.h"
 #include "tinker/tinker.h"
 
 #define LINGER_MS 1000
@@ -56,15 +64,23 @@ static int parse(int argc, char **argv, struct options *o, struct smelt_error *e
     return error_wrap(err, backend_from_name(backend, &o->backend, err), "--backend");
 }
 
+/* The job's keys from the launch, read in main (present false: started by hand). */
+static struct curve_job_keys job_keys;
+
 static int open_dealer(void *ctx, const struct options *o, void **out, struct smelt_error *err) {
     char route[256];
     snprintf(route, sizeof route, "%s.%lld", o->job, (long long)o->attempt);
     void *s = zmq_socket(ctx, ZMQ_DEALER);
     if (!s) return error_set(err, SMELT_EIO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
-    int linger = LINGER_MS;
-    if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) ||
-        zmq_setsockopt(s, ZMQ_ROUTING_ID, route, strlen(route)) || zmq_connect(s, o->server)) {
-        int rc = error_set(err, SMELT_EIO, "--server %s: %s", o->server, zmq_strerror(zmq_errno()));
+    int linger = LINGER_MS, rc = SMELT_OK;
+    if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) || zmq_setsockopt(s, ZMQ_ROUTING_ID, route, strlen(route)))
+        rc = error_set(err, SMELT_EIO, "--server %s: %s", o->server, zmq_strerror(zmq_errno()));
+    else if (job_keys.present &&
+             curve_socket_client(s, &job_keys.worker, job_keys.server_public_key, err))
+        rc = error_wrap(err, err->code, "--server %s: CURVE", o->server);
+    else if (zmq_connect(s, o->server))
+        rc = error_set(err, SMELT_EIO, "--server %s: %s", o->server, zmq_strerror(zmq_errno()));
+    if (rc) {
         zmq_close(s);
         return rc;
     }
@@ -81,8 +97,10 @@ static int serve(const struct options *o, struct smelt_error *err) {
     if (!rc && !(ctx = zmq_ctx_new())) rc = error_set(err, SMELT_EIO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     if (!rc) rc = open_dealer(ctx, o, &dealer, err);
     if (!rc) {
-        log_info("%s on %s: serving %s.%lld at %s", o->model, backend_name(o->backend), o->job, (long long)o->attempt,
-                 o->server);
+        log_info("%s on %s: serving %s.%lld at %s%s", o->model, backend_name(o->backend), o->job,
+                 (long long)o->attempt, o->server, job_keys.present ? " (curve, the attempt's keys)" : "");
+        if (!job_keys.present)
+            log_warn("no launch keys (" SECRET_FD_ENV "): connecting without CURVE, which smeltd refuses");
         rc = tinker_serve(w, dealer, o->job, o->attempt, stop_flag(), err);
     }
     if (dealer) zmq_close(dealer);
@@ -93,9 +111,14 @@ static int serve(const struct options *o, struct smelt_error *err) {
 }
 
 int main(int argc, char **argv) {
-    backend_cpu_select_kernels(argv);
+    backend_cpu_select_kernels(argv); /* may re-execute this program: the keys' pipe survives it */
     struct options o;
     struct smelt_error err = {0};
+    /* First: the descriptor and its variable reach no child of this process. */
+    if (curve_job_keys_take(&job_keys, &err)) {
+        fprintf(stderr, "smelt-tinker: %s\n", err.message);
+        return 2;
+    }
     if (parse(argc, argv, &o, &err)) {
         fprintf(stderr, "smelt-tinker: %s\n", err.message);
         usage(stderr);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/curve.h"
 
 #define WATCH_MS 20
 /* After a failure: the others' timeout twice over (their own, and the fault report's
@@ -72,11 +73,15 @@ static int start_rank(const struct trainer_launch *l, int rank, const char *stor
     /* Rank R runs on entry R; rank 0 also gets the entries after the ranks': an RL job's
      * rollout workers, which it starts. */
     char **envp = spawn_envp_for_device(rank, rank == 0 ? l->ranks : -1, backend_cpu_blas_kernels());
-    int rc = SMELT_OK;
+    int rc = SMELT_OK, keys_fd = -1;
     if (!argv || !envp) rc = error_set(err, SMELT_ENOMEM, "launch: out of memory");
+    /* The job's keys to rank 0 alone: it is the one that runs the job's channels. */
+    if (!rc && rank == 0) rc = error_wrap(err, curve_job_keys_for_child(l->job_keys, &envp, &keys_fd, err),
+                                          "launch: rank 0's keys");
     if (!rc) {
         struct spawn_plan plan;
         spawn_plan_init(&plan, argv, envp);
+        plan.pass_fd = keys_fd;
         plan.who = "smelt-trainer";
         /* Not SIGTERM: a rank told to stop would go on writing the job directory (its last
          * checkpoint) after this process, and with it the directory's lock, is gone, while
@@ -85,6 +90,7 @@ static int start_rank(const struct trainer_launch *l, int rank, const char *stor
         *p = (struct rank_proc){.pid = spawn_start(&plan), .state = RANK_RUNNING};
         if (p->pid < 0) rc = error_set(err, SMELT_EIO, "launch: starting rank %d: %s", rank, strerror(errno));
     }
+    if (keys_fd >= 0) close(keys_fd);
     free(argv);
     spawn_envp_free(envp);
     return rc;

@@ -17,6 +17,9 @@
  * tcp://127.0.0.1:* (no fixed port) and the trainer reads the endpoint from the line
  * "smelt-rollout: serving on ENDPOINT" it writes to its log. Children are reaped by pid,
  * never as "any child": the trainer may run inside a program with children of its own.
+ * Keys: a trainer with its job's CURVE keys (trainer_options.job_keys) hands them to each
+ * worker through a pipe of its own (common/secret_fd.h); the worker's socket then admits
+ * only that keypair, which the client shows (docs/security.md "Job channels").
  *
  * Weights. The workers start on the trainer's starting weights: the model directory the
  * trainer loaded when its weights are that directory's, else a copy of them written to
@@ -48,6 +51,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/curve.h"
 #include "rollout/rollout.h"
 #include "weightsync/weightsync.h"
 
@@ -167,7 +171,8 @@ struct spawn_args {
     const char *argv[32];
 };
 
-static int spawn(const struct spawn_args *a, char **envp, int i, struct rl_worker *w, struct smelt_error *err) {
+static int spawn(const struct spawn_args *a, char **envp, int keys_fd, int i, struct rl_worker *w,
+                 struct smelt_error *err) {
     int log_fd = open_above_stdio(w->log, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY, 0644);
     if (log_fd < 0) return error_set(err, SMELT_EIO, "rl: rollout worker %d: %s: %s", i, w->log, strerror(errno));
     int null_fd = open_above_stdio("/dev/null", O_RDONLY, 0);
@@ -178,6 +183,7 @@ static int spawn(const struct spawn_args *a, char **envp, int i, struct rl_worke
     p.in_fd = null_fd;
     p.out_fd = p.err_fd = log_fd;
     p.own_group = true;
+    p.pass_fd = keys_fd;
     p.who = "smelt-trainer";
     pid_t pid = null_fd < 0 ? -1 : spawn_start(&p);
     int e = errno;
@@ -340,6 +346,8 @@ static int plan_of(struct trainer_run *r, const struct rl_workers *ws, struct sp
     return SMELT_OK;
 }
 
+static bool with_curve(const struct trainer_run *r) { return r->job_keys && r->job_keys->present; }
+
 static int alloc_results(struct rl_workers *ws, int64_t cap, int64_t max_tokens, struct smelt_error *err) {
     ws->cap = cap;
     ws->max_tokens = max_tokens;
@@ -356,12 +364,16 @@ static int alloc_results(struct rl_workers *ws, int64_t cap, int64_t max_tokens,
 /* The client's liveness hook: the trainer knows at once when a worker's process ends. */
 static bool worker_alive(void *ctx, int k) { return !reaped(&((struct rl_workers *)ctx)->w[k]); }
 
-static int connect_client(struct rl_workers *ws, struct smelt_error *err) {
+/* The workers' sockets are CURVE servers with the job's keypair admitting only it, so the
+ * trainer shows the same keypair and expects the same public key. */
+static int connect_client(struct trainer_run *r, struct rl_workers *ws, struct smelt_error *err) {
     const char *endpoints[ROLLOUT_CLIENT_MAX_WORKERS];
     for (int i = 0; i < ws->n; i++) endpoints[i] = ws->w[i].endpoint;
+    const struct curve_job_keys *k = with_curve(r) ? r->job_keys : NULL;
     struct rollout_client_config cc = {.endpoints = endpoints, .n_endpoints = ws->n, .alive = worker_alive,
                                        .alive_ctx = ws, .weights_comm = ws->store[0] ? ws->store : NULL,
-                                       .weights_comm_name = ws->store_id};
+                                       .weights_comm_name = ws->store_id, .curve_keys = k ? &k->worker : NULL,
+                                       .curve_server_key = k ? k->worker.public_key : NULL};
     return error_wrap(err, rollout_client_create(&cc, &ws->client, err), "rl: connecting to the rollout workers");
 }
 
@@ -388,12 +400,19 @@ static int start_all(struct trainer_run *r, struct rl_workers *ws, struct smelt_
         /* The trainer's device comes first in its lists, then one per worker (the agent's
          * order; a launcher gives rank 0 its own and the workers'). */
         char **envp = rc ? NULL : spawn_envp_for_device(1 + i, -1, backend_cpu_blas_kernels());
+        int keys_fd = -1;
         if (!rc && !envp) rc = error_set(err, SMELT_ENOMEM, "rl: out of memory");
-        if (!rc) rc = spawn(&plan, envp, i, w, err);
+        /* The job's keys, so its socket admits only this trainer (a pipe per worker: each
+         * reads its own). */
+        if (!rc) rc = error_wrap(err, curve_job_keys_for_child(r->job_keys, &envp, &keys_fd, err),
+                                 "rl: rollout worker %d's keys", i);
+        if (!rc) rc = spawn(&plan, envp, keys_fd, i, w, err);
+        if (keys_fd >= 0) close(keys_fd);
         spawn_envp_free(envp);
     }
-    if (!rc) log_info("rl: %d rollout workers (%s) starting on %s%s%s", ws->n, text[0], text[1],
-                      text[2][0] ? ", adapter " : "", text[2]);
+    if (!rc) log_info("rl: %d rollout workers (%s) starting on %s%s%s; their channel %s", ws->n, text[0], text[1],
+                      text[2][0] ? ", adapter " : "", text[2], with_curve(r) ? "uses CURVE with the job's keys"
+                      : "is plain (no job keys: a trainer started by hand)");
     return rc;
 }
 
@@ -410,7 +429,7 @@ int rl_workers_start(struct trainer_run *r, int64_t cap, struct rl_workers **out
     TRY(start_all(r, ws, err));
     TRY(wait_serving(ws, err));
     drop_model_copy(r);
-    TRY(connect_client(ws, err));
+    TRY(connect_client(r, ws, err));
     for (int i = 0; i < ws->n; i++) log_info("rl: rollout worker %d serves on %s", i, ws->w[i].endpoint);
     return SMELT_OK;
 }

@@ -286,7 +286,7 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
     const struct trainer_options *o = options ? options : &defaults;
     memset(result, 0, sizeof *result);
     result->val_loss = result->accuracy = result->last_loss = NAN;
-    struct trainer_run r = {.spec = spec, .quiet = o->quiet,
+    struct trainer_run r = {.spec = spec, .quiet = o->quiet, .job_keys = o->job_keys,
                             .algo = spec->type == JOB_DPO      ? &DPO_ALGO
                                     : spec->type == JOB_REWARD ? &REWARD_ALGO
                                     : spec->type == JOB_GRPO   ? &GRPO_ALGO

@@ -12,6 +12,11 @@
  * takes its lock unless --no-lock (the launcher holds it); the others write nothing and
  * log only errors.
  *
+ * Keys: a trainer launched by smeltd gets its job's CURVE keys through an inherited pipe
+ * (common/secret_fd.h), read first thing; rank 0 hands them to its rollout workers, whose
+ * channel then admits only them (docs/security.md "Job channels"). Started by hand (no
+ * SMELT_SECRETS_FD) it runs with plain sockets, as before.
+ *
  * Exit status: 0 finished (or stopped cleanly), 1 the job failed on its input (spec, data,
  * model: running it again cannot help), 2 bad usage, 3 the run failed against its
  * surroundings (a rollout worker lost, a read or write, a device: a new attempt from the
@@ -27,7 +32,11 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/curve.h"
 #include "trainer/trainer.h"
+
+/* The job's keys from the launch (present false without), for the whole run. */
+static struct curve_job_keys job_keys;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]\n"
@@ -134,6 +143,15 @@ static int launcher_options(int argc, char **argv, int at, int64_t *ranks, int64
     return 0;
 }
 
+/* First of all: the descriptor and its variable must reach no child (ranks, rollout
+ * workers, graders); the keys go on only where this program hands them. */
+static int take_job_keys(void) {
+    struct smelt_error err = {0};
+    if (curve_job_keys_take(&job_keys, &err) == 0) return 0;
+    fprintf(stderr, "smelt-trainer: %s\n", err.message);
+    return 2;
+}
+
 static int run_launcher(int argc, char **argv, int at) {
     struct smelt_error err = {0};
     int64_t ranks = 0, timeout = 0;
@@ -160,7 +178,8 @@ static int run_launcher(int argc, char **argv, int at) {
     }
     exe[len] = 0;
     struct trainer_launch l = {.program = exe, .args = args, .n_args = n, .ranks = (int)ranks,
-                               .output_dir = spec.output_dir, .comm_timeout_ms = (int)timeout};
+                               .output_dir = spec.output_dir, .comm_timeout_ms = (int)timeout,
+                               .job_keys = &job_keys};
     int status = 3;
     if (trainer_launch_ranks(&l, &status, &err)) {
         fprintf(stderr, "smelt-trainer: %s\n", err.message);
@@ -170,7 +189,8 @@ static int run_launcher(int argc, char **argv, int at) {
 }
 
 int main(int argc, char **argv) {
-    backend_cpu_select_kernels(argv);
+    backend_cpu_select_kernels(argv); /* may re-execute this program: the keys' pipe survives it */
+    if (take_job_keys()) return 2;
     /* First of all: a stop that comes while the job directory's lock is awaited, or while
      * a rank is still starting, is a stop, not a death (the lock's wait then ends). */
     struct sigaction sa = {0};
@@ -184,7 +204,7 @@ int main(int argc, char **argv) {
         return run_launcher(argc, argv, ranks_at);
     bool no_lock = false;
     const char *spec_path = NULL, *resume = NULL;
-    struct trainer_options o = {0};
+    struct trainer_options o = {.job_keys = &job_keys};
     struct smelt_error err = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -233,6 +233,8 @@ int optimizer_load_shards(struct optimizer *opt, const char *const *paths, int n
 
 /* ---- running a job ---- */
 
+struct curve_job_keys;
+
 struct trainer_options {
     const char *resume;       /* NULL: fresh start (refused if checkpoints exist);
                                  "latest": the newest checkpoint; else a checkpoint dir */
@@ -245,6 +247,10 @@ struct trainer_options {
     const char *rendezvous;   /* comm_store_open's spec ("file:DIR"); required when ranks > 1 */
     const char *run_id;       /* the communicator's name in the store; NULL: "world" */
     int comm_timeout_ms;      /* per collective; 0: TRAINER_COMM_TIMEOUT_MS */
+    /* The job's CURVE keys from its launch (common/curve.h; borrowed for the run): rank 0
+     * hands them to its rollout workers, whose sockets then admit only this keypair
+     * (docs/security.md "Job channels"). NULL or not present: plain sockets. */
+    const struct curve_job_keys *job_keys;
 };
 /* A collective's timeout when none is given: long enough for a checkpoint's write or a
  * validation pass on rank 0 while the others wait in a collective (NCCL's default is of
@@ -278,6 +284,7 @@ struct trainer_launch {
     int ranks;                 /* 2 .. TRAINER_MAX_RANKS */
     const char *output_dir;    /* the job's: its rendezvous/ folder holds the ranks' addresses */
     int comm_timeout_ms;       /* the ranks' collective timeout (0: the default) */
+    const struct curve_job_keys *job_keys; /* NULL, or the job's keys: handed to rank 0 (borrowed) */
 };
 /* Starts ranks 0..N-1 (each with --rank R --ranks N --rendezvous file:DIR --no-lock, on
  * device entry R), passes SIGTERM/SIGINT on to them, and waits for all of them. After a

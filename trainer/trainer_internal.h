@@ -65,6 +65,7 @@ struct trainer_run {
     struct rl_state *rl;                 /* GRPO / PPO: samples, per-token arrays, the reward stage, the critic */
     struct zero3 *zero3;                 /* ZeRO stage 3 on several ranks (zero3_run.c), else NULL */
     bool pad_pass;                       /* stage 3: a pass that only keeps the ranks' collectives in step */
+    const struct curve_job_keys *job_keys; /* trainer_options' (borrowed): the rollout workers' channel */
 };
 
 /* What one optimizer step reports. metrics: a jansson object of the algorithm's own

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from smeltd_harness import ADMIN_KEY, TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir  # noqa: E402
+from smeltd_harness import ADMIN_KEY, TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir, prompts_rows  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = pathlib.Path(__file__).resolve().parent / "artifacts"
@@ -74,24 +74,12 @@ def training_job(smeltd):
     return job
 
 
-def prompts_file(path, n):
-    """The first n sums of an addition file as prompts rows with their answer."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            rows.append(json.dumps({"prompt": row["prompt"], "answer": row["completion"]}))
-            if len(rows) == n:
-                break
-    return ("\n".join(rows) + "\n").encode()
-
-
 @pytest.fixture(scope="module")
 def grpo_job(smeltd):
     """A tiny GRPO job, for the RL view."""
     ids = []
     for path, n, name in ((TRAIN_FILE, 32, "grpo_train.jsonl"), (VAL_FILE, 8, "grpo_val.jsonl")):
-        status, f = smeltd.upload_bytes(prompts_file(path, n), name)
+        status, f = smeltd.upload_bytes(prompts_rows(path, n), name)
         assert status == 200 and f["status"] == "processed", f
         ids.append(f["id"])
     status, job = smeltd.request("POST", "/v1/fine_tuning/jobs", {

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from smeltd_harness import (ADMIN_KEY, BUILD, ROOT, SMALL_JOB, TRAIN_FILE, VAL_FILE,  # noqa: E402,F401
-                            Smeltd, make_models_dir)
+                            Smeltd, make_models_dir, prompts_rows)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 import pytest
-from conftest import TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir
+from conftest import TRAIN_FILE, VAL_FILE, Smeltd, make_models_dir, prompts_rows
 
 J = "/v1/fine_tuning/jobs"
 REWARD = {"verifiers": [{"type": "exact_match", "extract": {"type": "full"}},
@@ -31,18 +31,6 @@ def smeltd():
     yield s
     s.kill()
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def prompts_rows(path, n):
-    """The first n sums of an addition file as prompts rows with their answer."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            out.append(json.dumps({"prompt": row["prompt"], "answer": row["completion"]}))
-            if len(out) == n:
-                break
-    return ("\n".join(out) + "\n").encode()
 
 
 def upload(smeltd, content, name):
@@ -127,7 +115,9 @@ def test_grpo_job_in_split_placement_syncs_its_workers(smeltd, weight_sync, rank
         assert any("%d ranks, ZeRO stage" % ranks in e["message"] for e in events["data"]), events["data"]
     with open(os.path.join(smeltd.data_dir, "jobs", job["id"], "rollout-%d.log" % (workers - 1)),
               encoding="utf-8") as f:
-        assert "serving on" in f.read()
+        log = f.read()
+        # the job's keys reached the worker (through rank 0 with two ranks): CURVE on its channel
+        assert "serving on" in log and "curve: encrypted" in log, log
     status, events = smeltd.request("GET", J + "/" + job["id"] + "/events?limit=1000")
     assert status == 200, events
     steps = [e["data"] for e in events["data"]

@@ -178,19 +178,8 @@ static inline void rl_test_expect_resume_iterations(const struct test_run_paths 
 /* The smelt-rollout built beside these tests (BUILD/tests/unit_tests -> BUILD/smelt-rollout):
  * the trainer looks next to its own executable, which here is the test program. */
 static inline void rl_test_use_built_rollout(void) {
-    char exe[600], prog[700];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    cr_assert(n > 0);
-    exe[n] = 0;
-    for (int up = 0; up < 2; up++) {
-        char *slash = strrchr(exe, '/');
-        cr_assert(slash);
-        *slash = 0;
-    }
-    snprintf(prog, sizeof prog, "%s/smelt-rollout", exe);
-    cr_assert(access(prog, X_OK) == 0, "%s is missing: the split placement's tests run the built smelt-rollout "
-              "(make BUILD=... all)", prog);
-    rl_workers_set_program(prog);
+    char prog[700];
+    rl_workers_set_program(test_built_program("smelt-rollout", prog, sizeof prog));
 }
 
 #endif

@@ -2,7 +2,10 @@
  * in the test speaking common/msg.h's tinker.* messages over the real tcp endpoint).
  * Requests wait for the worker's hello and keep their submit order; a submit after the
  * hello goes out at once (woken, not at the next poll); results are stored; a stale
- * attempt's worker gets nothing and its results are dropped; garbage is ignored. */
+ * attempt's worker gets nothing and its results are dropped; garbage is ignored. The
+ * ROUTER is a CURVE server: a worker gets in only with its attempt's keys (jobs.
+ * worker_public_key), and a message under another routing id than the one its keys prove
+ * is dropped. */
 #include "tests/unit/tinker_testutil.h"
 
 #include <pthread.h>
@@ -20,6 +23,9 @@ static void dispatch_setup(void) {
     tinker_s.zmq = zmq_ctx_new();
     cr_assert(tinker_s.zmq);
     tinker_s.config.tinker_bind = "tcp://127.0.0.1:*";
+    struct smelt_error err = {0};
+    TEST_OK(curve_keypair_new(&tinker_s.curve, &err), &err);
+    TEST_OK(zap_handler_start(tinker_s.zmq, &tinker_s.zap, &err), &err);
 }
 
 TestSuite(tinker_dispatch, .init = dispatch_setup, .fini = tinker_teardown, .timeout = 60);
@@ -30,15 +36,36 @@ static void start(void) {
     cr_assert(strncmp(tinker_s.tinker_endpoint, "tcp://127.0.0.1:", 16) == 0, "%s", tinker_s.tinker_endpoint);
 }
 
-/* A DEALER with routing id `route`, connected to the dispatcher. */
-static void *worker(const char *route) {
+/* The keys control.c's launch gives job's current attempt: a fresh keypair whose public
+ * key is stored as the job's worker_public_key (replacing an earlier attempt's). */
+static struct curve_keypair launch_keys(const char *job) {
+    struct curve_keypair k;
+    struct smelt_error err = {0};
+    TEST_OK(curve_keypair_new(&k, &err), &err);
+    struct store_conn *c = tinker_conn();
+    cr_assert(store_exec(c, &err, "UPDATE jobs SET worker_public_key = ? WHERE id = ?", "ss", k.public_key, job) == 1,
+              "%s", err.message);
+    store_release(tinker_s.store, c);
+    return k;
+}
+
+/* A DEALER with routing id `route` showing keys (NULL: no CURVE), connected to the dispatcher. */
+static void *worker_with(const char *route, const struct curve_keypair *keys) {
     void *w = zmq_socket(tinker_s.zmq, ZMQ_DEALER);
     cr_assert(w);
     int linger = 0;
+    struct smelt_error err = {0};
     zmq_setsockopt(w, ZMQ_LINGER, &linger, sizeof linger);
     cr_assert_eq(zmq_setsockopt(w, ZMQ_ROUTING_ID, route, strlen(route)), 0);
+    if (keys) TEST_OK(curve_socket_client(w, keys, tinker_s.curve.public_key, &err), &err);
     cr_assert_eq(zmq_connect(w, tinker_s.tinker_endpoint), 0);
     return w;
+}
+
+/* The worker of job's current attempt as smeltd launches it: its keys, its routing id. */
+static void *worker(const char *job, const char *route) {
+    struct curve_keypair k = launch_keys(job);
+    return worker_with(route, &k);
 }
 
 static void send_msg(void *w, const char *type, json_t *header) {
@@ -91,7 +118,7 @@ Test(tinker_dispatch, requests_wait_for_the_hello_and_keep_their_submit_order) {
     submit("fut-1", "forward_backward", tokens, 3);
     submit("fut-2", "optim_step", NULL, 0);
     submit("fut-3", "forward", tokens, 2);
-    void *w = worker(JOB ".1");
+    void *w = worker(JOB, JOB ".1");
     char id[64];
     cr_expect_str_eq(next_request(w, 300, id, sizeof id, NULL), "", "a request before the worker's hello");
     hello(w, JOB, 1);
@@ -123,7 +150,7 @@ Test(tinker_dispatch, a_result_is_stored_for_its_own_jobs_future_only) {
     tinker_insert_future("fut-mine", JOB, "pending", 0);
     tinker_insert_future("fut-theirs", "ftjob-other", "pending", 0);
     start();
-    void *w = worker(JOB ".1");
+    void *w = worker(JOB, JOB ".1");
     hello(w, JOB, 1);
     send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b}", "id", "fut-theirs", "ok", 1));
     send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{s:{s:f}}}", "id", "fut-mine", "ok", 1, "result",
@@ -143,7 +170,9 @@ Test(tinker_dispatch, a_stale_attempts_worker_gets_nothing_and_its_results_are_d
     tinker_insert_job(JOB, "default", "running", 2, 0);
     tinker_insert_future("fut-1", JOB, "pending", 0);
     start();
-    void *stale = worker(JOB ".1");
+    struct curve_keypair old = launch_keys(JOB); /* attempt 1's, */
+    struct curve_keypair now = launch_keys(JOB); /* replaced by attempt 2's launch */
+    void *stale = worker_with(JOB ".1", &old);
     hello(stale, JOB, 1);
     send_msg(stale, MSG_TINKER_RESULT, json_pack("{s:s, s:b}", "id", "fut-1", "ok", 1));
     submit("fut-1", "forward", NULL, 0);
@@ -152,7 +181,7 @@ Test(tinker_dispatch, a_stale_attempts_worker_gets_nothing_and_its_results_are_d
     char status[32];
     cr_expect_str_eq(tinker_text("SELECT status FROM tinker_futures WHERE id = ?", "fut-1", "status", status,
                                  sizeof status), "pending", "the stale worker's result was stored");
-    void *current = worker(JOB ".2");
+    void *current = worker_with(JOB ".2", &now);
     hello(current, JOB, 2);
     cr_expect_str_eq(next_request(current, 3000, id, sizeof id, NULL), "fut-1");
     send_msg(current, MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{s:s, s:s}}", "id", "fut-1", "ok", 0, "error",
@@ -172,7 +201,8 @@ Test(tinker_dispatch, garbage_is_ignored_and_the_dispatcher_keeps_serving) {
     tinker_insert_job(JOB, "default", "running", 1, 0);
     tinker_insert_future("fut-1", JOB, "pending", 0);
     start();
-    void *w = worker(JOB ".1"), *nameless = worker("no-attempt");
+    struct curve_keypair k = launch_keys(JOB);
+    void *w = worker_with(JOB ".1", &k), *nameless = worker_with("no-attempt", &k);
     send_frames(w, (const char *const[]){"junk"}, 1);
     send_frames(w, (const char *const[]){MSG_TINKER_HELLO, "{not json"}, 2);
     send_frames(w, (const char *const[]){MSG_TINKER_HELLO, "[1, 2]"}, 2);
@@ -193,13 +223,47 @@ Test(tinker_dispatch, garbage_is_ignored_and_the_dispatcher_keeps_serving) {
     zmq_close(nameless);
 }
 
+/* A worker with another job's keys passing for this job (its routing id), a worker with
+ * this job's earlier attempt's keys, with keys of no job, or with none: none of them gets
+ * a request or has a result stored. */
+Test(tinker_dispatch, only_the_attempts_own_keys_get_in) {
+    tinker_insert_job(JOB, "default", "running", 2, 0);
+    tinker_insert_job("ftjob-other", "default", "running", 1, 0);
+    tinker_insert_future("fut-1", JOB, "pending", 0);
+    start();
+    struct curve_keypair earlier = launch_keys(JOB), theirs = launch_keys("ftjob-other"), stranger;
+    struct smelt_error err = {0};
+    TEST_OK(curve_keypair_new(&stranger, &err), &err);
+    launch_keys(JOB); /* attempt 2's launch replaced `earlier` */
+    void *impostor = worker_with(JOB ".2", &theirs);
+    void *old = worker_with(JOB ".1", &earlier), *nobody = worker_with(JOB ".2", &stranger);
+    void *plain = worker_with(JOB ".2", NULL);
+    void *all[] = {impostor, old, nobody, plain};
+    for (int i = 0; i < 4; i++) {
+        hello(all[i], JOB, i == 1 ? 1 : 2);
+        send_msg(all[i], MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{}}", "id", "fut-1", "ok", 1, "result"));
+    }
+    submit("fut-1", "forward", NULL, 0);
+    char id[64];
+    for (int i = 0; i < 4; i++)
+        cr_expect_str_eq(next_request(all[i], i ? 100 : 600, id, sizeof id, NULL), "", "worker %d got a request", i);
+    char status[32];
+    cr_expect_str_eq(tinker_text("SELECT status FROM tinker_futures WHERE id = ?", "fut-1", "status", status,
+                                 sizeof status), "pending", "a result from a worker without the attempt's keys");
+    long allowed, refused;
+    zap_handler_counts(tinker_s.zap, &allowed, &refused);
+    cr_expect_eq(allowed, 1, "only the other job's own worker passes the handshake (as itself)");
+    cr_expect_geq(refused, 2, "the earlier attempt's key and the stranger's are refused");
+    for (int i = 0; i < 4; i++) zmq_close(all[i]);
+}
+
 Test(tinker_dispatch, a_forgotten_jobs_queue_is_dropped) {
     tinker_insert_job(JOB, "default", "running", 1, 0);
     start();
     submit("fut-1", "forward", NULL, 0);
     tinker_dispatch_forget(&tinker_s, JOB);
     submit("fut-2", "forward", NULL, 0);
-    void *w = worker(JOB ".1");
+    void *w = worker(JOB, JOB ".1");
     hello(w, JOB, 1);
     char id[64];
     cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-2", "fut-1 was forgotten");

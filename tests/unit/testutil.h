@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kernels/ops.h"
 
@@ -106,6 +108,24 @@ static inline const char *test_tmp_path(char *buf, size_t size, const char *name
     int n = snprintf(buf, size, "%s/%s", test_tmp_dir, name);
     cr_assert(n > 0 && (size_t)n < size);
     return buf;
+}
+
+/* The program `name` built beside these tests (BUILD/tests/unit_tests -> BUILD/name) into
+ * out; fails the test when it is not there. Returns out. */
+static inline const char *test_built_program(const char *name, char *out, size_t cap) {
+    char exe[600];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    cr_assert(n > 0);
+    exe[n] = 0;
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(exe, '/');
+        cr_assert(slash);
+        *slash = 0;
+    }
+    int len = snprintf(out, cap, "%s/%s", exe, name);
+    cr_assert(len > 0 && (size_t)len < cap);
+    cr_assert(access(out, X_OK) == 0, "%s is missing: these tests run the built program (make BUILD=... all)", out);
+    return out;
 }
 
 /* Expects an op call to fail with code and a non-empty message. */

@@ -56,6 +56,8 @@ static inline void tinker_setup(void) {
 
 static inline void tinker_teardown(void) {
     tinker_dispatch_free(&tinker_s);
+    zap_handler_stop(tinker_s.zap); /* after the dispatcher's socket, before the context */
+    tinker_s.zap = NULL;
     if (tinker_s.zmq) zmq_ctx_term(tinker_s.zmq);
     if (tinker_s.store) store_close(tinker_s.store);
     test_tmp_teardown();
