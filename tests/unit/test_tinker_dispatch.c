@@ -304,7 +304,7 @@ Test(tinker_dispatch, a_result_the_store_refuses_fails_its_future) {
     exec_sql("CREATE TRIGGER no_done BEFORE UPDATE OF status ON tinker_futures WHEN NEW.status = 'done' "
              "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END");
     start();
-    void *w = worker(JOB ".1");
+    void *w = worker(JOB, JOB ".1");
     hello(w, JOB, 1);
     send_msg(w, MSG_TINKER_RESULT, json_pack("{s:s, s:b, s:{s:{s:f}}}", "id", "fut-1", "ok", 1, "result",
                                              "metrics", "loss:sum", 1.5));
@@ -370,7 +370,7 @@ Test(tinker_dispatch, a_worker_silent_past_the_hello_deadline_fails_its_job_and_
     tinker_insert_future("fut-ready", "ftjob-ready", "pending", now);
     tinker_insert_job("ftjob-young", "default", "running", 1, now);
     start();
-    void *w = worker("ftjob-ready.1");
+    void *w = worker("ftjob-ready", "ftjob-ready.1");
     hello(w, "ftjob-ready", 1);
     wait_hello("ftjob-ready", 1);
     tick();
@@ -430,7 +430,7 @@ Test(tinker_dispatch, create_model_racing_the_idle_release_gets_a_new_job) {
     start();
     char route[HTTP_ID_BYTES + 8];
     snprintf(route, sizeof route, "%s.1", job);
-    void *w = worker(route);
+    void *w = worker(job, route);
     hello(w, job, 1);
     wait_hello(job, 1);
     pthread_t t;
@@ -466,7 +466,7 @@ Test(tinker_dispatch, a_request_cancelled_before_the_hello_is_never_sent) {
     cr_expect(!tinker_dispatch_cancel(&tinker_s, JOB, "fut-2"), "taken back twice");
     cr_expect(!tinker_dispatch_cancel(&tinker_s, "ftjob-other", "fut-1"), "another job's queue");
     submit("fut-4", "optim_step", NULL, 0); /* after the tail was taken: the queue still links */
-    void *w = worker(JOB ".1");
+    void *w = worker(JOB, JOB ".1");
     hello(w, JOB, 1);
     char id[64];
     cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-1");
