@@ -28,8 +28,14 @@ SMALL_JOB = {
 
 
 class Smeltd:
-    def __init__(self, data_dir, models_dir, extra_args=(), env=None):
+    def __init__(self, data_dir, models_dir, extra_args=(), env=None, launcher=()):
         self.data_dir = data_dir
+        # argv run before smeltd's own (e.g. `ip netns exec NS`: it execs smeltd in place,
+        # so proc stays smeltd's pid)
+        self.launcher = list(launcher)
+        # where the tests reach the HTTP API when not at smeltd's own port (a relay into
+        # the network namespace smeltd runs in); None: smeltd's port
+        self.http_port = None
         self.models_dir = models_dir
         self.extra_args = list(extra_args)
         self.env = dict(env or {})  # over the defaults below (one OpenMP thread per trainer)
@@ -43,7 +49,7 @@ class Smeltd:
             os.unlink(port_file)
         env = dict(os.environ, SMELT_ADMIN_KEY=ADMIN_KEY, OMP_NUM_THREADS="1")
         env.update(self.env)
-        args = [os.path.join(BUILD, "smeltd"), "--data", self.data_dir, "--models", self.models_dir,
+        args = self.launcher + [os.path.join(BUILD, "smeltd"), "--data", self.data_dir, "--models", self.models_dir,
                 "--port", "0", "--port-file", port_file, "--cpu", "--heartbeat-ms", "200",
                 "--agent-lost-ms", "2000", "--stop-grace-ms", "3000"] + self.extra_args
         self.log = open(self.log_path, "ab")
@@ -81,7 +87,7 @@ class Smeltd:
 
     @property
     def base_url(self):
-        return "http://127.0.0.1:%d" % self.port
+        return "http://127.0.0.1:%d" % (self.http_port or self.port)
 
     def request(self, method, path, body=None, key=ADMIN_KEY, headers=None, raw=None):
         """(status, parsed JSON or text) for one request."""

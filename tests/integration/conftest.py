@@ -16,17 +16,18 @@ from smeltd_harness import (ADMIN_KEY, BUILD, ROOT, SMALL_JOB, TRAIN_FILE, VAL_F
 
 @pytest.fixture
 def start_smeltd():
-    """Factory: start_smeltd(data_dir=None, extra_args=(), env=None) -> Smeltd; all stopped at the end."""
+    """Factory: start_smeltd(data_dir=None, extra_args=(), env=None, launcher=()) -> Smeltd;
+    all stopped at the end."""
     servers, tmps = [], []
 
-    def start(data_dir=None, models_dir=None, extra_args=(), env=None):
+    def start(data_dir=None, models_dir=None, extra_args=(), env=None, launcher=()):
         if data_dir is None:
             tmp = tempfile.mkdtemp(prefix="smelt-it-")
             tmps.append(tmp)
             data_dir = os.path.join(tmp, "data")
             os.makedirs(data_dir)
             models_dir = make_models_dir(tmp)
-        s = Smeltd(data_dir, models_dir, extra_args, env)
+        s = Smeltd(data_dir, models_dir, extra_args, env, launcher)
         servers.append(s)
         return s.start()
 

@@ -49,10 +49,10 @@ def write_key_file(doc, path):
 class Agent:
     """A smelt-agent process; its output in a log file beside smeltd's."""
 
-    def __init__(self, smeltd, name, args):
+    def __init__(self, smeltd, name, args, launcher=()):
         self.log_path = os.path.join(smeltd.data_dir, "agent-%s.log" % name)
         self.log = open(self.log_path, "ab")
-        argv = [os.path.join(BUILD, "smelt-agent"), "--cpu", "--cpu-slots", "1", "--heartbeat-ms", "200"] + args
+        argv = list(launcher) + [os.path.join(BUILD, "smelt-agent"), "--cpu", "--cpu-slots", "1", "--heartbeat-ms", "200"] + args
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, OMP_NUM_THREADS="1"))
 
@@ -75,8 +75,8 @@ class Agent:
 def agents():
     started = []
 
-    def start(smeltd, name, args):
-        a = Agent(smeltd, name, args)
+    def start(smeltd, name, args, launcher=()):
+        a = Agent(smeltd, name, args, launcher)
         started.append(a)
         return a
 
