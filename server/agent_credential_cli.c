@@ -3,9 +3,12 @@
  * It works on the store directly, so it may run beside a running smeltd: a revocation takes
  * effect at that smeltd's next control pass. Key files are written with mode 0600, never
  * over an existing file. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "server/server_internal.h"
@@ -37,6 +40,19 @@ static int write_key_file(const char *path, json_t *doc, struct smelt_error *err
     return rc;
 }
 
+/* Before the store changes: --out must be a new file smeltd can create (0600), so a
+ * rotation never leaves the agent with the old credential revoked and the new one's
+ * secret unwritten. The probe file is removed again; the key file is written after. */
+static int out_writable(const char *path, struct smelt_error *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return error_set_field(err, SMELT_EINVAL, "--out", "--out %s: %s%s", path, strerror(errno),
+                               errno == EEXIST ? " (a key file is never overwritten: name a new file)" : "");
+    close(fd);
+    unlink(path);
+    return 0;
+}
+
 static void print_json(json_t *v) {
     char *text = json_dumps(v, JSON_INDENT(2) | JSON_SORT_KEYS);
     if (text) printf("%s\n", text);
@@ -51,12 +67,14 @@ static int cli_run(const char *verb, const struct cli_options *o, struct store_c
     int rc;
     if (strcmp(verb, "list") == 0) rc = agent_credential_list(c, &object, err);
     else if (strcmp(verb, "create") == 0) {
-        if (!(rc = need(o->agent_id, "--agent-id", err)) && !(rc = need(o->out, "--out", err)))
+        if (!(rc = need(o->agent_id, "--agent-id", err)) && !(rc = need(o->out, "--out", err)) &&
+            !(rc = out_writable(o->out, err)))
             rc = agent_credential_create(c, &r, &object, &key_file, err);
     } else if (strcmp(verb, "revoke") == 0) {
         if (!(rc = need(o->id, "--id", err))) rc = agent_credential_revoke(c, o->id, &object, err);
     } else if (strcmp(verb, "rotate") == 0) {
-        if (!(rc = need(o->id, "--id", err)) && !(rc = need(o->out, "--out", err)))
+        if (!(rc = need(o->id, "--id", err)) && !(rc = need(o->out, "--out", err)) &&
+            !(rc = out_writable(o->out, err)))
             rc = agent_credential_rotate(c, o->id, &r, &object, &key_file, err);
     } else rc = error_set(err, SMELT_EINVAL, "unknown command '%s' (create, list, revoke, rotate)", verb);
     /* The store holds the credential now: a key file that cannot be written is revoked again,

@@ -1,15 +1,29 @@
 /* /v1/cluster/agent_credentials (admin keys only; docs/security.md): enroll an agent (the
  * key file is answered once, never stored), list, revoke, rotate. A revocation takes effect
  * at the control loop's next pass, which it asks for at once. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "common/common.h"
 #include "server/server_internal.h"
 
+/* Whether endpoint binds every interface (0.0.0.0, the star or [::] as its host): an
+ * address an agent on another machine cannot connect to. */
+static bool wildcard_bind(const char *endpoint) {
+    static const char *const wild[] = {"tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:", "tcp://::"};
+    for (size_t i = 0; i < sizeof wild / sizeof *wild; i++)
+        if (strncmp(endpoint, wild[i], strlen(wild[i])) == 0) return true;
+    return false;
+}
+
+/* The key file names smeltd's agents endpoint only when smeltd knows one an agent can
+ * reach: the request's, else the bind address unless it is a wildcard (then the agent
+ * needs --server). */
 static void request_of(struct server *s, struct agent_credential_request *r) {
     memset(r, 0, sizeof *r);
     r->server_public_key = s->curve.public_key;
-    r->endpoint = s->config.agent_bind;
+    const char *bind = s->config.agent_bind;
+    r->endpoint = bind && !wildcard_bind(bind) ? bind : NULL;
 }
 
 /* The credential with its key file, or the failure, as the reply. Takes both. */
@@ -28,13 +42,16 @@ void api_agent_credentials_create(void *app, struct http_request *req, struct ht
     struct server *s = app;
     json_t *body = server_body_object(req, res);
     if (!body) return;
-    static const char *const keys[] = {"agent_id", "description", NULL};
+    static const char *const keys[] = {"agent_id", "description", "endpoint", NULL};
     struct smelt_error err = {0};
     struct agent_credential_request r;
     request_of(s, &r);
     if (json_check_keys(body, keys, "body", &err) ||
         json_field_string(body, "agent_id", true, NULL, &r.agent_id, "body", &err) ||
-        json_field_string(body, "description", false, "", &r.description, "body", &err)) {
+        json_field_string(body, "description", false, "", &r.description, "body", &err) ||
+        json_field_string(body, "endpoint", false, r.endpoint, &r.endpoint, "body", &err) ||
+        (r.endpoint && strncmp(r.endpoint, "tcp://", 6) != 0 &&
+         error_set_field(&err, SMELT_EINVAL, "endpoint", "endpoint: a tcp://HOST:PORT address is required"))) {
         server_reply_failure(res, &err, err.field[0] ? err.field : NULL);
         json_decref(body);
         return;

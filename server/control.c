@@ -31,14 +31,28 @@ static int64_t grace_ms(struct server *s) {
     return s->config.stop_grace_ms > 0 ? s->config.stop_grace_ms : 10000;
 }
 
-static void send_to_agent(struct server *s, const char *agent_id, const char *type, json_t *header) {
+/* Whether the message left for the agent's connection. */
+static bool send_to_agent(struct server *s, const char *agent_id, const char *type, json_t *header) {
     struct smelt_error err = {0};
     const void *route = NULL;
     size_t route_len = 0;
-    if (!agent_link_route(s, agent_id, &route, &route_len))
+    if (!agent_link_route(s, agent_id, &route, &route_len)) {
         log_warn("control: %s to agent %s: not connected on a live credential", type, agent_id);
-    else if (msg_send(s->agent_router, route, route_len, type, header, NULL, 0, &err) != 0)
+        return false;
+    }
+    if (msg_send(s->agent_router, route, route_len, type, header, NULL, 0, &err) != 0) {
         log_warn("control: %s to agent %s: %s", type, agent_id, err.message);
+        return false;
+    }
+    return true;
+}
+
+/* Whether smeltd knows how to reach agent_id now (under CURVE: it has heard from it since
+ * it connected); the scheduler places jobs only there. */
+static bool agent_reachable(struct server *s, const char *agent_id) {
+    const void *route = NULL;
+    size_t route_len = 0;
+    return agent_link_route(s, agent_id, &route, &route_len);
 }
 
 static void reply_error(struct server *s, const struct msg *m, const char *field, const char *message) {
@@ -660,13 +674,35 @@ static void mark_lost_agents(struct server *s, struct store_conn *c) {
     json_decref(lost);
 }
 
-/* An agent whose credential was revoked (or rotated) is lost at once: its jobs go on
- * elsewhere, and nothing more is sent to or taken from that connection. */
+/* Asks agent_id, on the connection it still has, to stop every worker smeltd placed on it,
+ * so that a job retried elsewhere does not run twice (an agent that ignores it keeps
+ * nothing it did not already hold). */
+static void stop_all_on(struct server *s, struct store_conn *c, const char *agent_id, const char *reason) {
+    struct smelt_error err = {0};
+    json_t *jobs = NULL;
+    if (store_query(c, &jobs, &err, "SELECT id, attempt FROM jobs WHERE agent_id = ? AND devices IS NOT NULL", "s",
+                    agent_id) != 0)
+        return;
+    size_t i;
+    json_t *job;
+    json_array_foreach(jobs, i, job) {
+        json_t *h = json_pack("{s:s, s:I, s:I, s:s}", "job_id", json_string_value(json_object_get(job, "id")),
+                              "attempt", json_integer_value(json_object_get(job, "attempt")), "grace_ms",
+                              (json_int_t)grace_ms(s), "reason", reason);
+        if (h) send_to_agent(s, agent_id, MSG_WORKER_STOP, h);
+        json_decref(h);
+    }
+    json_decref(jobs);
+}
+
+/* An agent whose credential was revoked (or rotated) is lost at once: its workers are asked
+ * to stop, its jobs go on elsewhere, and nothing more is taken from that connection. */
 static void mark_revoked_agents(struct server *s, struct store_conn *c) {
     char revoked[16][MSG_ROUTE_BYTES];
     int n = agent_link_revoked(s, c, revoked, 16);
     for (int i = 0; i < n; i++) {
         log_warn("control: agent %s's credential was revoked: lost", revoked[i]);
+        stop_all_on(s, c, revoked[i], "the agent's credential was revoked");
         agent_link_forget(s, revoked[i]);
         agent_lost(s, c, revoked[i]);
     }
@@ -845,8 +881,16 @@ static void launch(struct server *s, struct store_conn *c, json_t *job, json_t *
                           "log_path", log_path, "metrics_path", metrics_path, "devices", dev_array, "secrets",
                           curve_job_keys_json(&keys));
     explicit_bzero(&keys, sizeof keys);
-    if (h) send_to_agent(s, agent_id, MSG_WORKER_LAUNCH, h);
+    bool sent = h && send_to_agent(s, agent_id, MSG_WORKER_LAUNCH, h);
     json_decref(h);
+    if (!sent) {
+        /* The agent never got it: back in the queue as it was, for the next pass to place. */
+        exec_logged("requeue", store_exec(c, &err, "UPDATE jobs SET status = 'queued', attempt = attempt - 1, "
+                                          "agent_id = NULL, devices = NULL, worker_public_key = NULL WHERE id = ?",
+                                          "s", id), &err);
+        json_decref(dev_array);
+        return;
+    }
     char what[512], list[256] = "";
     for (int i = 0; i < n_devices && strlen(list) < sizeof list - 24; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%lld", i ? "," : "", (long long)devices[i]);
@@ -877,6 +921,7 @@ static void schedule_queue(struct server *s, struct store_conn *c) {
         size_t k;
         json_t *agent;
         json_array_foreach(agents, k, agent) {
+            if (!agent_reachable(s, json_string_value(json_object_get(agent, "id")))) continue;
             int64_t free_idx[AGENT_MAX_DEVICES];
             int n = free_devices(c, agent, free_idx, AGENT_MAX_DEVICES);
             if (n >= want) {

@@ -183,8 +183,17 @@ def test_credentials_api(start_smeltd, tmp_path):
         assert status == 400 and err["error"]["param"] == "agent_id", (bad, err)
     status, err = smeltd.request("POST", "/v1/cluster/agent_credentials", {"agent_id": "n", "secret": "x"})
     assert status == 400, err
+    # the endpoint an agent reaches smeltd at, when it is not the bind address
+    status, other = smeltd.request("POST", "/v1/cluster/agent_credentials",
+                                   {"agent_id": "node-e", "endpoint": "tcp://10.1.2.3:7071"})
+    assert status == 200 and other["key_file"]["endpoint"] == "tcp://10.1.2.3:7071", other
+    status, err = smeltd.request("POST", "/v1/cluster/agent_credentials",
+                                 {"agent_id": "node-f", "endpoint": "http://10.1.2.3"})
+    assert status == 400 and err["error"]["param"] == "endpoint", err
+    status, _ = smeltd.request("POST", "/v1/cluster/agent_credentials/%s/revoke" % other["id"])
+    assert status == 200
     status, listed = smeltd.request("GET", "/v1/cluster/agent_credentials")
-    assert status == 200 and [c["id"] for c in listed["data"]] == [cred["id"]]
+    assert status == 200 and [c["id"] for c in listed["data"]] == [cred["id"], other["id"]]
     assert "secret_key" not in json.dumps(listed) and "key_file" not in listed["data"][0]
     # admin keys only
     status, key = smeltd.request("POST", "/v1/api_keys", {"project": "p1", "name": "user"})
@@ -258,6 +267,11 @@ def test_enrolled_agent_runs_a_job_and_revocation_loses_it(start_smeltd, agents,
     wait_event(smeltd, long_job["id"], "the worker was lost with its agent", timeout=5)
     wait_event(smeltd, long_job["id"], "retrying from the last checkpoint (retry 1 of 1)", timeout=5)
     wait_log(smeltd, "agent node-a's credential was revoked: lost")
+    # its worker is stopped on the connection it still had, so the retry never runs beside it
+    deadline = time.monotonic() + 10
+    while "stopping job %s attempt 1" % long_job["id"] not in agent.read_log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "the agent's credential was revoked" in agent.read_log(), agent.read_log()[-2000:]
     wait_log(smeltd, "dropped a agent.heartbeat from a connection of agent credential %s: revoked" % cred["id"])
     time.sleep(1.0)
     assert cluster_agent(smeltd, "node-a")["status"] == "lost"  # its heartbeats change nothing
@@ -366,12 +380,15 @@ def test_agent_credential_subcommand(tmp_path):
     r = run_cli("create", "--data", data, "--agent-id", "node-c", "--out", str(tmp_path / "again.key"))
     assert r.returncode == 2 and "already has a live credential" in r.stderr, r
     assert not os.path.exists(str(tmp_path / "again.key"))
-    # a key file that cannot be written leaves no live credential behind
+    # a key file that cannot be written is refused before the store changes: no credential for node-d,
+    # and a rotation onto an existing file leaves node-c's credential live (not revoked with no successor)
     r = run_cli("create", "--data", data, "--agent-id", "node-d", "--out", out)
-    assert r.returncode != 0 and out in r.stderr, r
+    assert r.returncode != 0 and out in r.stderr and "never overwritten" in r.stderr, r
+    r = run_cli("rotate", "--data", data, "--id", created["id"], "--out", out)
+    assert r.returncode != 0 and "never overwritten" in r.stderr, r
     r = run_cli("list", "--data", data)
     listed = json.loads(r.stdout)
-    assert [(c["agent_id"], c["live"]) for c in listed] == [("node-c", True), ("node-d", False)], listed
+    assert [(c["agent_id"], c["live"]) for c in listed] == [("node-c", True)], listed
     r = run_cli("rotate", "--data", data, "--id", created["id"], "--out", str(tmp_path / "node-c.new.key"))
     assert r.returncode == 0, r.stderr
     rotated = json.loads(r.stdout)
@@ -383,3 +400,19 @@ def test_agent_credential_subcommand(tmp_path):
     assert r.returncode == 2 and "embedded agent" in r.stderr, r
     assert run_cli("bogus", "--data", data).returncode == 2
     assert run_cli("list").returncode == 2  # --data is required
+
+
+def test_a_restarted_smeltd_places_jobs_only_on_agents_it_can_reach(start_smeltd, agents, tmp_path):
+    """After a restart the agents' rows still say online, but smeltd has no connection of
+    theirs yet: a job is placed once the agent is heard from, never launched into the void."""
+    smeltd, endpoint = start_secure(start_smeltd)
+    cred, path = enroll(smeltd, "node-a", str(tmp_path))
+    agents(smeltd, "a", ["--credential", path])
+    wait_agent(smeltd, "node-a", "online")
+    smeltd.kill()
+    again = start_smeltd(data_dir=smeltd.data_dir, models_dir=smeltd.models_dir,
+                         extra_args=["--agents", endpoint] + NO_LOCAL)
+    job = create_job(again, SMALL_JOB)
+    done = again.wait_job(job["id"], ("succeeded", "failed"), timeout=120)
+    assert done["status"] == "succeeded", (done, again.read_log_all()[-3000:])
+    assert "not connected on a live credential" not in again.read_log_all()
