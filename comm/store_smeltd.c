@@ -56,11 +56,13 @@ static int await_reply(struct smeltd_store *s, const char *id, int64_t wait_ms, 
  * (a request at fault, a limit) or SMELT_EIO (the attempt ended), with smeltd's field. */
 static int refusal(const struct msg *m, struct smelt_error *err) {
     json_t *e = json_object_get(m->header, "error");
-    const char *code = json_string_value(json_object_get(e, "code")), *field = json_string_value(json_object_get(e, "field"));
+    const char *code = json_string_value(json_object_get(e, "code"));
+    const char *field = json_string_value(json_object_get(e, "field"));
     const char *message = json_string_value(json_object_get(e, "message"));
     int rc = !code ? SMELT_EFORMAT : strcmp(code, "not_found") == 0 ? SMELT_ENOTFOUND
            : strcmp(code, "ended") == 0 ? SMELT_EIO : SMELT_EINVAL;
-    return error_set_field(err, rc, field ? field : "rendezvous", "%s", message ? message : "smeltd refused the request");
+    return error_set_field(err, rc, field ? field : "rendezvous", "%s",
+                           message ? message : "smeltd refused the request");
 }
 
 /* One request and its reply; *value (get) is the value frame, malloc'd. */

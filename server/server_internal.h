@@ -205,6 +205,18 @@ void tinker_dispatch_forget(struct server *s, const char *job_id);
 /* Whether the worker of job_id's attempt has said tinker.hello (false without a dispatcher). */
 bool tinker_dispatch_said_hello(struct server *s, const char *job_id, int64_t attempt);
 
+/* ---- job channels (server/job_channels.c): smeltd's CURVE ROUTERs for job attempts ---- */
+/* router (made and configured by the caller) becomes a CURVE server with smeltd's keys whose
+ * handshakes fn(s, ...) decides under ZAP domain `domain`, bound to `bind` (a failure names
+ * `field`); its endpoint (ZMQ_LAST_ENDPOINT) goes to endpoint[cap]. */
+int server_curve_bind(struct server *s, void *router, const char *bind, const char *domain, zap_authorize_fn fn,
+                      const char *field, char *endpoint, size_t cap, struct smelt_error *err);
+/* A handshake by job attempt: true with user_id "<job_id>.<attempt>" when key is the
+ * worker_public_key of a running job's current attempt (sessions_only: of a Tinker session
+ * job); false with why otherwise. For zap_authorize_fn callbacks (the ZAP thread). */
+bool server_attempt_of_key(struct server *s, const char *key, bool sessions_only, char *user_id, size_t cap,
+                           char *why, size_t why_cap);
+
 /* ---- the rendezvous (server/rendezvous.c; messages: common/msg.h's rdzv.*) ---- */
 #define RDZV_DEFAULT_MAX_KEYS 1024
 #define RDZV_DEFAULT_MAX_BYTES ((size_t)4 << 20)
