@@ -5,7 +5,8 @@
  *
  * Ranks find each other through a rendezvous store (struct comm_store): a key/value
  * table with wait, scoped to one job. `file:DIR` is the standalone store (a shared
- * folder); smeltd will serve the same vtable for the jobs it runs.
+ * folder); `smeltd:ENDPOINT` is the one smeltd serves for the jobs it runs, reached with
+ * the job attempt's CURVE keys and scoped by smeltd to that attempt.
  *
  * Every operation has a timeout. A dead peer (killed) or a stuck one (stopped) makes the
  * operation fail on every other rank, with a message naming the ranks that did not report
@@ -48,9 +49,16 @@ struct comm_store {
     void *impl;
 };
 
-/* Opens a store from a spec: "file:DIR" (DIR is created when missing). Every key is put
- * under `job` (letters, digits, '-', '_', '.'; at most 64 bytes), so one folder can serve
- * many jobs. *out is the caller's; comm_store_close frees it. */
+/* Opens a store from a spec: "file:DIR" (DIR is created when missing) or
+ * "smeltd:ENDPOINT" (smeltd's rendezvous, e.g. smeltd:tcp://127.0.0.1:5601; needs keys).
+ * Every key is put under `job` (letters, digits, '-', '_', '.'; at most 64 bytes), so one
+ * folder can serve many jobs. keys (borrowed, read during the call only; NULL or not
+ * present: none) are the job attempt's CURVE keys (common/curve.h), which smeltd checks.
+ * *out is the caller's; comm_store_close frees it. */
+struct curve_job_keys;
+int comm_store_open_keys(const char *spec, const char *job, const struct curve_job_keys *keys,
+                         struct comm_store **out, struct smelt_error *err);
+/* comm_store_open_keys without keys. */
 int comm_store_open(const char *spec, const char *job, struct comm_store **out,
                     struct smelt_error *err);
 void comm_store_close(struct comm_store *store);

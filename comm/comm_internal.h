@@ -18,6 +18,11 @@ extern "C" {
 int comm_store_file_create(const char *dir, const char *job, struct comm_store **out,
                            struct smelt_error *err);
 
+/* The "smeltd:ENDPOINT" store (comm/store_smeltd.c): a CURVE client of smeltd's
+ * rendezvous with keys' worker keypair (refused without keys). */
+int comm_store_smeltd_create(const char *endpoint, const char *job, const struct curve_job_keys *keys,
+                             struct comm_store **out, struct smelt_error *err);
+
 /* A job or communicator name: 1..64 bytes of letters, digits, '-', '_', '.', not
  * starting with '.'. field names the option in the error. */
 int comm_name_check(const char *name, const char *field, struct smelt_error *err);

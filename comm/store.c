@@ -1,4 +1,4 @@
-/* Opening a rendezvous store from its spec, and the checks and clock comm/ shares. */
+/* Opening a rendezvous store from its spec (file:DIR, smeltd:ENDPOINT), and the checks and clock comm/ shares. */
 #include <string.h>
 #include <time.h>
 
@@ -26,6 +26,11 @@ int comm_name_check(const char *name, const char *field, struct smelt_error *err
 
 int comm_store_open(const char *spec, const char *job, struct comm_store **out,
                     struct smelt_error *err) {
+    return comm_store_open_keys(spec, job, NULL, out, err);
+}
+
+int comm_store_open_keys(const char *spec, const char *job, const struct curve_job_keys *keys,
+                         struct comm_store **out, struct smelt_error *err) {
     *out = NULL;
     TRY(comm_name_check(job, "job", err));
     if (!spec)
@@ -36,8 +41,14 @@ int comm_store_open(const char *spec, const char *job, struct comm_store **out,
                                    "rendezvous 'file:' names no folder");
         return comm_store_file_create(spec + 5, job, out, err);
     }
+    if (strncmp(spec, "smeltd:", 7) == 0) {
+        if (!spec[7])
+            return error_set_field(err, SMELT_EINVAL, "rendezvous",
+                                   "rendezvous 'smeltd:' names no endpoint");
+        return comm_store_smeltd_create(spec + 7, job, keys, out, err);
+    }
     return error_set_field(err, SMELT_EINVAL, "rendezvous",
-                           "rendezvous '%.64s' is not file:DIR", spec);
+                           "rendezvous '%.64s' is neither file:DIR nor smeltd:ENDPOINT", spec);
 }
 
 void comm_store_close(struct comm_store *store) {

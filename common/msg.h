@@ -205,6 +205,29 @@
 #define MSG_TINKER_RESULT "tinker.result"
 #define TINKER_HELLO_MS 2000
 
+/* ---- rendezvous (comm/'s "smeltd:ENDPOINT" store, DEALER -> smeltd's rendezvous ROUTER,
+ * server/rendezvous.c; docs/distributed.md) ----
+ *
+ * The connection's keys are the table: a client gets in only with the worker keypair of
+ * a running job's current attempt, and reads and writes that attempt's keys alone.
+ * id: the client's, 1..64 bytes, echoed in the reply. key: 1..RDZV_KEY_BYTES-1
+ * printable bytes, no spaces.
+ * rdzv.set   {v, id, key} frame 2: the value (any bytes; set again replaces it)
+ *            -> rdzv.reply {v, id, ok: true}
+ * rdzv.get   {v, id, key, timeout_ms: 0..3600000}
+ *            -> rdzv.reply {v, id, ok: true} frame 2: the value, at once or as soon as
+ *            the key is set within timeout_ms
+ * rdzv.reply {v, id?, ok: false, error: {message, field?, code}} when refused; code:
+ *            "not_found" (the key was not set within timeout_ms; field "key"),
+ *            "invalid" (field: the header field at fault: "id", "key", "timeout_ms",
+ *            "frames", "type", "v", "header"), "limit" (field: "rendezvous_max_keys",
+ *            "rendezvous_max_bytes" (keys and values of one attempt), "waiters" (gets
+ *            waiting at once)), "ended" (the attempt is no longer its job's running one:
+ *            its table is gone). */
+#define MSG_RDZV_SET "rdzv.set"
+#define MSG_RDZV_GET "rdzv.get"
+#define MSG_RDZV_REPLY "rdzv.reply"
+#define RDZV_KEY_BYTES 384
 struct msg_array {
     void *data;
     size_t bytes;

@@ -812,6 +812,13 @@ static json_t *trainer_argv(struct server *s, const char *job_dir, const char *s
         json_array_append_new(argv, json_string("--ranks"));
         json_array_append_new(argv, json_string(text));
     }
+    /* The ranks meet at smeltd's rendezvous, each showing the attempt's keys (rendezvous.c). */
+    if (argv && ranks > 1 && s->rendezvous_endpoint[0]) {
+        char spec[sizeof s->rendezvous_endpoint + 8];
+        snprintf(spec, sizeof spec, "smeltd:%s", s->rendezvous_endpoint);
+        json_array_append_new(argv, json_string("--rendezvous"));
+        json_array_append_new(argv, json_string(spec));
+    }
     return argv;
 }
 

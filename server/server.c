@@ -104,6 +104,7 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
     /* before the control loop: it launches session workers at this endpoint, and must
      * not see the last run's session jobs as its own */
     if (rc == 0) rc = tinker_dispatch_start(s, err);
+    if (rc == 0) rc = rendezvous_start(s, err); /* before the control loop: trainers get its endpoint */
     if (rc == 0) rc = tinker_api_start(s, err);
     if (rc == 0) rc = tinker_jobs_recover(s, err);
     if (rc == 0) rc = control_start(s, err);
@@ -143,6 +144,7 @@ int server_run(const struct server_config *config, struct smelt_error *err) {
     http_server_stop(atomic_exchange(&s->http, NULL));
     tinker_dispatch_free(s); /* after HTTP: handlers submit to it (refused once stopped) */
     tinker_api_stop(s);
+    rendezvous_free(s);
     zap_handler_stop(s->zap); /* its socket too must be closed before the context ends */
     if (s->zmq) zmq_ctx_term(s->zmq);
     store_close(s->store);

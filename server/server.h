@@ -40,6 +40,10 @@ struct server_config {
     int stop_grace_ms;            /* SIGTERM -> SIGKILL for cancel (0: 10 s) */
     const char *tinker_bind;      /* ZeroMQ ROUTER the Tinker session workers connect to;
                                      NULL: "tcp://127.0.0.1:*" (a free port) */
+    const char *rendezvous_bind;  /* ZeroMQ ROUTER where the ranks of a job meet (server/
+                                     rendezvous.c); NULL: "tcp://127.0.0.1:*" (a free port) */
+    int rendezvous_max_keys;      /* keys one job attempt may hold (0: 1024) */
+    size_t rendezvous_max_bytes;  /* bytes of keys and values one attempt may hold (0: 4 MiB) */
     int tinker_idle_seconds;      /* a session job none of whose sessions was heard from for
                                      this long is released (0: 600) */
     const atomic_int *stop;       /* server_run returns once *stop != 0; atomic because

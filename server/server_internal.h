@@ -49,6 +49,9 @@ struct server {
     /* the Tinker dispatch thread (tinker_dispatch.c): its ROUTER, queues and thread */
     char tinker_endpoint[256];             /* where session workers connect (ZMQ_LAST_ENDPOINT) */
     struct tinker_dispatch *tinker;        /* NULL until tinker_dispatch_start */
+    /* the rendezvous (rendezvous.c): where a job's ranks meet */
+    char rendezvous_endpoint[256];         /* ZMQ_LAST_ENDPOINT; trainers get "smeltd:" + it */
+    struct rendezvous *rendezvous;         /* NULL until rendezvous_start */
     struct tinker_api *tinker_api;         /* the API handlers' state (api_tinker.c) */
     atomic_bool tinker_futures_failed;     /* futures failed in a control-loop transaction not
                                               yet woken (tinker_futures_wake_failed) */
@@ -201,6 +204,31 @@ int tinker_jobs_recover(struct server *s, struct smelt_error *err);
 void tinker_dispatch_forget(struct server *s, const char *job_id);
 /* Whether the worker of job_id's attempt has said tinker.hello (false without a dispatcher). */
 bool tinker_dispatch_said_hello(struct server *s, const char *job_id, int64_t attempt);
+
+/* ---- job channels (server/job_channels.c): smeltd's CURVE ROUTERs for job attempts ---- */
+/* router (made and configured by the caller) becomes a CURVE server with smeltd's keys whose
+ * handshakes fn(s, ...) decides under ZAP domain `domain`, bound to `bind` (a failure names
+ * `field`); its endpoint (ZMQ_LAST_ENDPOINT) goes to endpoint[cap]. */
+int server_curve_bind(struct server *s, void *router, const char *bind, const char *domain, zap_authorize_fn fn,
+                      const char *field, char *endpoint, size_t cap, struct smelt_error *err);
+/* A handshake by job attempt: true with user_id "<job_id>.<attempt>" when key is the
+ * worker_public_key of a running job's current attempt (sessions_only: of a Tinker session
+ * job); false with why otherwise. For zap_authorize_fn callbacks (the ZAP thread). */
+bool server_attempt_of_key(struct server *s, const char *key, bool sessions_only, char *user_id, size_t cap,
+                           char *why, size_t why_cap);
+
+/* ---- the rendezvous (server/rendezvous.c; messages: common/msg.h's rdzv.*) ---- */
+#define RDZV_DEFAULT_MAX_KEYS 1024
+#define RDZV_DEFAULT_MAX_BYTES ((size_t)4 << 20)
+/* Binds the rendezvous ROUTER (config.rendezvous_bind), a CURVE server (ZAP domain "rdzv")
+ * that admits the worker keys of running attempts, records the endpoint in
+ * s->rendezvous_endpoint and starts its thread. Needs s->zmq, s->curve, s->zap, s->store.
+ * After a failure rendezvous_free still frees what was made. */
+int rendezvous_start(struct server *s, struct smelt_error *err);
+/* Stops the thread, closes the socket (before zap_handler_stop) and frees every table. */
+void rendezvous_free(struct server *s);
+/* How many keys attempt user_id ("<job_id>.<attempt>") holds now (0: no table). */
+size_t rendezvous_keys_held(struct server *s, const char *user_id);
 
 /* ---- schedules (server/schedules.c) ---- */
 

@@ -27,6 +27,7 @@ static void usage(FILE *f) {
             "              [--admin-key-file F] [--bin-dir DIR] [--web-dir DIR] [--threads N]\n"
             "              [--heartbeat-ms N] [--agent-lost-ms N] [--stop-grace-ms N] [--max-upload-mb N]\n"
             "              [--tinker-bind tcp://ADDR:PORT] [--tinker-idle-seconds N]\n"
+            "              [--rendezvous-bind tcp://ADDR:PORT]\n"
             "The admin key comes from SMELT_ADMIN_KEY, --admin-key-file, or is generated into DIR/admin_key\n"
             "at the first start. docs/operations.md explains each flag.\n"
             "       smeltd agent-credential create|list|revoke|rotate ... (enrolls agents; docs/security.md)\n");
@@ -65,6 +66,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--port-file") == 0) c.port_file = v;
         else if (strcmp(a, "--agents") == 0) c.agent_bind = v;
         else if (strcmp(a, "--tinker-bind") == 0) c.tinker_bind = v;
+        else if (strcmp(a, "--rendezvous-bind") == 0) c.rendezvous_bind = v;
         else if (strcmp(a, "--admin-key-file") == 0) key_file = v;
         else if (strcmp(a, "--bin-dir") == 0) c.bin_dir = v;
         else if (strcmp(a, "--web-dir") == 0) c.web_dir = v;

@@ -236,21 +236,7 @@ static const char *text_or_dot(const struct msg *m) {
 static bool authorize_worker(void *arg, const char *address, const char *client_public_key, char *user_id,
                              size_t user_id_cap, char *why, size_t why_cap) {
     (void)address;
-    struct server *s = arg;
-    struct smelt_error err = {0};
-    struct store_conn *c = store_acquire(s->store, &err);
-    json_t *row = NULL;
-    int rc = c ? store_query_one(c, &row, &err, "SELECT id, attempt FROM jobs WHERE worker_public_key = ? AND status "
-                                 "= 'running' AND devices IS NOT NULL AND json_extract(method, '$.type') = 'tinker'",
-                                 "s", client_public_key) : SMELT_EIO;
-    if (c) store_release(s->store, c);
-    const char *id = json_string_value(json_object_get(row, "id"));
-    if (!rc && id)
-        snprintf(user_id, user_id_cap, "%s.%lld", id, (long long)json_integer_value(json_object_get(row, "attempt")));
-    else if (rc == SMELT_ENOTFOUND) snprintf(why, why_cap, "not the key of a running session job's attempt");
-    else snprintf(why, why_cap, "the store: %s", err.message);
-    json_decref(row);
-    return !rc && id;
+    return server_attempt_of_key(arg, client_public_key, true, user_id, user_id_cap, why, why_cap);
 }
 
 /* ---- the worker's messages (the dispatch thread) ---- */
@@ -528,16 +514,8 @@ static int bind_router(struct server *s, struct tinker_dispatch *d, struct smelt
         zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
         return error_set(err, SMELT_EIO, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
-    if (!s->zap) return error_set(err, SMELT_EINVAL, "the Tinker dispatcher needs smeltd's ZAP handler (s->zap)");
-    TRY(zap_handler_add_domain(s->zap, "tinker", authorize_worker, s, err));
-    TRY(curve_socket_server(d->router, &s->curve, "tinker", err));
-    if (zmq_bind(d->router, bind) != 0)
-        return error_set_field(err, SMELT_EIO, "tinker_bind", "binding the Tinker workers' endpoint %s: %s", bind,
-                               zmq_strerror(zmq_errno()));
-    size_t len = sizeof s->tinker_endpoint;
-    if (zmq_getsockopt(d->router, ZMQ_LAST_ENDPOINT, s->tinker_endpoint, &len) != 0)
-        return error_set(err, SMELT_EIO, "ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
-    return 0;
+    return server_curve_bind(s, d->router, bind, "tinker", authorize_worker, "tinker_bind", s->tinker_endpoint,
+                             sizeof s->tinker_endpoint, err);
 }
 
 int tinker_dispatch_start(struct server *s, struct smelt_error *err) {

@@ -25,7 +25,8 @@ int dist_check(const struct job_spec *s, const struct trainer_options *o, struct
     if (ranks == 1) return SMELT_OK;
     if (!o->rendezvous || !*o->rendezvous)
         return error_set_field(err, SMELT_EINVAL, "rendezvous",
-                               "rendezvous: %d ranks need a rendezvous store (\"file:DIR\")", ranks);
+                               "rendezvous: %d ranks need a rendezvous store (\"file:DIR\" or "
+                               "\"smeltd:ENDPOINT\")", ranks);
     if (s->backend != BACKEND_CPU)
         return error_set_field(err, SMELT_EINVAL, "ranks",
                                "ranks: %d ranks need backend \"cpu\" (the collectives are Gloo's, on host "
@@ -45,7 +46,7 @@ int dist_open(struct dist *d, const struct dist_config *c, struct smelt_error *e
     d->ranks = c->ranks > 0 ? c->ranks : 1;
     d->stage = c->stage;
     if (d->ranks == 1) return SMELT_OK;
-    TRY(error_wrap(err, comm_store_open(c->rendezvous, "trainer", &d->store, err), "rendezvous"));
+    TRY(error_wrap(err, comm_store_open_keys(c->rendezvous, "trainer", c->job_keys, &d->store, err), "rendezvous"));
     struct comm_options co = {.rank = d->rank, .size = d->ranks, .name = c->run_id ? c->run_id : "world",
                               .timeout_ms = c->timeout_ms > 0 ? c->timeout_ms : TRAINER_COMM_TIMEOUT_MS,
                               .backend = COMM_BACKEND_GLOO};

@@ -2,8 +2,10 @@
  * this machine and watches them, as torchrun does (trainer.h, trainer_launch_ranks).
  *
  * Each rank is this program again (fork + execve, common/spawn.h) with the same
- * arguments and --rank R --ranks N --rendezvous file:DIR --no-lock: DIR is a fresh folder
- * under the job's output_dir, so a new attempt never meets an old attempt's addresses.
+ * arguments and --rank R --ranks N --rendezvous STORE --no-lock. STORE is smeltd's
+ * rendezvous when smeltd started the job (`--rendezvous smeltd:ENDPOINT`: scoped to the
+ * attempt whose keys every rank gets), else file:DIR, a fresh folder under the job's
+ * output_dir, so a new attempt never meets an old attempt's addresses.
  * The ranks stay in this process's group: a stop meant for the group (the agent's
  * SIGTERM, a terminal's ^C) reaches every rank, and the ranks agree to stop after the same
  * step. A signal sent to this process alone is passed on to the ranks. Rank R runs on
@@ -75,9 +77,10 @@ static int start_rank(const struct trainer_launch *l, int rank, const char *stor
     char **envp = spawn_envp_for_device(rank, rank == 0 ? l->ranks : -1, backend_cpu_blas_kernels());
     int rc = SMELT_OK, keys_fd = -1;
     if (!argv || !envp) rc = error_set(err, SMELT_ENOMEM, "launch: out of memory");
-    /* The job's keys to rank 0 alone: it is the one that runs the job's channels. */
-    if (!rc && rank == 0) rc = error_wrap(err, curve_job_keys_for_child(l->job_keys, &envp, &keys_fd, err),
-                                          "launch: rank 0's keys");
+    /* The job's keys to every rank: each shows them to smeltd's rendezvous; rank 0 also
+     * runs the job's channels with them. */
+    if (!rc) rc = error_wrap(err, curve_job_keys_for_child(l->job_keys, &envp, &keys_fd, err),
+                             "launch: rank %d's keys", rank);
     if (!rc) {
         struct spawn_plan plan;
         spawn_plan_init(&plan, argv, envp);
@@ -217,9 +220,13 @@ static void catch_signals(void) {
 int trainer_launch_ranks(const struct trainer_launch *l, int *exit_status, struct smelt_error *err) {
     if (l->ranks < 2 || l->ranks > TRAINER_MAX_RANKS)
         return error_set(err, SMELT_EINVAL, "--ranks: %d is not between 2 and %d", l->ranks, TRAINER_MAX_RANKS);
-    char dir[JOB_PATH_BYTES + 64], store[JOB_PATH_BYTES + 80];
-    TRY(make_store_dir(l, dir, sizeof dir, err));
-    snprintf(store, sizeof store, "file:%s", dir);
+    char dir[JOB_PATH_BYTES + 64] = "", file_store[JOB_PATH_BYTES + 80];
+    const char *store = l->rendezvous;
+    if (!store) {
+        TRY(make_store_dir(l, dir, sizeof dir, err));
+        snprintf(file_store, sizeof file_store, "file:%s", dir);
+        store = file_store;
+    }
     struct rank_proc *procs = calloc((size_t)l->ranks, sizeof *procs);
     if (!procs) return error_set(err, SMELT_ENOMEM, "launch: out of memory");
     catch_signals();
@@ -237,7 +244,7 @@ int trainer_launch_ranks(const struct trainer_launch *l, int *exit_status, struc
     int status = watch_ranks(&w, timeout);
     free(procs);
     struct smelt_error ignore = {0};
-    dir_remove_all(dir, &ignore);
+    if (dir[0]) dir_remove_all(dir, &ignore);
     if (rc) return rc;
     *exit_status = status;
     return SMELT_OK;

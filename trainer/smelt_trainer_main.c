@@ -2,8 +2,9 @@
  * checkpoint after the current step so the job can resume).
  *
  *   smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]
- *                 [--ranks N [--comm-timeout-ms MS]]
- *                 [--rank R --ranks N --rendezvous file:DIR [--run-id ID] [--comm-timeout-ms MS] [--no-lock]]
+ *                 [--ranks N [--comm-timeout-ms MS] [--rendezvous smeltd:ENDPOINT]]
+ *                 [--rank R --ranks N --rendezvous file:DIR|smeltd:ENDPOINT [--run-id ID]
+ *                  [--comm-timeout-ms MS] [--no-lock]]
  *
  * --ranks N > 1 without --rank: this process starts the N data-parallel ranks of the job on
  * this machine and watches them (launch.c; docs/distributed.md), holding the job
@@ -40,8 +41,9 @@ static struct curve_job_keys job_keys;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt-trainer --spec job.json [--resume [latest|CHECKPOINT_DIR]] [--stop-after-step N] [--quiet]\n"
-               "                     [--ranks N [--comm-timeout-ms MS]]\n"
-               "                     [--rank R --ranks N --rendezvous file:DIR [--run-id ID] [--comm-timeout-ms MS] [--no-lock]]\n"
+               "                     [--ranks N [--comm-timeout-ms MS] [--rendezvous smeltd:ENDPOINT]]\n"
+               "                     [--rank R --ranks N --rendezvous file:DIR|smeltd:ENDPOINT [--run-id ID]\n"
+               "                      [--comm-timeout-ms MS] [--no-lock]]\n"
                "  runs an SFT, DPO, reward-model or GRPO job (its \"type\"; docs/job-spec.md); metrics go\n"
                "  to stdout and OUTPUT_DIR/metrics.jsonl. --ranks N > 1 alone: starts and watches the N\n"
                "  data-parallel ranks here; with --rank R: this process is rank R of N, meeting the others\n"
@@ -133,11 +135,13 @@ static int launcher_options(int argc, char **argv, int at, int64_t *ranks, int64
         fprintf(stderr, "smelt-trainer: %s\n", err.message[0] ? err.message : "--ranks needs a value");
         return 2;
     }
-    if (find_arg(argc, argv, "--rendezvous") || find_arg(argc, argv, "--no-lock") ||
+    int rdzv_at = find_arg(argc, argv, "--rendezvous");
+    bool rdzv_ok = !rdzv_at || (rdzv_at + 1 < argc && strncmp(argv[rdzv_at + 1], "smeltd:", 7) == 0);
+    if (!rdzv_ok || find_arg(argc, argv, "--no-lock") ||
         find_arg(argc, argv, "--run-id") || !spec_at || spec_at + 1 >= argc || argc > 64) {
         fprintf(stderr, "smelt-trainer: --ranks without --rank starts the ranks itself: give --spec (and at most 60 "
-                        "arguments), and not --rendezvous, --run-id or --no-lock (those are for ranks started by "
-                        "someone else)\n");
+                        "arguments), and not --run-id, --no-lock or a --rendezvous other than smeltd:ENDPOINT (those "
+                        "are for ranks started by someone else)\n");
         return 2;
     }
     return 0;
@@ -166,8 +170,9 @@ static int run_launcher(int argc, char **argv, int at) {
     if (lock_job_dir(spec.output_dir, &lock_fd) != 0) return lock_fd == -2 ? 0 : 1;
     const char *args[64];
     int n = 0;
+    int rdzv_at = find_arg(argc, argv, "--rendezvous");
     for (int i = 1; i < argc; i++) {
-        if (i == at) i++; /* --ranks N: each rank gets it with its --rank */
+        if (i == at || i == rdzv_at) i++; /* --ranks N, --rendezvous S: each rank gets them with its --rank */
         else args[n++] = argv[i];
     }
     char exe[PATH_MAX];
@@ -179,7 +184,7 @@ static int run_launcher(int argc, char **argv, int at) {
     exe[len] = 0;
     struct trainer_launch l = {.program = exe, .args = args, .n_args = n, .ranks = (int)ranks,
                                .output_dir = spec.output_dir, .comm_timeout_ms = (int)timeout,
-                               .job_keys = &job_keys};
+                               .job_keys = &job_keys, .rendezvous = rdzv_at ? argv[rdzv_at + 1] : NULL};
     int status = 3;
     if (trainer_launch_ranks(&l, &status, &err)) {
         fprintf(stderr, "smelt-trainer: %s\n", err.message);

@@ -284,9 +284,11 @@ struct trainer_launch {
     int ranks;                 /* 2 .. TRAINER_MAX_RANKS */
     const char *output_dir;    /* the job's: its rendezvous/ folder holds the ranks' addresses */
     int comm_timeout_ms;       /* the ranks' collective timeout (0: the default) */
-    const struct curve_job_keys *job_keys; /* NULL, or the job's keys: handed to rank 0 (borrowed) */
+    const struct curve_job_keys *job_keys; /* NULL, or the job's keys: handed to every rank (borrowed) */
+    const char *rendezvous;    /* NULL: a fresh file:DIR under output_dir; else the ranks' store
+                                  (smeltd's "smeltd:ENDPOINT", given by smeltd) */
 };
-/* Starts ranks 0..N-1 (each with --rank R --ranks N --rendezvous file:DIR --no-lock, on
+/* Starts ranks 0..N-1 (each with --rank R --ranks N --rendezvous STORE --no-lock, on
  * device entry R), passes SIGTERM/SIGINT on to them, and waits for all of them. After a
  * rank fails the others get twice the timeout to fail in turn (each naming it); ranks left
  * after that, or stopped while all others ended, are killed. *exit_status: 0 when every

@@ -474,6 +474,7 @@ struct dist_config {
     int rank, ranks, stage;
     const char *rendezvous, *run_id; /* comm_store_open's spec; the communicator's name (NULL: "world") */
     int timeout_ms;                  /* 0: TRAINER_COMM_TIMEOUT_MS */
+    const struct curve_job_keys *job_keys; /* borrowed: a smeltd:ENDPOINT rendezvous needs them */
 };
 /* With ranks > 1: the store (job key "trainer") and the communicator, waiting up to the
  * timeout for every rank. d is zeroed first; dist_close frees it (also after a failure). */

@@ -180,4 +180,14 @@ def test_job_on_two_ranks_retries_from_its_checkpoint_when_a_rank_is_killed(smel
     messages = [e["message"] for e in page["data"]]
     assert any("2 ranks, ZeRO stage 2" in m for m in messages), messages
     assert any("rank 1" in m for m in messages), messages
+    # both attempts met at smeltd's rendezvous (CURVE, the attempt's keys), not in a folder
+    with open(os.path.join(smeltd.data_dir, "jobs", job_id, "log.txt")) as f:
+        log = f.read()
+    assert log.count("rendezvous smeltd:tcp://127.0.0.1:") == 2, log[-3000:]
+    assert "rendezvous file:" not in log, log[-3000:]
+    freed = ["rendezvous: attempt %s.%d ended" % (job_id, attempt) for attempt in (1, 2)]
+    deadline = time.time() + 10
+    while time.time() < deadline and not all(f in smeltd.read_log_all() for f in freed):
+        time.sleep(0.1)
+    assert all(f in smeltd.read_log_all() for f in freed), smeltd.read_log()
     wait_gone(smeltd, job_id, [victim])
