@@ -19,7 +19,7 @@ static bool is_id_char(char c) {
            c == '.' || c == '_' || c == ':' || c == '-';
 }
 
-static bool segment_is_id(const char *s, size_t len) {
+bool http_is_id(const char *s, size_t len) {
     if (len < 1 || len >= HTTP_ID_BYTES) return false;
     for (size_t i = 0; i < len; i++)
         if (!is_id_char(s[i])) return false;
@@ -72,7 +72,7 @@ static enum shape route_shape(const char *pattern, const char *path, char *scrat
         size_t p_len = (size_t)(p_end - p), s_len = (size_t)(s_end - s);
         if (p_len >= 2 && p[0] == '{' && p[p_len - 1] == '}') {
             if (s_len == 0 || m->n_params >= HTTP_MAX_PARAMS) return SHAPE_NONE;
-            if (result == SHAPE_OK && !segment_is_id(s, s_len)) {
+            if (result == SHAPE_OK && !http_is_id(s, s_len)) {
                 result = SHAPE_BAD_ID;
                 m->bad_index = m->n_params;
                 placeholder_name(p, p_len, m->bad_param, sizeof m->bad_param);
