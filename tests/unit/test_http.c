@@ -8,6 +8,9 @@
  * garbage and half-closed connections. */
 #include <criterion/criterion.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1446,4 +1449,38 @@ Test(http_server, start_errors_and_ports) {
         cr_assert_gt(http_server_port(s), 0);
         http_server_stop(s);
     }
+}
+
+/* The router's id rule and HTTP_ID_PATTERN (what the OpenAPI document states; tests/e2e/
+ * test_openapi.py holds the document to it) agree on every byte and on the lengths at the
+ * edges, so the document cannot promise an id the router refuses or the reverse. */
+Test(http_server, id_rule_is_the_documented_pattern) {
+    int code;
+    PCRE2_SIZE at;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)HTTP_ID_PATTERN, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_DOLLAR_ENDONLY, &code, &at, NULL);
+    cr_assert(re, "HTTP_ID_PATTERN does not compile at %zu", (size_t)at);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    cr_assert(md);
+    char s[HTTP_ID_BYTES + 2];
+    for (int c = 1; c < 256; c++) {
+        for (size_t len = 1; len <= 3; len++) {
+            memset(s, 'a', len);
+            s[len / 2] = (char)c;
+            bool doc = pcre2_match(re, (PCRE2_SPTR)s, len, 0, 0, md, NULL) >= 0;
+            cr_assert_eq(http_is_id(s, len), doc, "byte 0x%02x at %zu of %zu: router %d, pattern %d",
+                         c, len / 2, len, http_is_id(s, len), doc);
+        }
+    }
+    size_t lens[] = {0, 1, HTTP_ID_BYTES - 1, HTTP_ID_BYTES};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        memset(s, 'z', lens[i]);
+        bool doc = pcre2_match(re, (PCRE2_SPTR)s, lens[i], 0, 0, md, NULL) >= 0;
+        cr_assert_eq(http_is_id(s, lens[i]), doc, "length %zu", lens[i]);
+    }
+    memcpy(s, "ab\n", 3);
+    cr_assert(!http_is_id(s, 3));
+    cr_assert_lt(pcre2_match(re, (PCRE2_SPTR)s, 3, 0, 0, md, NULL), 0);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
 }
