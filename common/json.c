@@ -156,6 +156,15 @@ const char *json_unknown_key(const json_t *obj, const char *const *allowed) {
     return NULL;
 }
 
+int json_refuse_nulls(const json_t *obj, const char *const *keys, const char *where,
+                      struct smelt_error *err) {
+    for (const char *const *k = keys; *k; k++)
+        if (json_is_null(json_object_get(obj, *k)))
+            return error_set_field(err, SMELT_EINVAL, *k, "%s: field '%s' may not be null", where,
+                                   *k);
+    return SMELT_OK;
+}
+
 int json_check_keys(const json_t *obj, const char *const *allowed, const char *where,
                     struct smelt_error *err) {
     if (!json_is_object(obj))

@@ -47,6 +47,12 @@ json_t *json_string_lossy(const char *s, size_t len);
  * error (HTTP replies, dataset issues, worker refusals). */
 const char *json_unknown_key(const json_t *obj, const char *const *allowed);
 
+/* SMELT_EINVAL naming the first key of keys (NULL-terminated) that obj holds as null: the
+ * field readers take null for absent, which an API whose document says a field is not
+ * nullable must refuse first. */
+int json_refuse_nulls(const json_t *obj, const char *const *keys, const char *where,
+                      struct smelt_error *err);
+
 /* SMELT_EINVAL naming the first key of obj that is not in allowed (NULL-terminated). */
 int json_check_keys(const json_t *obj, const char *const *allowed, const char *where,
                     struct smelt_error *err);

@@ -213,10 +213,7 @@ static json_t *event_list_object(void *ctx, json_t *row) {
 static int64_t event_number(const char *text) {
     if (!text) return -1;
     if (strncmp(text, "ftevent-", 8) == 0) text += 8;
-    char *end = NULL;
-    long long v = strtoll(text, &end, 10);
-    if (!*text || *end || v < 0) return -1;
-    return v;
+    return server_parse_row_number(text);
 }
 
 struct event_stream {
@@ -432,9 +429,8 @@ void api_jobs_metrics(void *app, struct http_request *req, struct http_response 
     if (server_page_args(req, res, 10000, 100000, &limit, &after) != 0) return;
     int64_t after_id = 0;
     if (after) {
-        char *end = NULL;
-        after_id = strtoll(after, &end, 10);
-        if (*end || after_id < 0) {
+        after_id = server_parse_row_number(after);
+        if (after_id < 0) {
             http_reply_error(res, 400, "after", "invalid_value", "after: a metrics row id (integer) is expected");
             return;
         }

@@ -104,14 +104,18 @@ void api_keys_create(void *app, struct http_request *req, struct http_response *
     struct smelt_error err = {0};
     const char *project = NULL, *name = NULL;
     bool admin = false;
-    if (json_check_keys(body, keys, "body", &err) || json_field_string(body, "project", true, NULL, &project, "body", &err) ||
+    if (json_check_keys(body, keys, "body", &err) || json_refuse_nulls(body, keys, "body", &err) ||
+        json_field_string(body, "project", true, NULL, &project, "body", &err) ||
         json_field_string(body, "name", false, "key", &name, "body", &err) ||
         json_field_bool(body, "admin", false, false, &admin, "body", &err)) {
         json_decref(body);
-        http_reply_error(res, 400, NULL, "invalid_value", "%s", err.message);
+        http_reply_error(res, 400, err.field[0] ? err.field : NULL, "invalid_value", "%s",
+                         err.message);
         return;
     }
-    bool ok = strlen(project) > 0 && strlen(project) < 64 && strlen(name) < 128;
+    size_t name_chars = 0; /* the document's maxLength counts characters, not bytes */
+    for (const char *c = name; *c; c++) name_chars += ((unsigned char)*c & 0xC0) != 0x80;
+    bool ok = strlen(project) > 0 && strlen(project) < 64 && name_chars < 128;
     for (const char *c = project; ok && *c; c++)
         ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-' ||
              *c == '_';

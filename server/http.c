@@ -55,6 +55,8 @@ struct request_state {
     const struct http_route *route;
     const char *params[HTTP_MAX_PARAMS];
     int n_params;
+    int bad_index;                       /* a capture that is not an id (404 after auth), */
+    char bad_param[64];                  /* and its name; -1 and "" when none */
     struct http_identity identity;
     size_t limit;                        /* body bytes allowed on this route */
     char *body;                          /* body_len bytes and a NUL */
@@ -82,116 +84,46 @@ const char *http_header(const struct http_request *req, const char *name) {
 
 /* ------------------------------------------------------------------ routing ---- */
 
-static bool is_id_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == ':' || c == '-';
-}
-
-static bool segment_is_id(const char *s, size_t len) {
-    if (len < 1 || len >= HTTP_ID_BYTES) return false;
-    for (size_t i = 0; i < len; i++)
-        if (!is_id_char(s[i])) return false;
-    return true;
-}
-
-/* The rest a trailing "*" captures (a static file's path): no "." or ".." segment and
- * no empty segment before another one. "//" and backslashes are refused earlier. */
-static bool rest_is_safe(const char *rest) {
-    for (const char *seg = rest;;) {
-        const char *end = strchrnul(seg, '/');
-        size_t len = (size_t)(end - seg);
-        if ((len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
-            return false;
-        if (len == 0 && *end == '/') return false;
-        if (!*end) return true;
-        seg = end + 1;
-    }
-}
-
-/* Whether path matches pattern. Captures point into scratch (a copy of path), cut at
- * the end of their segment. */
-static bool route_match(const char *pattern, const char *path, char *scratch,
-                        const char **params, int *n_params) {
-    const char *p = pattern, *s = path;
-    int n = 0;
-    for (;;) {
-        if (*p == '\0') {
-            *n_params = n;
-            return *s == '\0';
-        }
-        if (*p != '/' || *s != '/') return false;
-        p++;
-        s++;
-        if (p[0] == '*' && p[1] == '\0') {
-            if (n >= HTTP_MAX_PARAMS || !rest_is_safe(s)) return false;
-            params[n++] = scratch + (s - path);
-            *n_params = n;
-            return true;
-        }
-        const char *p_end = strchrnul(p, '/'), *s_end = strchrnul(s, '/');
-        size_t p_len = (size_t)(p_end - p), s_len = (size_t)(s_end - s);
-        if (p_len >= 2 && p[0] == '{' && p[p_len - 1] == '}') {
-            if (n >= HTTP_MAX_PARAMS || !segment_is_id(s, s_len)) return false;
-            params[n++] = scratch + (s - path);
-            scratch[s_end - path] = '\0';
-        } else if (p_len != s_len || memcmp(p, s, p_len) != 0) {
-            return false;
-        }
-        p = p_end;
-        s = s_end;
-    }
-}
-
-/* "GET, DELETE": the methods of the routes whose pattern matched, each once. */
-static void allow_add(char *allow, size_t cap, const char *method) {
-    size_t len = strlen(method);
-    for (const char *a = allow; *a;) {
-        size_t item = strcspn(a, ",");
-        if (item == len && strncmp(a, method, len) == 0) return;
-        a += item;
-        if (*a) a += 2; /* ", " */
-    }
-    size_t used = strlen(allow);
-    snprintf(allow + used, cap - used, "%s%s", used ? ", " : "", method);
-}
-
-/* Finds the route; 0, or -1 with res filled (404, or 405 with Allow). */
+/* Finds the route (http_route.c); 0, or -1 with res filled: 404, 405 with Allow, or 204
+ * with Allow for OPTIONS (answered on every routed path, without a key: it tells only
+ * which methods the table has). Every method the table lacks (TRACE, PROPFIND, BREW) is
+ * a 405 like a known one. */
 static int route_request(const struct http_server *server, struct request_state *st,
                          struct http_response *res) {
-    const char *method = strcmp(st->method, "HEAD") == 0 ? "GET" : st->method;
-    /* "%00" is what unescape leaves of an encoded NUL. */
-    bool hostile = strstr(st->path, "//") || strchr(st->path, '\\') || strstr(st->path, "%00");
-    char allow[128] = "";
-    size_t path_bytes = strlen(st->path) + 1;
-    for (int i = 0; i < server->config.n_routes && !hostile; i++) {
-        const struct http_route *r = &server->config.routes[i];
-        memcpy(st->scratch, st->path, path_bytes);
-        if (!route_match(r->pattern, st->path, st->scratch, st->params, &st->n_params))
-            continue;
-        if (strcmp(r->method, method) == 0) {
-            st->route = r;
-            return 0;
-        }
-        allow_add(allow, sizeof allow, r->method);
-    }
-    st->n_params = 0;
-    if (!allow[0]) {
+    struct http_route_match m;
+    http_route_find(server->config.routes, server->config.n_routes, st->method, st->path,
+                    st->scratch, &m);
+    if (!m.allow[0]) {
         http_reply_error(res, 404, NULL, "not_found", "Invalid URL (%s %s)", st->method,
                          st->path);
         return -1;
     }
-    http_reply_error(res, 405, NULL, "method_not_allowed",
-                     "%s is not allowed on %s (allowed: %s)", st->method, st->path, allow);
-    http_add_header(res, "Allow", allow);
-    return -1;
+    if (strcmp(st->method, "OPTIONS") == 0) {
+        res->status = 204;
+        http_add_header(res, "Allow", m.allow);
+        return -1;
+    }
+    if (!m.route) {
+        http_reply_error(res, 405, NULL, "method_not_allowed",
+                         "%s is not allowed on %s (allowed: %s)", st->method, st->path,
+                         m.allow);
+        http_add_header(res, "Allow", m.allow);
+        return -1;
+    }
+    st->route = m.route;
+    memcpy(st->params, m.params, sizeof st->params);
+    st->n_params = m.n_params;
+    st->bad_index = m.bad_index;
+    snprintf(st->bad_param, sizeof st->bad_param, "%s", m.bad_param);
+    return 0;
 }
 
-static bool method_known(const char *m) {
-    static const char *const known[] = {"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD",
-                                        "OPTIONS"};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (strcmp(m, known[i]) == 0) return true;
-    return false;
+/* A capture that is not an id names nothing that exists: 404 naming it, after auth so a
+ * caller without a key learns nothing more than from any other path of the route. */
+static void reply_bad_id(const struct request_state *st, struct http_response *res) {
+    http_reply_error(res, 404, st->bad_param, "not_found",
+                     "No such %s: '%s' is not an id (1 to %d of A-Z a-z 0-9 . _ : -)",
+                     st->bad_param, st->params[st->bad_index], HTTP_ID_BYTES - 1);
 }
 
 /* --------------------------------------------------------------------- auth ---- */
@@ -413,14 +345,13 @@ static enum MHD_Result begin_request(struct http_server *server, struct MHD_Conn
                                      struct request_state *st) {
     struct http_response res;
     memset(&res, 0, sizeof res);
-    if (!method_known(st->method)) {
-        http_reply_error(&res, 501, NULL, "unsupported_method",
-                         "The method %s is not supported.", st->method);
-        return respond(server, conn, st, &res);
-    }
     if (route_request(server, st, &res) != 0) return respond(server, conn, st, &res);
     if (!(st->route->flags & HTTP_PUBLIC) && authenticate(server, conn, st, &res) != 0)
         return respond(server, conn, st, &res);
+    if (st->bad_index >= 0) {
+        reply_bad_id(st, &res);
+        return respond(server, conn, st, &res);
+    }
 
     st->limit = (st->route->flags & HTTP_LARGE_BODY) ? server->config.max_upload_bytes
                                                      : server->config.max_body_bytes;

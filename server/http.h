@@ -119,8 +119,14 @@ enum http_route_flags {
     HTTP_LARGE_BODY = 4,    /* body up to http_config.max_upload_bytes (file uploads) */
 };
 
-/* pattern: "/v1/fine_tuning/jobs/{id}/cancel"; a {name} matches one path segment of
- * [A-Za-z0-9._:-] (1..HTTP_ID_BYTES-1 chars); "*" as the last segment matches the rest of
+/* What an id is, in a path or a paging cursor: 1..HTTP_ID_BYTES-1 of [A-Za-z0-9._:-].
+ * HTTP_ID_PATTERN is the same rule as the OpenAPI document states it (tests/e2e/
+ * test_openapi.py holds the document to it; test_http.c holds http_is_id to it). */
+#define HTTP_ID_PATTERN "^[A-Za-z0-9._:-]{1,127}$"
+bool http_is_id(const char *s, size_t len);
+
+/* pattern: "/v1/fine_tuning/jobs/{id}/cancel"; a {name} matches one path segment that is
+ * an id (http_is_id); "*" as the last segment matches the rest of
  * the path (static files) and is passed as the last param. Routes are tried in order. */
 struct http_route {
     const char *method;

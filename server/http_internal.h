@@ -1,5 +1,5 @@
-/* Shared by the HTTP layer's own files (http.c, http_sse.c, http_multipart.c); nothing
- * outside them includes it. */
+/* Shared by the HTTP layer's own files (http.c, http_route.c, http_sse.c, http_deferred.c);
+ * nothing outside them includes it. */
 #ifndef SMELT_SERVER_HTTP_INTERNAL_H
 #define SMELT_SERVER_HTTP_INTERNAL_H
 
@@ -71,6 +71,23 @@ void http_deferred_free(struct http_deferred *d);
 void http_deferred_tick(struct http_streams *streams);
 /* Resumes every suspended deferred answer with key (NULL: all), bumping deferred_seq. */
 void http_deferred_resume(struct http_streams *streams, const char *key);
+
+/* What routing found for a request (http_route.c). */
+struct http_route_match {
+    const struct http_route *route;      /* serves the method on this path; NULL: none */
+    const char *params[HTTP_MAX_PARAMS]; /* the route's captures, into the caller's scratch */
+    int n_params;
+    int bad_index;                       /* the first capture that is not an id (404
+                                            naming it), -1 when all are */
+    char bad_param[64];                  /* its placeholder's name ("file_id") */
+    char allow[128];                     /* the table's methods for this path ("GET,
+                                            DELETE"); "" when no route has it (404) */
+};
+
+/* Routes method on path (HEAD as GET). scratch is a writable copy of path that the
+ * captures point into. A path a route has the shape of never reaches another route. */
+void http_route_find(const struct http_route *routes, int n, const char *method,
+                     const char *path, char *scratch, struct http_route_match *m);
 
 /* Whether the client shut its sending side or the socket failed (never blocks). */
 bool http_peer_hung_up(int fd);

@@ -386,7 +386,15 @@ void api_schedules_runs(void *app, struct http_request *req, struct http_respons
     int64_t limit;
     const char *after;
     if (server_page_args(req, res, 20, 1000, &limit, &after) != 0) return;
-    int64_t before = after ? strtoll(after, NULL, 10) : INT64_MAX;
+    int64_t before = INT64_MAX;
+    if (after) {
+        before = server_parse_row_number(after);
+        if (before < 0) {
+            http_reply_error(res, 400, "after", "invalid_value",
+                             "after: a run id (an integer of 0 or more) is expected");
+            return;
+        }
+    }
     struct store_conn *conn = server_conn(s, res);
     if (!conn) return;
     struct smelt_error err = {0};

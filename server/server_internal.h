@@ -68,7 +68,12 @@ void server_reply_failure(struct http_response *res, const struct smelt_error *e
                           const char *param);
 /* Parses the request body as a JSON object; on failure replies 400 and returns NULL. */
 json_t *server_body_object(const struct http_request *req, struct http_response *res);
-/* Reads ?limit= (default def, 1..max) and ?after=; replies 400 and returns -1 when bad. */
+/* Reads ?limit= (default def, 1..max) and ?after= (an id: http_is_id); replies 400 and
+ * returns -1 when bad. */
+/* A cursor that is a row number: 1 to 18 decimal digits (no sign, no space, so never
+ * past INT64_MAX); -1 for anything else. The document says {"type": "integer",
+ * "minimum": 0, "maximum": 999999999999999999}. */
+int64_t server_parse_row_number(const char *text);
 int server_page_args(const struct http_request *req, struct http_response *res, int64_t def,
                      int64_t max, int64_t *limit, const char **after);
 /* Replies a list page {"object": "list", "data", "has_more"} (plus first_id / last_id when

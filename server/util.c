@@ -1,4 +1,6 @@
 /* Small helpers the handlers share: time, ids, error replies, paging. */
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +62,14 @@ json_t *server_body_object(const struct http_request *req, struct http_response 
     return v;
 }
 
+int64_t server_parse_row_number(const char *text) {
+    if (!text || !isdigit((unsigned char)text[0]) || strlen(text) > 18) return -1;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    return *end || errno ? -1 : (int64_t)v;
+}
+
 int server_page_args(const struct http_request *req, struct http_response *res, int64_t def,
                      int64_t max, int64_t *limit, const char **after) {
     *limit = def;
@@ -76,8 +86,10 @@ int server_page_args(const struct http_request *req, struct http_response *res, 
         }
         *limit = v;
     }
-    if (*after && (strlen(*after) == 0 || strlen(*after) >= HTTP_ID_BYTES)) {
-        http_reply_error(res, 400, "after", "invalid_value", "after: not an id");
+    if (*after && !http_is_id(*after, strlen(*after))) {
+        http_reply_error(res, 400, "after", "invalid_value",
+                         "after: not an id (1 to %d of A-Z a-z 0-9 . _ : -), got '%.40s'",
+                         HTTP_ID_BYTES - 1, *after);
         return -1;
     }
     return 0;

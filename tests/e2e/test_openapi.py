@@ -156,3 +156,26 @@ if __name__ == "__main__":
                 failed += 1
                 print(f"FAIL {name}: {e}")
     sys.exit(1 if failed else 0)
+
+
+def id_pattern():
+    """HTTP_ID_PATTERN from server/http.h: what the router and the paging cursor accept."""
+    m = re.search(r'#define HTTP_ID_PATTERN "([^"]+)"', (ROOT / "server" / "http.h").read_text())
+    assert m, "server/http.h has no HTTP_ID_PATTERN"
+    return m.group(1)
+
+
+def test_ids_carry_the_routers_pattern():
+    """Every path parameter and every id cursor (`after` of a string type) states exactly the
+    id rule the router enforces (a path id outside it is 404 naming it), except the static
+    files' path and the integer key_id."""
+    doc, pattern = load_doc(), id_pattern()
+    for method, path, op in operations(doc):
+        for p in op.get("parameters", []):
+            p = resolve(doc, p)
+            schema = p.get("schema", {})
+            is_id = p["in"] == "path" and p["name"] != STATIC_PARAM and schema.get("type") == "string"
+            if p["in"] == "query" and p["name"] == "after" and schema.get("type") == "string":
+                is_id = "ftevent" not in schema.get("pattern", "")
+            if is_id:
+                assert schema.get("pattern") == pattern, (method, path, p["name"], schema)

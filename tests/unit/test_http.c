@@ -1,12 +1,15 @@
 /* server/http: a real server on 127.0.0.1 (ephemeral port) with dummy handlers, driven
  * over raw POSIX sockets so hostile requests can be sent as bytes: routing and params,
- * 404/405/501, path traversal, auth (401/403), 413 by Content-Length and by chunked
+ * 404/405 (Allow from the table, OPTIONS 204, bad ids 404 on their own route), path traversal, auth (401/403), 413 by Content-Length and by chunked
  * body, multipart (binary parts, malformed bodies), handler bugs answered with 500,
  * SSE (events, suspension without busy looping, wake, disconnect, stop with a stream
  * open), deferred answers (woken by key from another thread, at the deadline, a client
  * leaving, many waiting on two threads beside a plain GET), stats, and survival after
  * garbage and half-closed connections. */
 #include <criterion/criterion.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -454,7 +457,7 @@ Test(http, params_must_be_ids) {
     }
 }
 
-Test(http, not_found_405_and_501) {
+Test(http, not_found_and_405_with_allow) {
     struct reply r;
     request("GET", "/v1/nothing", "sk-user", &r);
     expect_error(&r, 404, "not_found_error", "not_found");
@@ -472,14 +475,136 @@ Test(http, not_found_405_and_501) {
     cr_assert_str_eq(header_value(r.head, "Allow", allow, sizeof allow), "GET");
     reply_free(&r);
 
-    request("BREW", "/healthz", NULL, &r);
-    expect_error(&r, 501, "server_error", "unsupported_method");
+    /* A method no route has is refused like a known one: 405 with the path's Allow. */
+    const char *unknown[] = {"BREW", "TRACE", "PROPFIND", "PUT"};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        request(unknown[i], "/healthz", NULL, &r);
+        expect_error(&r, 405, "invalid_request_error", "method_not_allowed");
+        cr_assert_str_eq(header_value(r.head, "Allow", allow, sizeof allow), "GET");
+        reply_free(&r);
+        request(unknown[i], "/v1/items/a/sub/b", "sk-user", &r);
+        expect_error(&r, 405, "invalid_request_error", "method_not_allowed");
+        cr_assert_str_eq(header_value(r.head, "Allow", allow, sizeof allow), "GET, DELETE");
+        reply_free(&r);
+    }
+    request("TRACE", "/v1/nothing", NULL, &r);
+    expect_error(&r, 404, "not_found_error", "not_found");
     reply_free(&r);
 
     /* HEAD runs the GET route; the head has the length, there is no body. */
     request("HEAD", "/healthz", NULL, &r);
     cr_assert_eq(r.status, 200);
     cr_assert_eq(r.body_len, 0);
+    reply_free(&r);
+}
+
+/* OPTIONS answers every routed path with the same Allow a 405 would carry, without a key. */
+Test(http, options_answers_allow) {
+    struct reply r;
+    char allow[128];
+    request("OPTIONS", "/v1/items/a/sub/b", NULL, &r);
+    cr_assert_eq(r.status, 204, "%s", r.body);
+    cr_assert_str_eq(header_value(r.head, "Allow", allow, sizeof allow), "GET, DELETE");
+    cr_assert_eq(r.body_len, 0);
+    reply_free(&r);
+
+    request("OPTIONS", "/v1/echo", "sk-user", &r);
+    cr_assert_eq(r.status, 204);
+    cr_assert_str_eq(header_value(r.head, "Allow", allow, sizeof allow), "POST");
+    reply_free(&r);
+
+    request("OPTIONS", "/v1/items/%C3%A9/sub/b", NULL, &r);
+    cr_assert_eq(r.status, 204, "a bad id's path still has the route's methods");
+    cr_assert_str_eq(header_value(r.head, "Allow", allow, sizeof allow), "GET, DELETE");
+    reply_free(&r);
+
+    request("OPTIONS", "/v1/nothing", NULL, &r);
+    expect_error(&r, 404, "not_found_error", "not_found");
+    reply_free(&r);
+}
+
+/* A path of a route's shape whose id is outside the alphabet: 404 naming the placeholder on
+ * that route, for each of its methods, after the key is checked. */
+Test(http, bad_ids_are_404_on_their_route) {
+    struct reply r;
+    const char *methods[] = {"GET", "DELETE"};
+    for (int i = 0; i < 2; i++) {
+        request(methods[i], "/v1/items/Y%C2%80x/sub/b", "sk-user", &r);
+        expect_error(&r, 404, "not_found_error", "not_found");
+        cr_assert_str_eq(json_str(r.json, "error.param"), "a", "%s", r.body);
+        cr_assert(strstr(json_str(r.json, "error.message"), "'Y\xC2\x80x'"),
+                  "the message quotes the id: %s", r.body);
+        reply_free(&r);
+    }
+    request("GET", "/v1/items/ok/sub/null%2Cnull", "sk-user", &r);
+    expect_error(&r, 404, "not_found_error", "not_found");
+    cr_assert_str_eq(json_str(r.json, "error.param"), "b", "%s", r.body);
+    cr_assert(strstr(json_str(r.json, "error.message"), "'null,null'"), "%s", r.body);
+    reply_free(&r);
+
+    request("POST", "/v1/items/Y%C2%80x/sub/b", "sk-user", &r);
+    expect_error(&r, 405, "invalid_request_error", "method_not_allowed");
+    char allow[128];
+    cr_assert_str_eq(header_value(r.head, "Allow", allow, sizeof allow), "GET, DELETE");
+    reply_free(&r);
+
+    expect_status("GET", "/v1/items/Y%C2%80x/sub/b", NULL, 401);
+    expect_status("GET", "/v1/wait/a%24b", "sk-user", 404);
+}
+
+static const struct http_route SITE_ROUTES[] = {
+    {"POST", "/v1/files", h_echo, 0},
+    {"GET", "/v1/files/{file_id}", h_echo, 0},
+    {"DELETE", "/v1/files/{file_id}", h_echo, 0},
+    {"GET", "/healthz", h_echo, HTTP_PUBLIC},
+    {"GET", "/", h_echo, HTTP_PUBLIC},
+    {"GET", "/*", h_static, HTTP_PUBLIC},
+};
+
+/* smeltd's shape: the page's files under a catch-all route. A path under a route's first
+ * segment never reaches it (a bad id is the route's 404, not the catch-all's 405). */
+Test(http, catch_all_never_takes_api_paths) {
+    server_down();
+    struct http_config config = {.listen_address = "127.0.0.1", .threads = 2,
+                                 .max_body_bytes = MAX_BODY, .max_upload_bytes = MAX_UPLOAD,
+                                 .routes = SITE_ROUTES,
+                                 .n_routes = (int)(sizeof SITE_ROUTES / sizeof SITE_ROUTES[0]),
+                                 .auth = auth};
+    struct smelt_error err;
+    error_clear(&err);
+    cr_assert_eq(http_server_start(&config, &g_server, &err), 0, "%s", err.message);
+    struct reply r;
+    char v[128];
+    const char *methods[] = {"GET", "DELETE"};
+    for (int i = 0; i < 2; i++) {
+        request(methods[i], "/v1/files/Y%C2%80x", "sk-user", &r);
+        expect_error(&r, 404, "not_found_error", "not_found");
+        cr_assert_str_eq(json_str(r.json, "error.param"), "file_id", "%s", r.body);
+        cr_assert_null(header_value(r.head, "X-Static", v, sizeof v));
+        reply_free(&r);
+    }
+    request("TRACE", "/v1/files/Y%C2%80x", "sk-user", &r);
+    expect_error(&r, 405, "invalid_request_error", "method_not_allowed");
+    cr_assert_str_eq(header_value(r.head, "Allow", v, sizeof v), "GET, DELETE");
+    reply_free(&r);
+    const char *api[] = {"/v1/unknown", "/v1/files/a/b", "/v1/files/", "/healthz/x", "/v1"};
+    for (size_t i = 0; i < sizeof api / sizeof api[0]; i++) {
+        request("GET", api[i], "sk-user", &r);
+        expect_error(&r, 404, "not_found_error", "not_found");
+        cr_assert_null(header_value(r.head, "X-Static", v, sizeof v), "%s went static", api[i]);
+        reply_free(&r);
+    }
+    request("GET", "/app.js", NULL, &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(r.body, "app.js");
+    reply_free(&r);
+    request("DELETE", "/vendor/chart.js", NULL, &r);
+    expect_error(&r, 405, "invalid_request_error", "method_not_allowed");
+    cr_assert_str_eq(header_value(r.head, "Allow", v, sizeof v), "GET");
+    reply_free(&r);
+    request("OPTIONS", "/", NULL, &r);
+    cr_assert_eq(r.status, 204);
+    cr_assert_str_eq(header_value(r.head, "Allow", v, sizeof v), "GET");
     reply_free(&r);
 }
 
@@ -1324,4 +1449,38 @@ Test(http_server, start_errors_and_ports) {
         cr_assert_gt(http_server_port(s), 0);
         http_server_stop(s);
     }
+}
+
+/* The router's id rule and HTTP_ID_PATTERN (what the OpenAPI document states; tests/e2e/
+ * test_openapi.py holds the document to it) agree on every byte and on the lengths at the
+ * edges, so the document cannot promise an id the router refuses or the reverse. */
+Test(http_server, id_rule_is_the_documented_pattern) {
+    int code;
+    PCRE2_SIZE at;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)HTTP_ID_PATTERN, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_DOLLAR_ENDONLY, &code, &at, NULL);
+    cr_assert(re, "HTTP_ID_PATTERN does not compile at %zu", (size_t)at);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    cr_assert(md);
+    char s[HTTP_ID_BYTES + 2];
+    for (int c = 1; c < 256; c++) {
+        for (size_t len = 1; len <= 3; len++) {
+            memset(s, 'a', len);
+            s[len / 2] = (char)c;
+            bool doc = pcre2_match(re, (PCRE2_SPTR)s, len, 0, 0, md, NULL) >= 0;
+            cr_assert_eq(http_is_id(s, len), doc, "byte 0x%02x at %zu of %zu: router %d, pattern %d",
+                         c, len / 2, len, http_is_id(s, len), doc);
+        }
+    }
+    size_t lens[] = {0, 1, HTTP_ID_BYTES - 1, HTTP_ID_BYTES};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        memset(s, 'z', lens[i]);
+        bool doc = pcre2_match(re, (PCRE2_SPTR)s, lens[i], 0, 0, md, NULL) >= 0;
+        cr_assert_eq(http_is_id(s, lens[i]), doc, "length %zu", lens[i]);
+    }
+    memcpy(s, "ab\n", 3);
+    cr_assert(!http_is_id(s, 3));
+    cr_assert_lt(pcre2_match(re, (PCRE2_SPTR)s, 3, 0, 0, md, NULL), 0);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
 }
