@@ -176,9 +176,10 @@
  *                     adds to the model's gradients (kept until optim_step).
  *   optim_step        {model_id, adam: {learning_rate, beta1, beta2, eps, weight_decay,
  *                     grad_clip_norm (0: none)}}
- *   save_weights      {model_id, path: a directory smeltd made, optimizer: true}
+ *   save_weights      {model_id, path: a directory smeltd made, optimizer: true, overwrite?:
+ *                     bool (false: an existing path is refused, naming "path")}
  *   load_weights      {model_id, path, optimizer: bool}
- *   save_weights_for_sampler {model_id, path}: a PEFT adapter directory
+ *   save_weights_for_sampler {model_id, path, overwrite?}: a PEFT adapter directory
  *   unload_model      {model_id}
  *   sample            {model_id? (a live model's adapter) | adapter_path? (a sampler
  *                     checkpoint's directory) | neither (the base), num_samples,

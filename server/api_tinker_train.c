@@ -273,14 +273,19 @@ static void save(struct server *s, struct store_conn *c, struct http_response *r
     struct smelt_error err = {0};
     const char *name = json_string_value(json_object_get(body, "path"));
     int rc = save_dir(s, row, body, kind, tpath, sizeof tpath, dir, sizeof dir, &err);
+    /* The worker checks again when it saves: two saves of one new name both pass the check
+     * here, and the second must not replace the first unasked. */
+    bool overwrite = json_is_true(json_object_get(body, "overwrite"));
     if (rc) refuse(s, c, res, model_id, seq, &err, NULL);
     else
         tinker_submit(s, c, res, project, model_id, seq, json_string_value(json_object_get(row, "job_id")), op,
                       json_pack("{s:s, s:s, s:{s:s, s:s, s:s, s:s?}}", "type", op, "path", tpath,
                                 TINKER_FUTURE_CHECKPOINT, "kind", kind, "name", name, "dir", dir, "base_model",
                                 json_string_value(json_object_get(row, "base_model"))),
-                      strcmp(kind, "training") == 0 ? json_pack("{s:s, s:b}", "path", dir, "optimizer", 1)
-                                                     : json_pack("{s:s}", "path", dir), NULL, 0, NULL);
+                      strcmp(kind, "training") == 0
+                          ? json_pack("{s:s, s:b, s:b}", "path", dir, "optimizer", 1, "overwrite", overwrite)
+                          : json_pack("{s:s, s:b}", "path", dir, "overwrite", overwrite),
+                      NULL, 0, NULL);
     json_decref(row);
 }
 

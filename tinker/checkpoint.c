@@ -41,6 +41,10 @@ int tinker_op_save_weights(struct tinker_worker *w, const struct msg *msg, bool 
     TRY(tinker_model_of(w, msg->header, &m, err));
     TRY(json_field_string(msg->header, "path", true, NULL, &path, "request", err));
     TRY(tinker_path_check(path, "path", err));
+    bool overwrite = false;
+    TRY(json_field_bool(msg->header, "overwrite", false, false, &overwrite, "request", err));
+    if (!overwrite && path_exists(path))
+        return error_set_field(err, SMELT_EINVAL, "path", "path: %s exists (overwrite: true replaces it)", path);
     char tmp[TINKER_PATH_BYTES];
     snprintf(tmp, sizeof tmp, "%s.partial", path);
     if (path_exists(tmp)) TRY(dir_remove_all(tmp, err));

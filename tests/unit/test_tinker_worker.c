@@ -333,8 +333,12 @@ Test(tinker_worker, save_onto_an_existing_checkpoint_replaces_it) {
     for (int step = 0; step < 2; step++) {
         ce(w, "forward_backward", "m", &DA, 1, NULL);
         optim(w, "m", 1e-2);
-        struct tinker_reply r = ok(w, request("save_weights", json_pack("{s:s, s:s, s:b}", "model_id", "m", "path",
-                                                                        path, "optimizer", 1)));
+        if (step == 1) /* unasked, an existing checkpoint stays (two saves of one new name raced) */
+            refused(w, request("save_weights", json_pack("{s:s, s:s, s:b}", "model_id", "m", "path", path,
+                                                         "optimizer", 1)), SMELT_EINVAL, "path", "exists");
+        struct tinker_reply r = ok(w, request("save_weights", json_pack("{s:s, s:s, s:b, s:b}", "model_id", "m",
+                                                                        "path", path, "optimizer", 1, "overwrite",
+                                                                        step == 1)));
         tinker_reply_free(&r);
         cr_expect_eq(saved_step(path), step + 1, "save %d: state.json says step %lld", step,
                      (long long)saved_step(path));
