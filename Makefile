@@ -244,7 +244,8 @@ test: deps-test
 # not oversubscribe.
 test-unit: $(UNIT_BIN) $(BUILD)/smelt-rollout
 	$(tsan_begin)
-	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) ASAN_OPTIONS=detect_leaks=1 tests/tools/run_criterion.sh $(UNIT_BIN) --jobs 2
+	$(TEST_ENV) OMP_NUM_THREADS=$(TEST_OMP) ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	  tests/tools/run_criterion.sh $(UNIT_BIN) --jobs 2
 	$(tsan_end)
 
 # The CUDA kernels' logic on the CPU (tests/emu/README.md): no GPU needed.
