@@ -367,7 +367,7 @@ def test_cancel_future_takes_back_a_waiting_request(server):
 
 def poll_future(server, request_id, out):
     """retrieve_future until the result comes (a slow build outlasts one 25 s long poll and
-    gets try_again, as the SDK would), recording (status, content type, when it answered)."""
+    gets try_again, as the SDK would), recording (status, content type, when it answered, a JSON body)."""
     deadline = time.monotonic() + 280
     while True:
         req = urllib.request.Request("http://127.0.0.1:%d/api/v1/retrieve_future" % server.port,
@@ -379,21 +379,26 @@ def poll_future(server, request_id, out):
             if ctype == "application/json" and json.loads(body).get("type") == "try_again" \
                     and time.monotonic() < deadline:
                 continue
-            out.append((r.status, ctype, time.monotonic()))
+            out.append((r.status, ctype, time.monotonic(), body if ctype == "application/json" else b""))
             return
 
 
 def test_waiting_polls_leave_the_http_threads_free(server):
-    """32 long polls on a forward_backward of 1024 data (smeltd has 8 HTTP threads) while a
-    plain GET comes in: it is answered at once, and every poll gets the result."""
-    from tinker.proto.request_conv import forward_backward_request_to_proto
+    """32 long polls on a forward_backward (smeltd has 8 HTTP threads) while a plain GET comes
+    in: it is answered at once, and every poll gets the result. The forward_backward is held
+    back by its model's order (seq 2 waits for seq 1), so the polls wait however fast or slow
+    the build computes, until the test sends seq 1."""
     svc = service(server)
     tc = svc.create_lora_training_client(base_model=BASE, rank=4, seed=7).result()
-    data = [sft_datum(r["prompt"], r["completion"]) for r in (TRAIN * 2)[:1024]]
-    body = forward_backward_request_to_proto(types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"),
-        model_id=tc.model_id, seq_id=1)).SerializeToString()
-    status, fut = raw(server, "/api/v1/forward_backward", body, content_type="application/x-protobuf")
+
+    def fwdbwd(seq_id, n):
+        from tinker.proto.request_conv import forward_backward_request_to_proto
+        data = [sft_datum(r["prompt"], r["completion"]) for r in TRAIN[:n]]
+        return forward_backward_request_to_proto(types.ForwardBackwardRequest(
+            forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"),
+            model_id=tc.model_id, seq_id=seq_id)).SerializeToString()
+
+    status, fut = raw(server, "/api/v1/forward_backward", fwdbwd(2, 64), content_type="application/x-protobuf")
     assert status == 200, fut
     answers = []
     polls = [threading.Thread(target=poll_future, args=(server, fut["request_id"], answers)) for _ in range(32)]
@@ -405,7 +410,9 @@ def test_waiting_polls_leave_the_http_threads_free(server):
     answered = time.monotonic()
     assert status == 200, models
     assert answered - t0 < 1.0, "GET /v1/models took %.2f s behind 32 waiting polls" % (answered - t0)
-    assert not answers, "the forward_backward ended before the GET: the polls were not waiting"
+    assert not answers, "the forward_backward ended before its seq 1 was sent: %r" % answers
+    status, first = raw(server, "/api/v1/forward_backward", fwdbwd(1, 1), content_type="application/x-protobuf")
+    assert status == 200, first
     for t in polls:
         t.join(300)
     assert len(answers) == 32, answers
