@@ -126,7 +126,13 @@ static int check_options(const struct comm_options *o, struct smelt_error *err) 
 
 static struct comm *comm_alloc(struct comm_store *store, const struct comm_options *o) {
     struct comm *comm = calloc(1, sizeof *comm);
-    if (!comm) return NULL;
+    bool *at_fault = calloc((size_t)o->size, sizeof *at_fault);
+    if (!comm || !at_fault) {
+        free(comm);
+        free(at_fault);
+        return NULL;
+    }
+    comm->at_fault = at_fault;
     comm->rank = o->rank;
     comm->size = o->size;
     comm->timeout_ms = o->timeout_ms;
@@ -143,6 +149,7 @@ static void comm_free(struct comm *comm) {
     pthread_mutex_destroy(&comm->lock);
     pthread_cond_destroy(&comm->work);
     pthread_cond_destroy(&comm->finished);
+    free(comm->at_fault);
     free(comm);
 }
 
@@ -194,6 +201,19 @@ bool comm_is_broken(const struct comm *comm, struct smelt_error *why) {
     if (broken && why) *why = c->broken_err;
     pthread_mutex_unlock(&c->lock);
     return broken;
+}
+
+int comm_fault_ranks(const struct comm *comm, int *ranks, int cap) {
+    struct comm *c = (struct comm *)comm; /* the lock is the only thing written */
+    int n = 0;
+    pthread_mutex_lock(&c->lock);
+    for (int r = 0; c->broken && r < c->size; r++)
+        if (c->at_fault[r]) {
+            if (n < cap) ranks[n] = r;
+            n++;
+        }
+    pthread_mutex_unlock(&c->lock);
+    return n;
 }
 
 int comm_submit(struct comm *comm, struct comm_request *req, struct comm_request **out,

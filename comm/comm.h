@@ -119,6 +119,10 @@ int comm_rank(const struct comm *comm);
 int comm_size(const struct comm *comm);
 /* True once an operation has failed; *why (when non-NULL) gets the first error. */
 bool comm_is_broken(const struct comm *comm, struct smelt_error *why);
+/* Once broken: how many ranks the failure named dead or stuck (those that sent no failure
+ * report), the first cap of them written to ranks in increasing order; 0 when none was
+ * named (every rank failed alike, or the store failed too) or the comm is not broken. */
+int comm_fault_ranks(const struct comm *comm, int *ranks, int cap);
 
 /* Where rank's shard of count elements starts and how long it is: the first count % size
  * ranks get one element more. reduce_scatter and all_gather use this layout. */

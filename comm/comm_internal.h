@@ -90,6 +90,8 @@ struct comm {
     bool stopping;
     bool broken;
     struct smelt_error broken_err; /* the first failure */
+    /* size flags, set by comm_name_faults before broken is: the ranks named dead or stuck */
+    bool *at_fault;
     uint64_t next_seq;
 };
 /* Hands req (malloc'd) to the transport, which owns it until done; with out NULL also
@@ -101,8 +103,8 @@ int comm_run(struct comm *comm, struct comm_request *req, struct smelt_error *er
 const char *comm_kind_name(enum comm_kind kind);
 /* After operation seq failed with err (comm/fault.c): publishes this rank's failure in
  * the store, waits a grace period for the other ranks' reports, and rewrites err to
- * name the ranks that sent none (dead or stuck), quoting the transport's message.
- * Returns err's code. */
+ * name the ranks that sent none (dead or stuck), quoting the transport's message, and
+ * flags them in comm->at_fault. Returns err's code. */
 int comm_name_faults(struct comm *comm, uint64_t seq, const char *what,
                      struct smelt_error *err);
 

@@ -26,7 +26,8 @@ static void fail_key(const struct comm *comm, int rank, char *key, size_t bytes)
     snprintf(key, bytes, "%s/fail/%d", comm->name, rank);
 }
 
-/* Appends the ranks whose report did not come within the grace period to list. */
+/* Appends the ranks whose report did not come within the grace period to list and flags
+ * them in comm->at_fault. */
 static int silent_ranks(struct comm *comm, char *list, size_t bytes) {
     int64_t deadline = comm_now_ms() + grace_ms(comm);
     int silent = 0;
@@ -41,6 +42,7 @@ static int silent_ranks(struct comm *comm, char *list, size_t bytes) {
         if (!comm->store->ops->wait(comm->store->impl, (const char *const[]){key}, 1,
                                     left > 0 ? (int)left : 0, &ignored))
             continue;
+        comm->at_fault[r] = true;
         if (n < bytes)
             n += (size_t)snprintf(list + n, bytes - n, "%s%d", silent ? ", " : "", r);
         silent++;

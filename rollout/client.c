@@ -684,24 +684,19 @@ static void drop_broken_comm(struct rollout_client *c) {
     c->comm = NULL;
 }
 
-/* The workers a failed collective names: comm's "rank R" / "ranks R, S" before "dead or
- * not answering" are group ranks, worker R - 1 here. */
-static void name_workers(const struct rollout_client *c, const char *msg, char *out, size_t cap, bool *named) {
+/* The workers a failed collective named dead or stuck (comm_fault_ranks: group ranks,
+ * worker R - 1 here). */
+static void name_workers(const struct rollout_client *c, char *out, size_t cap, bool *named) {
     out[0] = 0;
-    const char *dead = strstr(msg, " dead or not answering"), *at = NULL;
-    for (const char *p = msg; dead && (p = strstr(p, ": rank")) != NULL && p < dead; p++) at = p;
-    size_t n = 0;
-    for (const char *p = at ? at + 6 + (at[6] == 's') : NULL; p && p < dead && n < cap;) {
-        char *end;
-        long r = strtol(p, &end, 10);
-        if (end == p) break;
-        if (r >= 1 && r <= c->n_workers) {
-            n += (size_t)snprintf(out + n, cap - n, "%srollout worker %ld (%s)", n ? ", " : "", r - 1,
-                                  c->workers[r - 1].endpoint);
-            named[r - 1] = true;
-        }
-        p = end + (*end == ',' ? 2 : 0);
-        if (*end != ',') break;
+    int ranks[ROLLOUT_CLIENT_MAX_WORKERS + 1];
+    int n = c->comm ? comm_fault_ranks(c->comm, ranks, ROLLOUT_CLIENT_MAX_WORKERS + 1) : 0;
+    size_t len = 0;
+    for (int i = 0; i < n && i <= ROLLOUT_CLIENT_MAX_WORKERS && len < cap; i++) {
+        int k = ranks[i] - 1;
+        if (k < 0 || k >= c->n_workers) continue;
+        len += (size_t)snprintf(out + len, cap - len, "%srollout worker %d (%s)", len ? ", " : "", k,
+                                c->workers[k].endpoint);
+        named[k] = true;
     }
 }
 
@@ -716,7 +711,7 @@ static int broadcast_failed(struct rollout_client *c, int rc, struct smelt_error
                      k, c->workers[k].endpoint);
     if (!who[0]) {
         char listed[300];
-        name_workers(c, err->message, listed, sizeof listed, named);
+        name_workers(c, listed, sizeof listed, named);
         if (listed[0]) snprintf(who, sizeof who, "%s dead or not answering", listed);
     }
     char cause[SMELT_ERROR_MESSAGE_BYTES];

@@ -174,6 +174,10 @@ static inline int comm_test_until_failure(struct comm *c, void *buf, size_t coun
     COMM_TEST_CHECK(rc != 0 && comm_is_broken(c, NULL) && comm_test_now_ms() - t0 < 100,
                     "not broken after: %s", err.message);
     snprintf(msg, bytes, "%s", err.message);
+    int at_fault[COMM_TEST_MAX_RANKS];
+    int n = comm_fault_ranks(c, at_fault, COMM_TEST_MAX_RANKS);
+    COMM_TEST_CHECK(n == 1 && at_fault[0] == victim, "comm_fault_ranks gave %d ranks (first %d), not rank %d: %s", n,
+                    n ? at_fault[0] : -1, victim, err.message);
     return comm_test_names_rank(err.message, victim) ? 0 : 1;
 }
 
