@@ -29,8 +29,10 @@ static int training_spec(const struct job_spec *spec, json_t **out, struct smelt
                                           "save_dtype", "log_every_steps"};
     for (size_t i = 0; i < sizeof ignored / sizeof *ignored; i++) json_object_del(j, ignored[i]);
     /* The stage changes where the moments live, not the numbers: a checkpoint resumes
-     * at any stage, on any number of ranks (the shard table, world.json). */
+     * at any stage, on any number of ranks (the shard table, world.json); nor does the
+     * collectives' timeout change them. */
     json_object_del(json_object_get(j, "hyperparameters"), "zero_stage");
+    json_object_del(json_object_get(j, "hyperparameters"), "comm_timeout_s"); /* a wait, not a number */
     *out = j;
     return SMELT_OK;
 }

@@ -145,6 +145,7 @@ const struct job_hp_field JOB_HP_FIELDS[] = {
     /* Reward model (TRL RewardTrainer; 0 = off, TRL's None). */
     HP_NUMBER(center_rewards_coefficient, 0.0, 0.0, 1000.0),
     HP_INT(zero_stage, 1, 0, 3),
+    HP_NUMBER(comm_timeout_s, TRAINER_COMM_TIMEOUT_MS / 1000.0, 0.1, 604800.0),
 };
 #define N_HP_FIELDS ((int)(sizeof JOB_HP_FIELDS / sizeof JOB_HP_FIELDS[0]))
 const int JOB_N_HP_FIELDS = N_HP_FIELDS;
@@ -391,6 +392,11 @@ int job_spec_load(const char *path, struct job_spec *out, struct smelt_error *er
     int rc = job_spec_from_json(root, path, out, err);
     json_decref(root);
     return rc;
+}
+
+int trainer_comm_timeout_ms(const struct job_spec *spec) {
+    double ms = spec->hp.comm_timeout_s * 1000.0; /* the table bounds it to [100, 604,800,000] */
+    return ms < 1 ? 1 : ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
 /* ---- back to JSON ---- */

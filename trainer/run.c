@@ -183,7 +183,8 @@ static int save_spec(const struct job_spec *s, struct smelt_error *err) {
 static int start(struct trainer_run *r, const struct trainer_options *o, struct smelt_error *err) {
     const struct job_spec *s = r->spec;
     struct dist_config dc = {.rank = o->rank, .ranks = o->ranks, .stage = (int)s->hp.zero_stage,
-                             .rendezvous = o->rendezvous, .run_id = o->run_id, .timeout_ms = o->comm_timeout_ms,
+                             .rendezvous = o->rendezvous, .run_id = o->run_id,
+                             .timeout_ms = o->comm_timeout_ms > 0 ? o->comm_timeout_ms : trainer_comm_timeout_ms(s),
                              .job_keys = o->job_keys};
     TRY(dist_open(&r->dist, &dc, err));
     bool lead = r->dist.rank == 0;

@@ -183,7 +183,7 @@ static int run_launcher(int argc, char **argv, int at) {
     }
     exe[len] = 0;
     struct trainer_launch l = {.program = exe, .args = args, .n_args = n, .ranks = (int)ranks,
-                               .output_dir = spec.output_dir, .comm_timeout_ms = (int)timeout,
+                               .output_dir = spec.output_dir, .comm_timeout_ms = timeout ? (int)timeout : trainer_comm_timeout_ms(&spec),
                                .job_keys = &job_keys, .rendezvous = rdzv_at ? argv[rdzv_at + 1] : NULL};
     int status = 3;
     if (trainer_launch_ranks(&l, &status, &err)) {

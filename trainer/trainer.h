@@ -90,6 +90,9 @@ struct job_spec {
         /* ZeRO with more than one rank: 0 replicated, 1 AdamW moments sharded, 2 and
          * the reduced gradients, 3 and the parameters, per unit (docs/distributed.md) */
         int64_t zero_stage;
+        /* with several ranks: how long a collective may wait for the others (rank 0's
+         * validation and checkpoint writes happen while they wait); --comm-timeout-ms wins */
+        double comm_timeout_s;
     } hp;
     /* GRPO and PPO (the spec's "rl" section: JOB_RL_FIELDS, plus reward and critic_model). */
     struct {
@@ -256,6 +259,8 @@ struct trainer_options {
  * validation pass on rank 0 while the others wait in a collective (NCCL's default is of
  * this order). */
 #define TRAINER_COMM_TIMEOUT_MS 600000
+/* The spec's hyperparameters.comm_timeout_s in milliseconds (at most INT32_MAX). */
+int trainer_comm_timeout_ms(const struct job_spec *spec);
 
 struct trainer_result {
     int64_t steps;            /* optimizer steps done in total */

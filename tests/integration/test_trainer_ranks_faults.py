@@ -77,13 +77,19 @@ def wait_steps(out_dir, steps, proc, timeout=120):
     raise AssertionError("no train line at step %d within %d s" % (steps, timeout))
 
 
-def launch(tmp, ranks):
+def launch(tmp, ranks, timeout_in_spec=False):
+    """The launcher and its ranks; the collectives' timeout given as --comm-timeout-ms, or as the spec's
+    hyperparameters.comm_timeout_s (what a job submitted through the API sets)."""
     spec = spec_of(tmp)
+    timeout_args = ["--comm-timeout-ms", str(TIMEOUT_MS)]
+    if timeout_in_spec:
+        spec["hyperparameters"]["comm_timeout_s"] = TIMEOUT_MS / 1000
+        timeout_args = []
     path = os.path.join(tmp, "spec.json")
     with open(path, "w") as f:
         json.dump(spec, f)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([TRAINER, "--spec", path, "--ranks", str(ranks), "--comm-timeout-ms", str(TIMEOUT_MS)],
+    proc = subprocess.Popen([TRAINER, "--spec", path, "--ranks", str(ranks)] + timeout_args,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     return proc, spec["output_dir"]
 
@@ -97,8 +103,9 @@ def assert_all_gone(pids, timeout=10):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
 def test_a_rank_that_dies_or_stops_fails_the_others_naming_it(sig):
+    """SIGSTOP: the timeout comes from the spec (hyperparameters.comm_timeout_s), not the flag."""
     with tempfile.TemporaryDirectory(prefix="smelt-ranks-") as tmp:
-        proc, out = launch(tmp, 3)
+        proc, out = launch(tmp, 3, timeout_in_spec=sig == signal.SIGSTOP)
         try:
             ranks = rank_pids(proc.pid, 3)
             wait_steps(out, 2, proc)

@@ -101,6 +101,7 @@ Test(trainer, spec_defaults_and_round_trip) {
     cr_expect_float_eq(s.hp.learning_rate, 1e-4, 1e-12);
     cr_expect_eq(s.hp.lr_schedule, LR_SCHEDULE_COSINE);
     cr_expect_float_eq(s.hp.max_grad_norm, 1.0, 0);
+    cr_expect_eq(trainer_comm_timeout_ms(&s), TRAINER_COMM_TIMEOUT_MS);
     cr_expect(s.data.add_bos && s.data.shuffle && !s.has_lora);
     cr_expect_eq(s.backend, BACKEND_CPU);
     void *j;
@@ -129,6 +130,7 @@ Test(trainer, spec_errors_name_the_field) {
         {"{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\"},\"output_dir\":\"o\",\"hyperparameters\":{\"batch_size\":0}}", "batch_size", "hyperparameters.batch_size"},
         {"{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\"},\"output_dir\":\"o\",\"hyperparameters\":{\"lr_schedule\":\"step\"}}", "lr_schedule", "hyperparameters.lr_schedule"},
         {"{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\"},\"output_dir\":\"o\",\"hyperparameters\":{\"beta2\":1}}", "beta2", "hyperparameters.beta2"},
+        {"{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\"},\"output_dir\":\"o\",\"hyperparameters\":{\"comm_timeout_s\":0}}", "comm_timeout_s", "hyperparameters.comm_timeout_s"},
         {"{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\",\"truncation\":\"cut\"},\"output_dir\":\"o\"}", "truncation", "data.truncation"},
         {"{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\",\"validation\":\"v\",\"validation_fraction\":0.1},\"output_dir\":\"o\"}", "validation_fraction", "data.validation_fraction"},
         {"{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\",\"max_seq_len\":64},\"output_dir\":\"o\",\"hyperparameters\":{\"batch_tokens\":32}}", "batch_tokens", "hyperparameters.batch_tokens"},
@@ -422,4 +424,16 @@ Test(trainer, invalid_data_stops_the_job_before_training) {
     cr_expect(!path_exists(ck), "a checkpoint was written for invalid data");
     cr_expect_eq(res.steps, 0);
     test_tmp_teardown();
+}
+
+/* hyperparameters.comm_timeout_s is the ranks' collective timeout in milliseconds. */
+Test(trainer, comm_timeout_from_the_spec) {
+    struct smelt_error err = {0};
+    struct job_spec s;
+    TEST_OK(spec_from("{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\"},\"output_dir\":\"o\","
+                      "\"hyperparameters\":{\"comm_timeout_s\":1.5}}", &s, &err), &err);
+    cr_expect_eq(trainer_comm_timeout_ms(&s), 1500);
+    TEST_OK(spec_from("{\"type\":\"sft\",\"model\":\"m\",\"data\":{\"train\":\"t\"},\"output_dir\":\"o\","
+                      "\"hyperparameters\":{\"comm_timeout_s\":604800}}", &s, &err), &err);
+    cr_expect_eq(trainer_comm_timeout_ms(&s), 604800000);
 }
