@@ -81,7 +81,7 @@ static int store_reference(struct trainer_run *r, const struct dataset_batch *b,
 static int reference_pass(struct trainer_run *r, const struct dataset *ds, double **out, struct smelt_error *err) {
     *out = malloc((size_t)(2 * ds->n) * sizeof **out);
     if (!*out) return error_set(err, SMELT_ENOMEM, "reference logprobs: out of memory");
-    return error_wrap(err, run_each_batch(r, ds, store_reference, *out, err), "reference logprobs of %s", ds->path);
+    return error_wrap(err, run_each_batch(r, ds, false, store_reference, *out, err), "reference logprobs of %s", ds->path);
 }
 
 static int dpo_prepare(struct trainer_run *r, struct smelt_error *err) {

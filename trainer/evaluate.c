@@ -9,7 +9,9 @@
 
 #include "common/common.h"
 
-int run_each_batch(struct trainer_run *r, const struct dataset *ds, run_batch_fn fn, void *ctx,
+bool run_validation_split(const struct trainer_run *r) { return r->dist.ranks > 1 && !r->zero3 && !r->rl; }
+
+int run_each_batch(struct trainer_run *r, const struct dataset *ds, bool mine_only, run_batch_fn fn, void *ctx,
                    struct smelt_error *err) {
     struct dataset_loader_config lc = {.batch_size = (int)r->spec->hp.batch_size,
                                        .max_tokens = r->spec->hp.batch_tokens, .shuffle = false};
@@ -21,7 +23,7 @@ int run_each_batch(struct trainer_run *r, const struct dataset *ds, run_batch_fn
     for (int64_t i = 0; i < n && !rc; i++) {
         const struct dataset_batch *b;
         rc = dataset_loader_next(loader, &b, err);
-        if (!rc) rc = fn(r, b, ctx, err);
+        if (!rc && (!mine_only || dist_mine(&r->dist, i))) rc = fn(r, b, ctx, err);
     }
     if (r->lora) lora_set_training(r->lora, true);
     dataset_loader_free(loader);
@@ -47,7 +49,13 @@ int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct
     *n_tokens = 0;
     if (!r->val) return SMELT_OK;
     struct nll_sum sum = {0};
-    TRY(error_wrap(err, run_each_batch(r, r->val, add_nll, &sum, err), "validation loss"));
+    bool split = run_validation_split(r);
+    TRY(error_wrap(err, run_each_batch(r, r->val, split, add_nll, &sum, err), "validation loss"));
+    if (split) {
+        double v[2] = {sum.total, (double)sum.count}; /* the count is exact below 2^53 */
+        TRY(error_wrap(err, dist_sum(&r->dist, v, 2, err), "validation loss"));
+        sum = (struct nll_sum){.total = v[0], .count = (int64_t)v[1]};
+    }
     *loss = sum.count ? sum.total / (double)sum.count : NAN;
     *n_tokens = sum.count;
     return SMELT_OK;

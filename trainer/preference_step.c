@@ -94,7 +94,12 @@ int pref_validate(struct trainer_run *r, pref_micro_fn fn, enum pref_metrics whi
     *val_loss = NAN;
     if (!r->val) return SMELT_OK;
     struct validation v = {.fn = fn};
-    TRY(error_wrap(err, run_each_batch(r, r->val, add_validation, &v, err), "validation"));
+    bool split = run_validation_split(r);
+    TRY(error_wrap(err, run_each_batch(r, r->val, split, add_validation, &v, err), "validation"));
+    if (split) {
+        struct step_stats unused = {0};
+        TRY(error_wrap(err, sum_over_ranks(r, &v.tot, &unused, err), "validation"));
+    }
     *val_loss = v.tot.loss / (double)v.tot.pairs;
     json_t *obj = json_pack("{s:o, s:I}", "val_loss", isfinite(*val_loss) ? json_real(*val_loss) : json_null(),
                             "val_pairs", (json_int_t)v.tot.pairs);

@@ -573,11 +573,18 @@ int run_backward_tokens(struct trainer_run *r, const struct dataset_batch *b, co
 /* evaluate.c */
 int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct smelt_error *err);
 /* fn on every batch of ds, in file order with the job's batch shape and LoRA dropout
- * off (evaluation, reference passes); stops at the first failure. */
+ * off (evaluation, reference passes); stops at the first failure. mine_only: only this
+ * rank's share of the batches (dist_mine), for a pass whose sums are then added over
+ * the ranks. */
 typedef int (*run_batch_fn)(struct trainer_run *r, const struct dataset_batch *b, void *ctx,
                             struct smelt_error *err);
-int run_each_batch(struct trainer_run *r, const struct dataset *ds, run_batch_fn fn, void *ctx,
+int run_each_batch(struct trainer_run *r, const struct dataset *ds, bool mine_only, run_batch_fn fn, void *ctx,
                    struct smelt_error *err);
+/* Whether the validation passes are split over the ranks (each runs its share of the
+ * batches, the sums added): several ranks at stages 0-2, a job that is not RL. Stage 3
+ * runs the whole validation on every rank (its passes gather the units together); an RL
+ * job's held-out evaluation generates on rank 0. Otherwise rank 0 validates alone. */
+bool run_validation_split(const struct trainer_run *r);
 int run_accuracy(struct trainer_run *r, int64_t n_examples, double *accuracy, int64_t *n_done,
                  struct smelt_error *err);
 

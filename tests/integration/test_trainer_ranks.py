@@ -2,7 +2,8 @@
 here with --rank/--ranks on a file rendezvous, the tiny example model (random init; LoRA
 on a base saved by a one-step run), one OpenMP thread each.
 
-What must hold: 1, 2 and 4 ranks give the same train losses at ZeRO stages 0, 1 and 2
+What must hold: 1, 2 and 4 ranks give the same train losses (and validation metrics, the
+validation shared over the ranks at stages 0-2) at ZeRO stages 0, 1 and 2
 for SFT (full and LoRA), DPO and a reward model, within a relative 1e-5 (the ranks add
 the micro-batches' gradients and metric sums in another order than one process does;
 measured differences are around 1e-8); the AdamW moments per rank shrink as 1/N from
@@ -53,7 +54,7 @@ def env():
     return dict(os.environ, OMP_NUM_THREADS="1")
 
 
-def make_spec(work, name, kind, stage=1, lora=False, model=None, **hp):
+def make_spec(work, name, kind, stage=1, lora=False, model=None, eval_every=0, **hp):
     pref = kind in ("dpo", "reward_model")
     spec = {
         "type": kind,
@@ -66,6 +67,8 @@ def make_spec(work, name, kind, stage=1, lora=False, model=None, **hp):
         "output_dir": os.path.join(work, name),
         "seed": 3,
     }
+    if eval_every:
+        spec["eval"] = {"every_steps": eval_every}
     if model is None:
         spec["model_init"] = "random"
     if lora:
@@ -133,6 +136,29 @@ def assert_same(got, want, what):
             what, step, got[step], want[step])
 
 
+def validation(out_dir):
+    """The eval lines' and the final line's validation metrics, by (kind, step)."""
+    got = {}
+    for kind in ("eval", "final"):
+        for j in lines(out_dir, kind):
+            got[(kind, j["step"])] = {k: v for k, v in j.items() if k.startswith("val_")}
+    return got
+
+
+def assert_same_validation(got, want, what):
+    """Stages 0-2 share the validation's batches over the ranks (stage 3 runs all of it on every
+    rank): the same metrics as one process, the counts exactly."""
+    assert sorted(got) == sorted(want) and ("eval", 2) in want, "%s: %s, want %s" % (what, sorted(got), sorted(want))
+    for key, metrics in want.items():
+        assert sorted(got[key]) == sorted(metrics), (what, key, got[key], metrics)
+        for name, value in metrics.items():
+            if name in ("val_tokens", "val_pairs"):
+                assert got[key][name] == value, (what, key, name, got[key][name], value)
+            else:
+                assert got[key][name] == pytest.approx(value, rel=REL, abs=1e-9), (what, key, name, got[key][name],
+                                                                                    value)
+
+
 @pytest.fixture(scope="module")
 def base(work):
     """A pretrained base on disk for the LoRA jobs: one step of SFT from random weights."""
@@ -174,17 +200,20 @@ def assert_stage3_sizes(start, ranks, model_params, adapter):
 def test_ranks_match_one_process(work, base, kind, lora, layouts):
     name = kind + ("_lora" if lora else "")
     model = base if lora else None
-    spec, out = make_spec(work, name + "-1", kind, lora=lora, model=model)
+    spec, out = make_spec(work, name + "-1", kind, lora=lora, model=model, eval_every=2)
     run_ok(spec, 1)
     want = losses(out)
+    want_val = validation(out)
     assert len(want) == STEPS
     one = lines(out, "start")[0]
     n = one["trainable_params"]
     assert one["ranks"] == 1 and one["rank_optimizer_bytes"] == 8 * n
     for ranks, stage in layouts:
-        spec, out = make_spec(work, "%s-%d-%d" % (name, ranks, stage), kind, stage=stage, lora=lora, model=model)
+        spec, out = make_spec(work, "%s-%d-%d" % (name, ranks, stage), kind, stage=stage, lora=lora, model=model,
+                              eval_every=2)
         run_ok(spec, ranks)
         assert_same(losses(out), want, "%s on %d ranks, stage %d" % (name, ranks, stage))
+        assert_same_validation(validation(out), want_val, "%s on %d ranks, stage %d" % (name, ranks, stage))
         start = lines(out, "start")[0]
         assert start["ranks"] == ranks and start["zero_stage"] == stage
         assert os.path.isdir(os.path.join(out, "output")), "rank 0 saves the outputs"

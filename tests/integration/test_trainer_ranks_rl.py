@@ -7,7 +7,7 @@ addition prompts, one OpenMP thread per rank, one sample per micro-batch
 What must hold: 1, 2 and 4 ranks give the same rewards (exactly: the same samples) and
 the same losses, gradient norms and loss metrics per iteration within a relative 1e-5
 (or 1e-6 absolute for values near 0: a policy loss is a sum of advantage-weighted terms
-that cancel) at ZeRO stages 0, 1 and 2; the same on 2 ranks for LoRA with dropout, the
+that cancel; the KL to the reference within 1e-4, KL_REL) at ZeRO stages 0, 1 and 2; the same on 2 ranks for LoRA with dropout, the
 split placement, one-step iterations (old logprobs from the update's own forward,
 gathered across ranks for the mismatch metrics) and PPO (policy and critic, also
 stopped and resumed); a reward that fails on every sample, and a rollout worker killed
@@ -25,6 +25,11 @@ from smeltd_harness import processes
 from test_trainer_ranks import TINY, data_folder, launch, lines, start_ranks, stop_ranks
 
 REL, ABS = 1e-5, 1e-6
+# The KL to the reference is a mean of small differences between two near-equal sets of
+# logprobs, so the ranks' other summation order shows in it magnified: measured up to
+# 2.1e-5 relative on 4 ranks with OpenBLAS's Cooperlake kernels (AVX-512, an EPYC Zen 4);
+# within 1e-5 with its Zen kernels (AVX2, Zen 3). A wrong KL would be off by far more.
+KL_REL = 1e-4
 ITERATIONS = 3
 # Compared approximately (fp), and exactly (the samples are rank 0's on every rank).
 APPROX = ["loss", "grad_norm", "kl", "ppo_kl", "ratio_mean", "clip_ratio/region_mean"]
@@ -85,7 +90,8 @@ def assert_same_run(got_dir, want_dir, what, approx=APPROX, exact=EXACT):
             assert got[step][k] == want[step][k], "%s step %d %s: %r, one rank %r" % (
                 what, step, k, got[step][k], want[step][k])
         for k in approx:
-            assert got[step][k] == pytest.approx(want[step][k], rel=REL, abs=ABS), "%s step %d %s: %r, one rank %r" % (
+            rel = KL_REL if k == "kl" else REL
+            assert got[step][k] == pytest.approx(want[step][k], rel=rel, abs=ABS), "%s step %d %s: %r, one rank %r" % (
                 what, step, k, got[step][k], want[step][k])
     # The held-out rewards: before any update (rank 0's start evaluation) and at the end.
     for kind in ("eval", "final"):
