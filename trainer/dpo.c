@@ -77,11 +77,24 @@ static int store_reference(struct trainer_run *r, const struct dataset_batch *b,
     return SMELT_OK;
 }
 
-/* Precomputes the reference over ds: *out[2n], by example. */
+/* Every rank's share of the reference logprobs into every rank's out: each value was
+ * computed by one rank and is 0 on the others, so the sums are that value exactly. */
+static int share_references(struct trainer_run *r, double *out, int64_t n, struct smelt_error *err) {
+    enum { CHUNK = 1 << 20 };
+    for (int64_t at = 0; at < n; at += CHUNK)
+        TRY(dist_sum(&r->dist, out + at, (int)(n - at < CHUNK ? n - at : CHUNK), err));
+    return SMELT_OK;
+}
+
+/* Precomputes the reference over ds: *out[2n], by example (shared over the ranks when
+ * run_passes_shared: each computes its share of the batches). */
 static int reference_pass(struct trainer_run *r, const struct dataset *ds, double **out, struct smelt_error *err) {
-    *out = malloc((size_t)(2 * ds->n) * sizeof **out);
+    bool shared = run_passes_shared(r);
+    *out = calloc((size_t)(2 * ds->n), sizeof **out);
     if (!*out) return error_set(err, SMELT_ENOMEM, "reference logprobs: out of memory");
-    return error_wrap(err, run_each_batch(r, ds, false, store_reference, *out, err), "reference logprobs of %s", ds->path);
+    int rc = run_each_batch(r, ds, shared, store_reference, *out, err);
+    if (!rc && shared) rc = share_references(r, *out, 2 * ds->n, err);
+    return error_wrap(err, rc, "reference logprobs of %s", ds->path);
 }
 
 static int dpo_prepare(struct trainer_run *r, struct smelt_error *err) {

@@ -9,7 +9,7 @@
 
 #include "common/common.h"
 
-bool run_validation_split(const struct trainer_run *r) { return r->dist.ranks > 1 && !r->zero3 && !r->rl; }
+bool run_passes_shared(const struct trainer_run *r) { return r->dist.ranks > 1 && !r->zero3 && !r->rl; }
 
 int run_each_batch(struct trainer_run *r, const struct dataset *ds, bool mine_only, run_batch_fn fn, void *ctx,
                    struct smelt_error *err) {
@@ -49,7 +49,7 @@ int run_eval_loss(struct trainer_run *r, double *loss, int64_t *n_tokens, struct
     *n_tokens = 0;
     if (!r->val) return SMELT_OK;
     struct nll_sum sum = {0};
-    bool split = run_validation_split(r);
+    bool split = run_passes_shared(r);
     TRY(error_wrap(err, run_each_batch(r, r->val, split, add_nll, &sum, err), "validation loss"));
     if (split) {
         double v[2] = {sum.total, (double)sum.count}; /* the count is exact below 2^53 */

@@ -94,7 +94,7 @@ int pref_validate(struct trainer_run *r, pref_micro_fn fn, enum pref_metrics whi
     *val_loss = NAN;
     if (!r->val) return SMELT_OK;
     struct validation v = {.fn = fn};
-    bool split = run_validation_split(r);
+    bool split = run_passes_shared(r);
     TRY(error_wrap(err, run_each_batch(r, r->val, split, add_validation, &v, err), "validation"));
     if (split) {
         struct step_stats unused = {0};

@@ -271,10 +271,10 @@ static int loop(struct trainer_run *r, const struct trainer_options *o, struct t
         TRY(timed_step(r, res, &since_tokens, &since_s, err));
         bool last = r->step == r->total_steps;
         saved_at_step = false;
-        /* Rank 0 reports. The ranks share the validation (run_validation_split), or at
+        /* Rank 0 reports. The ranks share the validation (run_passes_shared), or at
          * stage 3 each runs all of it (every pass gathers units); otherwise (RL) rank 0
          * validates alone while the others wait in their next collective. */
-        bool validates = r->dist.rank == 0 || r->zero3 || run_validation_split(r);
+        bool validates = r->dist.rank == 0 || r->zero3 || run_passes_shared(r);
         if (!last && validates && crossed(before, r->step, s->eval.every_steps)) TRY(evaluate(r, err));
         if (!last && crossed(before, r->step, s->checkpoint.every_steps)) {
             TRY(run_checkpoint_save(r, err));
@@ -313,7 +313,7 @@ int trainer_run(const struct job_spec *spec, const struct trainer_options *optio
      * they first serve the gathers that give rank 0 the whole model (a transient copy). */
     if (!rc && !result->stopped && r.zero3) rc = zero3_unshard(r.zero3, r.dist.rank == 0, err);
     if (!rc && !result->stopped && r.dist.rank == 0) rc = finish(&r, result, err);
-    else if (!rc && !result->stopped && run_validation_split(&r)) rc = final_validation_share(&r, err);
+    else if (!rc && !result->stopped && run_passes_shared(&r)) rc = final_validation_share(&r, err);
     result->steps = r.step;
     run_teardown(&r);
     dist_close(&r.dist);

@@ -580,11 +580,12 @@ typedef int (*run_batch_fn)(struct trainer_run *r, const struct dataset_batch *b
                             struct smelt_error *err);
 int run_each_batch(struct trainer_run *r, const struct dataset *ds, bool mine_only, run_batch_fn fn, void *ctx,
                    struct smelt_error *err);
-/* Whether the validation passes are split over the ranks (each runs its share of the
- * batches, the sums added): several ranks at stages 0-2, a job that is not RL. Stage 3
- * runs the whole validation on every rank (its passes gather the units together); an RL
- * job's held-out evaluation generates on rank 0. Otherwise rank 0 validates alone. */
-bool run_validation_split(const struct trainer_run *r);
+/* Whether forward-only passes over a split (validation, DPO's reference logprobs) are
+ * shared over the ranks (each runs its share of the batches, the results added):
+ * several ranks at stages 0-2, a job that is not RL. Stage 3 runs them whole on every
+ * rank (its passes gather the units together); an RL job's held-out evaluation generates
+ * on rank 0. Otherwise rank 0 validates alone and every rank computes all references. */
+bool run_passes_shared(const struct trainer_run *r);
 int run_accuracy(struct trainer_run *r, int64_t n_examples, double *accuracy, int64_t *n_done,
                  struct smelt_error *err);
 
