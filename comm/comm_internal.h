@@ -1,4 +1,4 @@
-/* What comm/ shares between its files: the file store, name checks, the clock, the
+/* What comm/ shares between its files: the file store, name checks, the
  * transports' table, the Gloo shim's C interface (comm/gloo_shim.cpp, the only C++ here)
  * and the NCCL transport (comm/nccl.c, in builds with NCCL only). */
 #ifndef SMELT_COMM_INTERNAL_H
@@ -13,6 +13,8 @@
 extern "C" {
 #endif
 
+#include "common/clock.h" /* mono_ms, sleep_ms: deadlines and polling */
+
 /* The "file:DIR" store (comm/store_file.c): one file per key, DIR/<job>.<key escaped>,
  * written through a temporary and renamed, so a reader sees a whole value or none. */
 int comm_store_file_create(const char *dir, const char *job, struct comm_store **out,
@@ -26,10 +28,6 @@ int comm_store_smeltd_create(const char *endpoint, const char *job, const struct
 /* A job or communicator name: 1..64 bytes of letters, digits, '-', '_', '.', not
  * starting with '.'. field names the option in the error. */
 int comm_name_check(const char *name, const char *field, struct smelt_error *err);
-
-/* Monotonic milliseconds, and a sleep, for deadlines and polling. */
-int64_t comm_now_ms(void);
-void comm_sleep_ms(int ms);
 
 /* ---- the communicator's queue (comm/comm.c), shared with comm/ops.c ---- */
 enum comm_kind { COMM_K_ALL_REDUCE, COMM_K_REDUCE_SCATTER, COMM_K_ALL_GATHER, COMM_K_BROADCAST,

@@ -29,7 +29,7 @@ static void fail_key(const struct comm *comm, int rank, char *key, size_t bytes)
 /* Appends the ranks whose report did not come within the grace period to list and flags
  * them in comm->at_fault. */
 static int silent_ranks(struct comm *comm, char *list, size_t bytes) {
-    int64_t deadline = comm_now_ms() + grace_ms(comm);
+    int64_t deadline = mono_ms() + grace_ms(comm);
     int silent = 0;
     size_t n = 0;
     list[0] = '\0';
@@ -37,7 +37,7 @@ static int silent_ranks(struct comm *comm, char *list, size_t bytes) {
         if (r == comm->rank) continue;
         char key[COMM_KEY_BYTES];
         fail_key(comm, r, key, sizeof key);
-        int64_t left = deadline - comm_now_ms();
+        int64_t left = deadline - mono_ms();
         struct smelt_error ignored;
         if (!comm->store->ops->wait(comm->store->impl, (const char *const[]){key}, 1,
                                     left > 0 ? (int)left : 0, &ignored))

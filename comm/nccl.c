@@ -53,7 +53,7 @@ static int nccl_fail(struct smelt_error *err, ncclComm_t nc, const char *what,
 /* Polls while a call is in progress; the first spins are cheap, then 1 ms sleeps. */
 static void pause_poll(int spins) {
     if (spins < 200) sched_yield();
-    else comm_sleep_ms(1);
+    else sleep_ms(1);
 }
 
 /* After a call that answered r: waits until the communicator is no longer busy with it,
@@ -61,7 +61,7 @@ static void pause_poll(int spins) {
 static int settle(ncclComm_t nc, ncclResult_t r, int64_t deadline, const char *what,
                   struct smelt_error *err) {
     for (int spins = 0; r == ncclInProgress; spins++) {
-        if (comm_now_ms() > deadline)
+        if (mono_ms() > deadline)
             return error_set(err, SMELT_EBACKEND, "%s: still in progress at the timeout", what);
         pause_poll(spins);
         ncclResult_t q = ncclCommGetAsyncError(nc, &r);
@@ -105,7 +105,7 @@ static int share_id(struct comm *comm, ncclUniqueId *id, int64_t deadline,
         if (r != ncclSuccess) return nccl_fail(err, NULL, "ncclGetUniqueId", r);
         return st->ops->set(st->impl, key, id, sizeof *id, err);
     }
-    int64_t left = deadline - comm_now_ms();
+    int64_t left = deadline - mono_ms();
     void *data;
     size_t len;
     int rc = st->ops->get(st->impl, key, left > 0 ? (int)left : 0, &data, &len, err);
@@ -128,7 +128,7 @@ static int join(struct comm *comm, int64_t deadline, struct smelt_error *err) {
     size_t used = 0;
     for (int r = 0; r < comm->size; r++) {
         snprintf(key, sizeof key, "%s/nccl/rank/%d", comm->name, r);
-        int64_t left = deadline - comm_now_ms();
+        int64_t left = deadline - mono_ms();
         struct smelt_error ignored;
         if (!st->ops->wait(st->impl, (const char *const[]){key}, 1, left > 0 ? (int)left : 0,
                            &ignored))
@@ -162,7 +162,7 @@ static int init_comm(struct nccl_ctx *ctx, struct comm *comm, ncclUniqueId id,
 static int nccl_connect(struct comm *comm, const struct comm_options *options,
                         struct smelt_error *err) {
     (void)options;
-    int64_t deadline = comm_now_ms() + comm->timeout_ms;
+    int64_t deadline = mono_ms() + comm->timeout_ms;
     struct nccl_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return error_set(err, SMELT_ENOMEM, "NCCL backend: out of memory");
     ncclUniqueId id;
@@ -259,7 +259,7 @@ static int enqueue(struct nccl_ctx *ctx, const struct comm *comm, struct comm_re
     cudaError_t e = cudaEventRecord(ctx->ready, cudaStreamLegacy);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->stream, ctx->ready, 0);
     if (e != cudaSuccess) return cuda_fail(err, what, "ordering after the default stream", e);
-    TRY(settle(ctx->nc, launch(ctx, comm, req), comm_now_ms() + comm->timeout_ms, what, err));
+    TRY(settle(ctx->nc, launch(ctx, comm, req), mono_ms() + comm->timeout_ms, what, err));
     cudaEvent_t done;
     if ((e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) != cudaSuccess)
         return cuda_fail(err, what, "cudaEventCreateWithFlags", e);
@@ -359,7 +359,7 @@ static int nccl_issue(struct comm *comm, struct comm_request *req, struct smelt_
         break_locked(comm, req->seq, comm_kind_name(req->kind), &failure);
         finish(req, failure.code, &failure);
     } else {
-        if (!comm->head) ctx->progress_ms = comm_now_ms();
+        if (!comm->head) ctx->progress_ms = mono_ms();
         if (comm->tail) comm->tail->next = req;
         else comm->head = req;
         comm->tail = req;
@@ -389,7 +389,7 @@ static void poll_locked(struct comm *comm, int64_t wait_start) {
         comm->head = req->next;
         if (!comm->head) comm->tail = NULL;
         finish(req, SMELT_OK, NULL);
-        ctx->progress_ms = comm_now_ms();
+        ctx->progress_ms = mono_ms();
     }
     struct comm_request *oldest = comm->head;
     if (!oldest) return;
@@ -402,7 +402,7 @@ static void poll_locked(struct comm *comm, int64_t wait_start) {
         return;
     }
     int64_t from = ctx->progress_ms > wait_start ? ctx->progress_ms : wait_start;
-    if (comm_now_ms() - from > comm->timeout_ms) {
+    if (mono_ms() - from > comm->timeout_ms) {
         error_set(&err, SMELT_EBACKEND, "not finished within the timeout (%d ms)",
                   comm->timeout_ms);
         break_locked(comm, oldest->seq, what, &err);
@@ -410,7 +410,7 @@ static void poll_locked(struct comm *comm, int64_t wait_start) {
 }
 
 static void nccl_wait(struct comm *comm, struct comm_request *req) {
-    int64_t start = comm_now_ms();
+    int64_t start = mono_ms();
     for (int spins = 0;; spins++) {
         pthread_mutex_lock(&comm->lock);
         if (!req->done) poll_locked(comm, start);
@@ -434,7 +434,7 @@ static void end_comm(struct comm *comm, struct nccl_ctx *ctx) {
     struct smelt_error err;
     ncclResult_t r = ncclCommFinalize(ctx->nc);
     bool ok = (r == ncclSuccess || r == ncclInProgress) &&
-              !settle(ctx->nc, r, comm_now_ms() + comm->timeout_ms, "ncclCommFinalize", &err);
+              !settle(ctx->nc, r, mono_ms() + comm->timeout_ms, "ncclCommFinalize", &err);
     if (ok) (void)ncclCommDestroy(ctx->nc);
     else (void)ncclCommAbort(ctx->nc);
     ctx->nc = NULL;

@@ -41,11 +41,11 @@ static int file_set(void *impl, const char *key, const void *data, size_t len,
 
 /* Polls every 2 ms at first, backing off to 20 ms: rendezvous waits are short. */
 static int wait_path(const char *path, int timeout_ms) {
-    int64_t deadline = comm_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int64_t deadline = mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     int pause = 2;
     while (!path_exists(path)) {
-        if (comm_now_ms() >= deadline) return SMELT_ENOTFOUND;
-        comm_sleep_ms(pause);
+        if (mono_ms() >= deadline) return SMELT_ENOTFOUND;
+        sleep_ms(pause);
         if (pause < 20) pause *= 2;
     }
     return SMELT_OK;
@@ -68,11 +68,11 @@ static int file_get(void *impl, const char *key, int timeout_ms, void **data, si
 
 static int file_wait(void *impl, const char *const *keys, size_t nkeys, int timeout_ms,
                      struct smelt_error *err) {
-    int64_t deadline = comm_now_ms() + timeout_ms;
+    int64_t deadline = mono_ms() + timeout_ms;
     for (size_t i = 0; i < nkeys; i++) {
         char path[4096];
         TRY(key_path(impl, keys[i], path, sizeof path, err));
-        int64_t left = deadline - comm_now_ms();
+        int64_t left = deadline - mono_ms();
         if (wait_path(path, left > 0 ? (int)left : 0))
             return error_set(err, SMELT_ENOTFOUND, "rendezvous key '%s' not set within %d ms",
                              keys[i], timeout_ms);

@@ -36,9 +36,9 @@ struct smeltd_store {
  * error. Replies to other ids are dropped. */
 static int await_reply(struct smeltd_store *s, const char *id, int64_t wait_ms, struct msg *out,
                        struct smelt_error *err) {
-    int64_t deadline = comm_now_ms() + wait_ms;
+    int64_t deadline = mono_ms() + wait_ms;
     for (;;) {
-        int64_t left = deadline - comm_now_ms();
+        int64_t left = deadline - mono_ms();
         if (left <= 0)
             return error_set_field(err, SMELT_EIO, "rendezvous",
                                    "rendezvous: smeltd at %s did not answer within %lld ms (not running, or these "
@@ -112,12 +112,12 @@ static int smeltd_get(void *impl, const char *key, int timeout_ms, void **data, 
     *data = NULL;
     *len = 0;
     TRY(check_key(key, err));
-    int64_t deadline = comm_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int64_t deadline = mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     for (;;) {
-        int64_t left = deadline - comm_now_ms();
+        int64_t left = deadline - mono_ms();
         int slice = left <= 0 ? 0 : left < SLICE_MS ? (int)left : SLICE_MS;
         int rc = request(impl, MSG_RDZV_GET, key, slice, NULL, 0, data, len, err);
-        if (rc != SMELT_ENOTFOUND || comm_now_ms() >= deadline) {
+        if (rc != SMELT_ENOTFOUND || mono_ms() >= deadline) {
             if (rc == SMELT_ENOTFOUND)
                 return error_set(err, SMELT_ENOTFOUND, "rendezvous key '%s' not set within %d ms", key, timeout_ms);
             return rc;
@@ -126,9 +126,9 @@ static int smeltd_get(void *impl, const char *key, int timeout_ms, void **data, 
 }
 
 static int smeltd_wait(void *impl, const char *const *keys, size_t nkeys, int timeout_ms, struct smelt_error *err) {
-    int64_t deadline = comm_now_ms() + timeout_ms;
+    int64_t deadline = mono_ms() + timeout_ms;
     for (size_t i = 0; i < nkeys; i++) {
-        int64_t left = deadline - comm_now_ms();
+        int64_t left = deadline - mono_ms();
         void *data = NULL;
         size_t len = 0;
         int rc = smeltd_get(impl, keys[i], left > 0 ? (int)left : 0, &data, &len, err);

@@ -132,7 +132,7 @@ Test(gpu_comm, missing_rank_is_named_at_creation, .init = test_tmp_setup,
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork: %s", strerror(errno));
     if (pid == 0) comm_test_rank_main(&NCCL_FAULT, 0, 2, never_runs);
-    int code = comm_test_reap(pid, comm_test_now_ms() + FAULT_TIMEOUT_MS + 15000);
+    int code = comm_test_reap(pid, mono_ms() + FAULT_TIMEOUT_MS + 15000);
     char out[1024];
     comm_test_read_out(0, out, sizeof out);
     cr_expect_eq(code, 10, "exit %d: %s", code, out);

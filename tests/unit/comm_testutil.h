@@ -9,6 +9,7 @@
 #ifndef SMELT_TESTS_COMM_TESTUTIL_H
 #define SMELT_TESTS_COMM_TESTUTIL_H
 
+#include "common/clock.h"
 #include "tests/unit/testutil.h"
 
 #include <errno.h>
@@ -45,17 +46,6 @@ struct comm_test_setup {
             return 1;                                       \
         }                                                   \
     } while (0)
-
-static inline int64_t comm_test_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static inline void comm_test_sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* Child body: connect as rank, run fn, write its message to out.<rank>, exit with its
  * code (never returns). */
@@ -103,13 +93,13 @@ static inline int comm_test_reap(pid_t pid, int64_t deadline) {
     for (;;) {
         pid_t got = waitpid(pid, &status, WNOHANG);
         if (got == pid) break;
-        if (comm_test_now_ms() > deadline) {
+        if (mono_ms() > deadline) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             cr_assert_fail("rank pid %d did not finish in time", (int)pid);
             return -1;
         }
-        comm_test_sleep_ms(5);
+        sleep_ms(5);
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -129,7 +119,7 @@ static inline void comm_test_run_all_ok(const struct comm_test_setup *setup, int
                                         comm_test_fn fn, int budget_ms) {
     pid_t pids[COMM_TEST_MAX_RANKS];
     comm_test_spawn(setup, size, fn, pids);
-    int64_t deadline = comm_test_now_ms() + budget_ms;
+    int64_t deadline = mono_ms() + budget_ms;
     for (int r = 0; r < size; r++) {
         int code = comm_test_reap(pids[r], deadline);
         char out[1024];
@@ -168,10 +158,10 @@ static inline int comm_test_until_failure(struct comm *c, void *buf, size_t coun
         }
         if (comm_all_reduce(c, buf, count, COMM_F32, COMM_SUM, NULL, &err)) break;
     }
-    int64_t t0 = comm_test_now_ms();
+    int64_t t0 = mono_ms();
     struct smelt_error again;
     int rc = comm_barrier(c, NULL, &again);
-    COMM_TEST_CHECK(rc != 0 && comm_is_broken(c, NULL) && comm_test_now_ms() - t0 < 100,
+    COMM_TEST_CHECK(rc != 0 && comm_is_broken(c, NULL) && mono_ms() - t0 < 100,
                     "not broken after: %s", err.message);
     snprintf(msg, bytes, "%s", err.message);
     int at_fault[COMM_TEST_MAX_RANKS];
@@ -190,13 +180,13 @@ static inline void comm_test_fault(const struct comm_test_setup *setup, int size
     comm_test_spawn(setup, size, fn, pids);
     char marker[256];
     test_tmp_path(marker, sizeof marker, "victim-looping");
-    int64_t give_up = comm_test_now_ms() + 10000 + slack_ms;
-    while (!path_exists(marker) && comm_test_now_ms() < give_up) comm_test_sleep_ms(2);
+    int64_t give_up = mono_ms() + 10000 + slack_ms;
+    while (!path_exists(marker) && mono_ms() < give_up) sleep_ms(2);
     if (!path_exists(marker))
         for (int r = 0; r < size; r++) kill(pids[r], SIGKILL);
     cr_assert(path_exists(marker), "the victim never started its loop");
     kill(pids[victim], sig);
-    int64_t t0 = comm_test_now_ms();
+    int64_t t0 = mono_ms();
     int64_t deadline = t0 + 2 * setup->timeout_ms + slack_ms;
     for (int r = 0; r < size; r++) {
         if (r == victim) continue;
@@ -204,7 +194,7 @@ static inline void comm_test_fault(const struct comm_test_setup *setup, int size
         char out[1024];
         comm_test_read_out(r, out, sizeof out);
         cr_expect_eq(code, 0, "rank %d exited %d: %s", r, code, out);
-        cr_log_info("rank %d after %lld ms: %s", r, (long long)(comm_test_now_ms() - t0), out);
+        cr_log_info("rank %d after %lld ms: %s", r, (long long)(mono_ms() - t0), out);
     }
     kill(pids[victim], SIGKILL);
     int status;

@@ -9,6 +9,7 @@
  * Every wait here is bounded by the client's timeouts or msg_recv's, not by Criterion's
  * .timeout (whose runner leaks an allocation under --jobs 2 that LeakSanitizer reports). */
 #include "tests/unit/rollout_testutil.h"
+#include "common/clock.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -25,12 +26,6 @@
 #define MAX_SAMPLES 160
 
 static const char *const endpoints[2] = {"inproc://client-w0", "inproc://client-w1"};
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static struct rollout_client *client_of(void *ctx, const char *const *eps, int n, int64_t quiet_ms,
                                         int64_t health_ms) {
@@ -250,9 +245,9 @@ Test(rollout_client, a_worker_stopped_mid_batch_fails_it_naming_the_worker) {
     TEST_OK(rollout_client_submit(c, r, 2, &out, &err), &err);
     wait_first(c);
     rollout_test_halt(&w[1]);
-    int64_t t0 = now_ms();
+    int64_t t0 = mono_ms();
     TEST_EXPECT_ERROR(rollout_client_collect(c, &err), SMELT_EIO, &err);
-    cr_expect_lt(now_ms() - t0, 10000, "the failure took %lld ms to be noticed", (long long)(now_ms() - t0));
+    cr_expect_lt(mono_ms() - t0, 10000, "the failure took %lld ms to be noticed", (long long)(mono_ms() - t0));
     cr_expect(strstr(err.message, endpoints[1]) != NULL, "the error should name %s: %s", endpoints[1], err.message);
     rollout_client_free(c);
     for (int k = 0; k < 2; k++) rollout_test_unserve(&w[k]);
@@ -314,9 +309,9 @@ Test(rollout_client, a_killed_worker_fails_the_batch_naming_it_without_hanging, 
     kill(child, SIGKILL);
     int status;
     cr_expect_eq(waitpid(child, &status, 0), child);
-    int64_t t0 = now_ms();
+    int64_t t0 = mono_ms();
     TEST_EXPECT_ERROR(rollout_client_collect(c, &err), SMELT_EIO, &err);
-    int64_t took = now_ms() - t0;
+    int64_t took = mono_ms() - t0;
     cr_expect_lt(took, quiet_ms + health_ms + 3000, "the dead worker was noticed after %lld ms", (long long)took);
     cr_expect(strstr(err.message, endpoint) && strstr(err.message, "stopped answering"),
               "the error should name %s: %s", endpoint, err.message);
@@ -339,17 +334,17 @@ Test(rollout_client, a_silent_worker_is_declared_dead) {
     static struct batch b;
     struct rollout_client_results out = results_of(&b);
     struct smelt_error err = {0};
-    int64_t t0 = now_ms();
+    int64_t t0 = mono_ms();
     TEST_EXPECT_ERROR(rollout_client_generate(c, r, 2, &out, &err), SMELT_EIO, &err);
-    int64_t took = now_ms() - t0;
+    int64_t took = mono_ms() - t0;
     cr_expect(took >= quiet_ms + health_ms && took < quiet_ms + health_ms + 2000, "declared dead after %lld ms",
               (long long)took);
     cr_expect(strstr(err.message, endpoints[0]) && strstr(err.message, "owes 3 samples"), "%s", err.message);
     /* A push to it fails the same way. */
     struct model *m = rollout_test_load("llama");
-    t0 = now_ms();
+    t0 = mono_ms();
     TEST_EXPECT_ERROR(rollout_client_push_model(c, m, 1, NULL, &err), SMELT_EIO, &err);
-    took = now_ms() - t0;
+    took = mono_ms() - t0;
     cr_expect_lt(took, quiet_ms + health_ms + 2000, "declared dead after %lld ms", (long long)took);
     cr_expect(strstr(err.message, endpoints[0]) && strstr(err.message, "the weights of version 1"), "%s",
               err.message);

@@ -8,6 +8,7 @@
  *
  * Every wait here is bounded by the client's or comm's timeouts, or msg_recv's. */
 #include "tests/unit/rollout_testutil.h"
+#include "common/clock.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -27,12 +28,6 @@
 
 static const char *const endpoints[2] = {"inproc://wsb-0", "inproc://wsb-1"};
 static char store_spec[96];
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void perturb(float *w, int64_t n, uint64_t seed) {
     for (int64_t i = 0; i < n; i++) {
@@ -293,9 +288,9 @@ static void expect_push_fails_naming_the_worker(int sig) {
     TEST_OK(rollout_client_create(&cfg, &c, &err), &err);
     TEST_OK(rollout_client_push_model(c, trainer, 1, NULL, &err), &err);
     kill(child_pid, sig);
-    int64_t t0 = now_ms();
+    int64_t t0 = mono_ms();
     int rc = rollout_client_push_model(c, trainer, 2, NULL, &err);
-    int64_t took = now_ms() - t0;
+    int64_t took = mono_ms() - t0;
     fprintf(stderr, "weightsync_broadcast: a push to a killed or stopped worker failed after %lld ms: %s\n", (long long)took,
             err.message);
     cr_expect_neq(rc, 0, "a push to a dead worker succeeded");

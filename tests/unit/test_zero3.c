@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "common/clock.h"
 #include "common/file.h"
 #include "tests/unit/lora_testutil.h"
 #include "trainer/trainer_internal.h"
@@ -254,12 +255,6 @@ Test(zero3_seam, refusals) {
 
 #define TIMEOUT_MS 5000
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 #define CHECK(cond, ...)                           \
     do {                                           \
         if (!(cond)) {                             \
@@ -394,7 +389,7 @@ static _Noreturn void rank_main(int rank, int size, const struct rank_case *rc_)
 static int reap(pid_t pid, int64_t deadline) {
     int status;
     while (waitpid(pid, &status, WNOHANG) != pid) {
-        if (now_ms() > deadline) {
+        if (mono_ms() > deadline) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             return -1;
@@ -411,7 +406,7 @@ static void run_ranks(int size, const struct rank_case *rc_) {
         cr_assert(pids[r] >= 0, "fork: %s", strerror(errno));
         if (pids[r] == 0) rank_main(r, size, rc_);
     }
-    int64_t deadline = now_ms() + 20000;
+    int64_t deadline = mono_ms() + 20000;
     for (int r = 0; r < size; r++) {
         int code = reap(pids[r], deadline);
         char path[256], name[32], *out = NULL;
