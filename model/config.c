@@ -312,6 +312,11 @@ static int parse_switches(const struct reader *r, struct model_config *c) {
                              r->err);
     if (!rc && c->type == MODEL_TYPE_LLAMA)
         rc = json_field_bool(r->root, "mlp_bias", false, false, &mlp_bias, r->where, r->err);
+    /* Refused rather than read and dropped: the model has no gate/up/down biases, so such a
+     * checkpoint could not load and a model made with the flag would be saved without them. */
+    if (!rc && mlp_bias)
+        rc = error_set_field(r->err, SMELT_EUNSUPPORTED, "mlp_bias", "%s: mlp_bias true (biases on gate_proj, "
+                             "up_proj and down_proj) is not supported yet", r->where);
     if (!rc)
         rc = json_field_bool(r->root, "tie_word_embeddings", false, defaults[c->type].tie,
                              &c->tie_word_embeddings, r->where, r->err);

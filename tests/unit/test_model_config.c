@@ -350,9 +350,9 @@ Test(model_config, class_defaults) {
     cr_expect_eq(c.torch_dtype, DTYPE_F16);
     cr_expect_eq(c.rope_theta, 5e5);
 
-    c = load_ok(small("llama", "\"attention_bias\": true, \"mlp_bias\": true, "
+    c = load_ok(small("llama", "\"attention_bias\": true, \"mlp_bias\": false, "
                                "\"hidden_act\": \"swish\""));
-    cr_expect(c.qkv_bias && c.o_bias && c.mlp_bias);
+    cr_expect(c.qkv_bias && c.o_bias && !c.mlp_bias);
     expect_roundtrip(&c);
     c = load_ok(small("qwen3", "\"attention_bias\": true"));
     cr_expect(c.qkv_bias && c.o_bias && !c.mlp_bias);
@@ -412,6 +412,9 @@ Test(model_config, refusals) {
     expect_refused(small("llama", "\"rope_scaling\": \"linear\""), SMELT_EINVAL, "rope_scaling");
     expect_refused(small("llama", "\"partial_rotary_factor\": 0.5"), SMELT_EUNSUPPORTED,
                    "partial_rotary_factor");
+    /* No gate/up/down biases are built: a checkpoint with them is refused by name (never read and dropped). */
+    expect_refused(small("llama", "\"mlp_bias\": true"), SMELT_EUNSUPPORTED, "mlp_bias true");
+    load_ok(small("llama", "\"mlp_bias\": false"));
     expect_refused(small("llama", "\"rope_theta\": 0"), SMELT_EINVAL, "rope_theta");
     expect_refused(small("llama", "\"hidden_act\": \"gelu\""), SMELT_EUNSUPPORTED, "hidden_act 'gelu'");
     expect_refused(small("qwen2", "\"hidden_act\": \"relu\""), SMELT_EUNSUPPORTED, "relu");
