@@ -53,8 +53,9 @@
  *               frame 2: int32 generated ids [n_tokens]; frame 3: float32 logprobs
  *               [n_tokens]. One message per sample, sent as each sample finishes.
  * gen.error     {v, id?: the request's id when it could be read, error: {message, field}}
- *               A refused request (field: the header field at fault, "prompt" for frame 2
- *               too; "type", "header" or "frames" for a message that could not be read),
+ *               A refused request (field: the header field at fault, "" for an unknown
+ *               empty key, "prompt" for frame 2 too; "type", "header" or "frames" for a
+ *               message that could not be read),
  *               or one that will not finish (field null: the engine failed, or the worker
  *               is stopping). The worker keeps serving. A client that cannot take its
  *               messages (gone, or its send queue full) loses its requests in flight.

@@ -94,12 +94,13 @@ int worker_send(struct worker *w, const char *route, size_t route_len, const cha
     return rc;
 }
 
-/* gen.error; id and field may be NULL (field null: not the fault of a request field). */
+/* gen.error; id and field may be NULL (field null: not the fault of a request field; "" is
+ * the empty key's name). */
 static void send_error(struct worker *w, const char *route, size_t route_len, const char *id, const char *field,
                        const char *message) {
     log_debug("rollout worker: gen.error to request '%s' (%s): %s", id ? id : "?", field ? field : "-", message);
     json_t *h = json_pack("{s:{s:o, s:o}}", "error", "message", json_string_lossy(message, strlen(message)), "field",
-                          field && field[0] ? json_string_lossy(field, strlen(field)) : json_null());
+                          field ? json_string_lossy(field, strlen(field)) : json_null());
     if (h && id && json_object_set_new(h, "id", json_string(id))) {
         json_decref(h);
         h = NULL;
@@ -189,10 +190,10 @@ static int check_header(const struct msg *m, const char *const *allowed, const c
 
 static void on_request(struct worker *w, const struct msg *m) {
     struct worker_request req;
-    char field[WORKER_FIELD_BYTES];
+    struct worker_field field;
     struct smelt_error err = {0};
-    if (worker_request_parse(m, &w->limits, &req, field, &err)) {
-        send_error(w, m->route, m->route_len, worker_header_id(m), field, err.message);
+    if (worker_request_parse(m, &w->limits, &req, &field, &err)) {
+        send_error(w, m->route, m->route_len, worker_header_id(m), field.named ? field.name : NULL, err.message);
         return;
     }
     w->hold_until_ms = req.more ? mono_ms() + ROLLOUT_WORKER_HOLD_MS : 0;

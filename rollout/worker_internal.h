@@ -39,11 +39,17 @@ struct worker_request {
  * bytes without NUL), else NULL. Borrowed from m. */
 const char *worker_header_id(const struct msg *m);
 
-/* Reads and checks every field of a gen.request. On a refusal: SMELT_EINVAL with
- * field (WORKER_FIELD_BYTES) set to the protocol's name of the field at fault, and
- * nothing to free; on success free out with worker_request_free. */
+/* The field a refusal names: named is false when none is at fault (the name may be empty:
+ * an unknown key "" is named as itself). */
+struct worker_field {
+    char name[WORKER_FIELD_BYTES];
+    bool named;
+};
+/* Reads and checks every field of a gen.request. On a refusal: SMELT_EINVAL with field
+ * naming the protocol's field at fault, and nothing to free; on success free out with
+ * worker_request_free. */
 int worker_request_parse(const struct msg *m, const struct worker_limits *limits,
-                         struct worker_request *out, char *field, struct smelt_error *err);
+                         struct worker_request *out, struct worker_field *field, struct smelt_error *err);
 void worker_request_free(struct worker_request *r);
 
 /* A request in flight: whose it is and which of its samples went out. */

@@ -18,8 +18,9 @@ static const char *const known_fields[] = {"v", "id", "prompt", "n", "max_new_to
                                            "ignore_eos", "more", NULL};
 
 /* Names the field at fault; returns rc so that callers write `return refuse(...)`. */
-static int refuse(char *field, const char *name, int rc) {
-    snprintf(field, WORKER_FIELD_BYTES, "%s", name);
+static int refuse(struct worker_field *field, const char *name, int rc) {
+    snprintf(field->name, sizeof field->name, "%s", name);
+    field->named = true;
     return rc;
 }
 
@@ -31,12 +32,12 @@ const char *worker_header_id(const struct msg *m) {
     return len >= 1 && len <= WORKER_ID_BYTES && strlen(s) == len ? s : NULL;
 }
 
-static int check_fields(const json_t *h, char *field, struct smelt_error *err) {
+static int check_fields(const json_t *h, struct worker_field *field, struct smelt_error *err) {
     const char *key = json_unknown_key(h, known_fields);
     return key ? refuse(field, key, error_set(err, SMELT_EINVAL, WHERE ": unknown field '%.64s'", key)) : SMELT_OK;
 }
 
-static int read_id(const json_t *h, char *out, char *field, struct smelt_error *err) {
+static int read_id(const json_t *h, char *out, struct worker_field *field, struct smelt_error *err) {
     const char *id;
     if (json_field_string(h, "id", true, NULL, &id, WHERE, err)) return refuse(field, "id", SMELT_EINVAL);
     size_t len = json_string_length(json_object_get(h, "id"));
@@ -48,7 +49,7 @@ static int read_id(const json_t *h, char *out, char *field, struct smelt_error *
 }
 
 /* n, max_new_tokens, the sampling fields and the seed. */
-static int read_numbers(const json_t *h, struct rollout_request *r, char *field, struct smelt_error *err) {
+static int read_numbers(const json_t *h, struct rollout_request *r, struct worker_field *field, struct smelt_error *err) {
     int64_t n, max_new, top_k, seed;
     double temperature, top_p, min_p;
     if (json_field_int(h, "n", false, 1, 1, 256, &n, WHERE, err)) return refuse(field, "n", SMELT_EINVAL);
@@ -76,7 +77,7 @@ static int read_numbers(const json_t *h, struct rollout_request *r, char *field,
 }
 
 /* The array of key, or NULL when absent; refuses a non-array or one that is too long. */
-static int read_array(const json_t *h, const char *key, size_t most, json_t **out, char *field,
+static int read_array(const json_t *h, const char *key, size_t most, json_t **out, struct worker_field *field,
                       struct smelt_error *err) {
     json_t *a = json_object_get(h, key);
     *out = NULL;
@@ -91,7 +92,7 @@ static int read_array(const json_t *h, const char *key, size_t most, json_t **ou
 }
 
 static int read_stop_strings(const json_t *h, const struct worker_limits *lim, struct rollout_request *r,
-                             char *field, struct smelt_error *err) {
+                             struct worker_field *field, struct smelt_error *err) {
     json_t *a;
     if (read_array(h, "stop", ROLLOUT_MAX_STOP, &a, field, err)) return SMELT_EINVAL;
     if (!a || json_array_size(a) == 0) return SMELT_OK;
@@ -109,7 +110,7 @@ static int read_stop_strings(const json_t *h, const struct worker_limits *lim, s
 }
 
 /* stop_token_ids, then the eos ids unless ignore_eos (each id once). */
-static int read_stop_ids(const json_t *h, const struct worker_limits *lim, struct rollout_request *r, char *field,
+static int read_stop_ids(const json_t *h, const struct worker_limits *lim, struct rollout_request *r, struct worker_field *field,
                          struct smelt_error *err) {
     int64_t V = lim->model->config.vocab_size;
     json_t *a;
@@ -141,7 +142,7 @@ static int read_stop_ids(const json_t *h, const struct worker_limits *lim, struc
 
 /* The prompt: text in "prompt" or int32 ids in frame 2, exactly one of them. */
 static int read_prompt(const struct msg *m, const struct worker_limits *lim, struct worker_request *out,
-                       char *field, struct smelt_error *err) {
+                       struct worker_field *field, struct smelt_error *err) {
     json_t *text = json_object_get(m->header, "prompt");
     if (text && json_is_null(text)) text = NULL;
     if (m->n_arrays > 1)
@@ -189,7 +190,7 @@ static int read_prompt(const struct msg *m, const struct worker_limits *lim, str
 }
 
 /* One sample alone must fit the KV pool, or the engine could never finish it. */
-static int check_fits(const struct worker_limits *lim, const struct rollout_request *r, char *field,
+static int check_fits(const struct worker_limits *lim, const struct rollout_request *r, struct worker_field *field,
                       struct smelt_error *err) {
     int64_t ctx = lim->model->config.max_seq_len;
     int64_t need = r->max_new_tokens < ctx - r->n_prompt ? r->n_prompt + r->max_new_tokens : ctx;
@@ -208,9 +209,9 @@ static int check_fits(const struct worker_limits *lim, const struct rollout_requ
 }
 
 int worker_request_parse(const struct msg *m, const struct worker_limits *lim, struct worker_request *out,
-                         char *field, struct smelt_error *err) {
+                         struct worker_field *field, struct smelt_error *err) {
     memset(out, 0, sizeof *out);
-    field[0] = 0;
+    *field = (struct worker_field){0};
     int rc = msg_check_version(m, err);
     if (rc) {
         refuse(field, "v", rc);

@@ -301,6 +301,8 @@ Test(rollout_worker, bad_requests_are_refused_naming_the_field) {
         {"{\"id\": \"b20\", \"seed\": -1}", ids, 16, "b20", "seed", "negative seed"},
         {"{\"id\": \"b21\", \"ignore_eos\": 1}", ids, 16, "b21", "ignore_eos", "ignore_eos not a bool"},
         {"{\"id\": \"b22\", \"v\": 2}", ids, 16, "b22", "v", "protocol version 2"},
+        /* an unknown empty key is named as itself: "" (null would mean the engine's fault) */
+        {"{\"id\": \"b23\", \"\": 1}", ids, 16, "b23", "", "unknown empty key"},
         {"{\"id\": \"\"}", ids, 16, NULL, "id", "empty id"},
         {"{\"n\": 1}", ids, 16, NULL, "id", "no id"},
         {"{\"id\": 7}", ids, 16, NULL, "id", "id not a string"},
@@ -317,6 +319,8 @@ Test(rollout_worker, bad_requests_are_refused_naming_the_field) {
     expect_refusal(h.client, NULL, "type", "unknown message type");
     send_json(h.client, MSG_GEN_ABORT, "{\"id\": \"busy\", \"why\": 1}", NULL, 0);
     expect_refusal(h.client, "busy", "why", "gen.abort with an unknown field");
+    send_json(h.client, MSG_GEN_ABORT, "{\"id\": \"busy\", \"\": 1}", NULL, 0);
+    expect_refusal(h.client, "busy", "", "gen.abort with an unknown empty key");
 
     /* The worker still serves. */
     send_json(h.client, MSG_GEN_REQUEST, "{\"id\": \"good\", \"max_new_tokens\": 3}", ids, 16);
