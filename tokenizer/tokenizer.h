@@ -61,6 +61,12 @@ void tokenizer_free(struct tokenizer *tok);
  * data cannot inject control tokens. Non-special added tokens always match. */
 int tokenizer_encode(const struct tokenizer *tok, const char *text, size_t len,
                      bool allow_special, int32_t **ids, size_t *n, struct smelt_error *err);
+/* tokenizer_encode on each of count texts (texts[i][0..lens[i])), in parallel on the
+ * OpenMP pool: ids[i] (malloc'd, the caller frees each) and n[i] are what tokenizer_encode
+ * gives for text i, the same ids in any thread count. On a failure nothing is kept (every
+ * ids[i] NULL) and err names the lowest failing text's index. */
+int tokenizer_encode_batch(const struct tokenizer *tok, const char *const *texts, const size_t *lens, size_t count,
+                           bool allow_special, int32_t **ids, size_t *n, struct smelt_error *err);
 /* ids → *text (malloc'd, NUL-terminated, *len bytes without the NUL). skip_special drops
  * special added tokens. An id with no token → SMELT_EINVAL naming its position. */
 int tokenizer_decode(const struct tokenizer *tok, const int32_t *ids, size_t n,

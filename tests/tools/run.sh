@@ -107,5 +107,14 @@ n=$(grep -cE '^(all_reduce|reduce_scatter|all_gather|broadcast) +[0-9]+ KiB +[0-
 if "$B/bench/comm_cpu" --ranks 3 2>"$T/err"; then fail "comm_cpu --ranks 3 accepted"; else
   grep -q -- "--ranks" "$T/err" && ok || fail "comm_cpu error does not name --ranks: $(cat "$T/err")"; fi
 
+# bench/tokenizer_cpu on its defaults (Qwen3, tests/data's texts): the batch's ids are the
+# serial ones, GPT-2's count is the vectors' (5105 ids), and a bad flag is named
+"$B/bench/tokenizer_cpu" >"$T/tok.out" 2>&1 && grep -q '"batch_same_ids": true' "$T/tok.out" \
+  && ok || fail "tokenizer_cpu: $(cat "$T/tok.out")"
+"$B/bench/tokenizer_cpu" --tokenizer tests/data/tokenizers/gpt2 --rounds 1 | grep -q '"tokens": 5105,' \
+  && ok || fail "tokenizer_cpu on GPT-2"
+if "$B/bench/tokenizer_cpu" --rounds 0 2>"$T/err"; then fail "tokenizer_cpu --rounds 0 accepted"; else
+  grep -q -- "--rounds" "$T/err" && ok || fail "tokenizer_cpu error does not name --rounds: $(cat "$T/err")"; fi
+
 echo "tools: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -181,30 +181,40 @@ Test(tokenizer, gpt2_files_and_raw_bytes) {
 }
 
 /* One tokenizer, many threads: every result equals the single-threaded one. */
-Test(tokenizer, concurrent_encode_matches_serial) {
+/* tokenizer_encode_batch (the OpenMP pool: 64 texts of ~200 bytes, above its threshold)
+ * gives each text's serial ids; a failing text fails the batch naming its index and
+ * leaves nothing allocated. */
+Test(tokenizer, batch_encode_matches_serial) {
     struct tokenizer *tok = load(DATA "gpt2");
     enum { N = 64 };
-    char texts[N][64];
-    int32_t *serial[N], *parallel[N];
-    size_t n_serial[N], n_parallel[N];
-    int failures = 0;
+    char texts[N][256];
+    const char *ptrs[N];
+    size_t lens[N];
+    int32_t *serial[N], *batch[N];
+    size_t n_serial[N], n_batch[N];
     for (int i = 0; i < N; i++) {
-        snprintf(texts[i], sizeof texts[i], "text %d: caf\xc3\xa9 %d  \n\t\xff %x", i, i * 7919, i * 31);
+        int len = 0;
+        for (int k = 0; k < 5; k++)
+            len += snprintf(texts[i] + len, sizeof texts[i] - (size_t)len, "text %d: caf\xc3\xa9 %d  \n\t\xff %x ", i,
+                            i * 7919 + k, i * 31);
+        ptrs[i] = texts[i];
+        lens[i] = (size_t)len;
         struct smelt_error err;
-        TEST_OK(tokenizer_encode(tok, texts[i], strlen(texts[i]), false, &serial[i], &n_serial[i], &err), &err);
+        TEST_OK(tokenizer_encode(tok, texts[i], lens[i], false, &serial[i], &n_serial[i], &err), &err);
     }
-    #pragma omp parallel for schedule(static) reduction(+ : failures)
+    struct smelt_error err;
+    TEST_OK(tokenizer_encode_batch(tok, ptrs, lens, N, false, batch, n_batch, &err), &err);
     for (int i = 0; i < N; i++) {
-        struct smelt_error err;
-        failures += tokenizer_encode(tok, texts[i], strlen(texts[i]), false, &parallel[i], &n_parallel[i], &err) != 0;
-    }
-    cr_assert_eq(failures, 0);
-    for (int i = 0; i < N; i++) {
-        cr_expect(n_parallel[i] == n_serial[i] &&
-                  !memcmp(parallel[i], serial[i], n_serial[i] * sizeof(int32_t)), "text %d differs", i);
+        cr_expect(n_batch[i] == n_serial[i] && !memcmp(batch[i], serial[i], n_serial[i] * sizeof(int32_t)),
+                  "text %d differs", i);
         free(serial[i]);
-        free(parallel[i]);
+        free(batch[i]);
     }
+    ptrs[37] = NULL; /* a text without bytes but with a length: refused */
+    TEST_EXPECT_ERROR(tokenizer_encode_batch(tok, ptrs, lens, N, false, batch, n_batch, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "text 37 of 64"), "%s", err.message);
+    for (int i = 0; i < N; i++) cr_expect(batch[i] == NULL && n_batch[i] == 0, "text %d kept", i);
+    TEST_OK(tokenizer_encode_batch(tok, NULL, NULL, 0, false, NULL, NULL, &err), &err);
     tokenizer_free(tok);
 }
 
