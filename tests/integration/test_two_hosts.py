@@ -75,8 +75,10 @@ def test_agent_on_another_host_runs_a_job_unseen(two_hosts, start_smeltd, agents
     to_server = b"".join(data for port, data in segments if port != AGENTS_PORT)
     to_agent = b"".join(data for port, data in segments if port == AGENTS_PORT)
     # the agents' traffic crossed the veth both ways, from the ZMTP greeting (its
-    # mechanism name is plain text in either mode) to the job's end
-    assert len(to_server) > 1000 and len(to_agent) > 1000, (len(to_server), len(to_agent))
+    # mechanism name is plain text in either mode) to the job's end: more than the
+    # greetings and handshakes (a plain-text run of a short job sends the agent under
+    # 1 KB: its registration, acks and the launch; what was sent is checked below)
+    assert len(to_server) > 256 and len(to_agent) > 256, (len(to_server), len(to_agent))
     mechanism = b"CURVE" if secure else b"NULL"
     assert to_server[:64].find(mechanism) > 0 and to_agent[:64].find(mechanism) > 0, (to_server[:64], to_agent[:64])
     with open(pcap, "rb") as f:
