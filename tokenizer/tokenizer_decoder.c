@@ -85,7 +85,7 @@ static int parse_char(const json_t *j, const char *key, const char *where, char 
 static int parse_strip(const json_t *j, const char *where, struct tok_decoder *d,
                        struct smelt_error *err) {
     static const char *const keys[] = {"type", "content", "start", "stop", NULL};
-    int64_t start, stop;
+    int64_t start = 0, stop = 0;
     int rc = json_check_keys(j, keys, where, err);
     if (!rc) rc = parse_char(j, "content", where, d->strip, &d->strip_len, err);
     if (!rc) rc = json_field_int(j, "start", true, 0, 0, 1 << 20, &start, where, err);

@@ -122,8 +122,8 @@ static int read_lora(const json_t *h, struct weightsync_meta *out, struct smelt_
     }
     if (!json_is_object(l))
         return error_set_field(err, SMELT_EINVAL, "lora", "weights.begin: kind \"lora\" needs the object 'lora'");
-    int64_t r;
-    double alpha;
+    int64_t r = 0;
+    double alpha = 0;
     const char *where = "weights.begin: lora";
     int rc = json_check_keys(l, known, where, err);
     if (!rc) rc = json_field_int(l, "r", true, 0, 1, 1 << 20, &r, where, err);

@@ -76,14 +76,22 @@ INLINE float lanes_sum(const v8 *v) {
 /* lanes_sum of four accumulators at once, in the same order: first x_i = s_i + s_(i+4)
  * for all four (halves of two accumulators side by side), then x0 + x1 and x2 + x3,
  * then their sum. */
+/* Lanes of two vectors picked by index (0-7 the first's, 8-15 the second's): GCC's and
+ * clang's builtins for the same shuffle. */
+#if defined(__clang__)
+#define SHUFFLE8(a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
+#else
+typedef int32_t v8i __attribute__((vector_size(DOT_LANES * sizeof(int32_t))));
+#define SHUFFLE8(a, b, ...) __builtin_shuffle((a), (b), (v8i){__VA_ARGS__})
+#endif
+#define LO 0, 1, 2, 3, 8, 9, 10, 11
+#define HI 4, 5, 6, 7, 12, 13, 14, 15
+
 INLINE void lanes_sum4(const v8 *a0, const v8 *a1, const v8 *a2, const v8 *a3, float *out) {
-    typedef int32_t v8i __attribute__((vector_size(DOT_LANES * sizeof(int32_t))));
-    const v8i lo = {0, 1, 2, 3, 8, 9, 10, 11}, hi = {4, 5, 6, 7, 12, 13, 14, 15};
-    const v8i even = {0, 2, 8, 10, 4, 6, 12, 14}, odd = {1, 3, 9, 11, 5, 7, 13, 15};
-    v8 t0 = __builtin_shuffle(*a0, *a1, lo) + __builtin_shuffle(*a0, *a1, hi); /* x(a0) | x(a1) */
-    v8 t1 = __builtin_shuffle(*a2, *a3, lo) + __builtin_shuffle(*a2, *a3, hi); /* x(a2) | x(a3) */
+    v8 t0 = SHUFFLE8(*a0, *a1, LO) + SHUFFLE8(*a0, *a1, HI); /* x(a0) | x(a1) */
+    v8 t1 = SHUFFLE8(*a2, *a3, LO) + SHUFFLE8(*a2, *a3, HI); /* x(a2) | x(a3) */
     /* u: a0 (x0+x1, x2+x3), a2 (..), a1 (..), a3 (..) */
-    v8 u = __builtin_shuffle(t0, t1, even) + __builtin_shuffle(t0, t1, odd);
+    v8 u = SHUFFLE8(t0, t1, 0, 2, 8, 10, 4, 6, 12, 14) + SHUFFLE8(t0, t1, 1, 3, 9, 11, 5, 7, 13, 15);
     out[0] = u[0] + u[1];
     out[1] = u[4] + u[5];
     out[2] = u[2] + u[3];

@@ -2,7 +2,7 @@
 """The folder rule: a folder exposes one public header named after it (common/common.h,
 model/model.h, ...; kernels/ops.h for kernels/) plus the headers that header includes from its own folder (its
 public parts). Code in another folder includes only those; every other header of a
-folder is private to it. Unit and emulator tests (tests/unit, tests/emu) may include
+folder is private to it. Unit, emulator and fuzz tests (tests/unit, tests/emu, tests/fuzz) may include
 the private headers of the folder they test: they check its internals.
 
 Prints each include that breaks the rule and exits 1 if there is any."""
@@ -13,7 +13,7 @@ import sys
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SOURCES = (".c", ".h", ".cu", ".cuh", ".cpp")
-WHITE_BOX = ("tests/unit/", "tests/emu/")
+WHITE_BOX = ("tests/unit/", "tests/emu/", "tests/fuzz/")
 # Folders that are not libraries: their headers serve their own programs only.
 NOT_LIBRARIES = {"tests", "bench", "examples", "docs", "deploy", "clients"}
 # Public headers not named after their folder.
