@@ -26,7 +26,8 @@ static int join(const struct tok_strlist *l, const char *sep, char **text, size_
     int rc = SMELT_OK;
     for (size_t i = 0; !rc && i < l->count; i++) {
         if (i > 0) rc = tok_bytes_append(&b, sep, strlen(sep), err);
-        if (!rc) rc = tok_bytes_append(&b, l->data.data + l->off[i], l->len[i], err);
+        /* an empty piece may have no storage at all (a decoder's empty output) */
+        if (!rc && l->len[i]) rc = tok_bytes_append(&b, l->data.data + l->off[i], l->len[i], err);
     }
     if (!rc) rc = tok_bytes_append(&b, "", 1, err);
     if (rc) {

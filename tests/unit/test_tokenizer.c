@@ -124,6 +124,19 @@ static void run_vectors(const char *dir, const char *field) {
 Test(tokenizer, gpt2_vectors) { run_vectors(DATA "gpt2", "gpt2"); }
 Test(tokenizer, qwen3_vectors) { run_vectors(DATA "qwen3", "qwen3"); }
 
+/* No ids decode to "" through a decoder chain whose output holds one empty piece (found
+ * by tests/fuzz: the join read past a NULL buffer). */
+Test(tokenizer, decode_of_no_ids_is_empty) {
+    struct tokenizer *tok = load(DATA "qwen3/tokenizer.json");
+    char *text = NULL;
+    size_t len = 1;
+    struct smelt_error err;
+    TEST_OK(tokenizer_decode(tok, NULL, 0, false, &text, &len, &err), &err);
+    cr_expect(text && text[0] == 0 && len == 0);
+    free(text);
+    tokenizer_free(tok);
+}
+
 Test(tokenizer, qwen3_special_tokens_and_lookups) {
     struct tokenizer *tok = load(DATA "qwen3/tokenizer.json");
     const char *chat = "<|im_start|>user\nhi<|im_end|>";
