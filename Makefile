@@ -20,7 +20,22 @@ endif
 ifeq ($(SANITIZE)$(TSAN),11)
 $(error SANITIZE=1 and TSAN=1 cannot be combined: one sanitizer per build)
 endif
-ifeq ($(SANITIZE),1)
+FUZZ ?= 0
+ifeq ($(FUZZ),1)
+# The libFuzzer harnesses of tests/fuzz/ (make fuzz, make test-fuzz): clang, every object
+# instrumented for coverage, ASan + UBSan; no CUDA.
+ifneq ($(SANITIZE)$(TSAN),00)
+$(error FUZZ=1 brings its own sanitizers: not with SANITIZE=1 or TSAN=1)
+endif
+CUDA := 0
+CC := clang
+CXX := clang++
+BUILD ?= build-fuzz
+SAN_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT := -O1
+# instrumented loops no longer vectorize: clang says so of every `omp simd`
+CFLAGS += -Wno-pass-failed
+else ifeq ($(SANITIZE),1)
 BUILD ?= build-sanitize$(if $(filter 0,$(CUDA)),-cpu)
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 OPT := -O1
@@ -38,8 +53,9 @@ CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))),/usr/loc
 CUDA_ARCH ?= 90
 
 # Test-only packages: the browser test's Chromium, and pip for the Python test tools
-# (tests/requirements.txt: pytest, the openai client, pyzmq, selenium).
-TEST_PKGS := chromium chromium-driver python3-pip
+# (tests/requirements.txt: pytest, the openai client, pyzmq, selenium), and clang with its
+# OpenMP runtime for the libFuzzer harnesses (tests/fuzz/).
+TEST_PKGS := chromium chromium-driver python3-pip clang libomp-dev
 DEPS_PKGS := build-essential pkg-config libopenblas-dev libopenblas0-openmp libjansson-dev libcriterion-dev \
              libpcre2-dev libutf8proc-dev libzmq3-dev libmicrohttpd-dev libsqlite3-dev \
              libjs-chart.js python3 bubblewrap libcurl4-openssl-dev libgloo-dev \
@@ -126,7 +142,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 BENCH_GPU_SRCS := $(wildcard bench/gpu/*.c)
 BENCH_GPU_BINS := $(BENCH_GPU_SRCS:bench/gpu/%.c=$(BUILD)/bench/gpu/%)
 
-.PHONY: all deps deps-test install-pkgs nccl-status test test-unit test-emu test-tools test-integration test-e2e test-parity test-gpu test-cookbook run bench \
+.PHONY: all deps deps-test install-pkgs nccl-status test test-unit test-emu test-tools test-integration test-e2e test-fuzz fuzz fuzz-bins fuzz-regress fuzz-run test-parity test-gpu test-cookbook run bench \
         clean help cuda-check
 
 all: $(LIB) $(BINS) $(BENCH_BINS)
@@ -138,6 +154,8 @@ help:
 	@echo "make test-emu   run the CUDA kernels' logic on the CPU (tests/emu/)"
 	@echo "make test-gpu   compare every CUDA op with the CPU backend (skips without a GPU)"
 	@echo "make bench      run the CPU benchmarks (bench/)"
+	@echo "make fuzz       run every libFuzzer harness (tests/fuzz/) for FUZZ_SECONDS (default 60) each"
+	@echo "make test-fuzz  run every harness once over its seed corpus (part of make test)"
 	@echo "make test-parity  smelt-saved models and adapters against transformers/PEFT (needs torch, transformers, peft)"
 	@echo "make test-cookbook  tinker-cookbook's SL and RL loops against smeltd (installs the cookbook, torch, transformers)"
 	@echo "make run        install what is missing, build, start the service"
@@ -232,7 +250,7 @@ tsan_end    = @if [ -n "$$(ls -A $(TSAN_DIR))" ]; then cat $(TSAN_DIR)/*; \
 else
 TEST_ENV   :=
 TEST_OMP   := 2
-TEST_SUITES := test-unit test-emu test-tools test-integration test-e2e
+TEST_SUITES := test-unit test-emu test-tools test-fuzz test-integration test-e2e
 endif
 
 test: deps-test
@@ -322,10 +340,45 @@ test-cookbook: $(BINS)
 test-e2e: $(BINS)
 	SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/e2e
 
+# libFuzzer harnesses (tests/fuzz/README.md), built with FUZZ=1 into build-fuzz/.
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_NAMES := $(FUZZ_SRCS:tests/fuzz/fuzz_%.c=%)
+FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
+FUZZ_SECONDS ?= 60
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
+fuzz-bins: $(FUZZ_BINS)
+
+# The regression run: each harness once over every seed of tests/fuzz/corpus/NAME/
+# (and the crashes found earlier, kept there), failing on any crash, leak or UB.
+test-fuzz: deps-test
+	@$(MAKE) --no-print-directory FUZZ=1 SANITIZE=0 TSAN=0 fuzz-regress
+
+fuzz-regress: fuzz-bins
+	@for n in $(FUZZ_NAMES); do \
+	  $(BUILD)/fuzz/fuzz_$$n -runs=0 tests/fuzz/corpus/$$n > $(BUILD)/fuzz/$$n.log 2>&1 || \
+	    { tail -40 $(BUILD)/fuzz/$$n.log; echo "fuzz: fuzz_$$n failed on its corpus"; exit 1; }; \
+	  echo "fuzz_$$n: $$(ls tests/fuzz/corpus/$$n | wc -l) seeds ok"; \
+	done
+
+# Each harness for FUZZ_SECONDS, from its seeds; new inputs go to build-fuzz/corpus/NAME
+# (tests/fuzz/README.md says how a crash becomes a seed).
+fuzz: deps-test
+	@$(MAKE) --no-print-directory FUZZ=1 SANITIZE=0 TSAN=0 fuzz-run
+
+fuzz-run: fuzz-bins
+	@for n in $(FUZZ_NAMES); do mkdir -p $(BUILD)/corpus/$$n; \
+	  $(BUILD)/fuzz/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/$$n- $(BUILD)/corpus/$$n tests/fuzz/corpus/$$n \
+	    > $(BUILD)/fuzz/$$n.log 2>&1 || { tail -40 $(BUILD)/fuzz/$$n.log; exit 1; }; \
+	  echo "fuzz_$$n: $$(grep -o 'stat::number_of_executed_units: *[0-9]*' $(BUILD)/fuzz/$$n.log | grep -o '[0-9]*$$') runs"; \
+	done
+
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
 
 clean:
-	rm -rf build build-cpu build-sanitize build-sanitize-cpu build-tsan build-tsan-cpu
+	rm -rf build build-cpu build-sanitize build-sanitize-cpu build-tsan build-tsan-cpu build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
