@@ -158,6 +158,7 @@ help:
 	@echo "make test-fuzz  run every harness once over its seed corpus (part of make test)"
 	@echo "make test-parity  smelt-saved models and adapters against transformers/PEFT (needs torch, transformers, peft)"
 	@echo "make test-cookbook  tinker-cookbook's SL and RL loops against smeltd (installs the cookbook, torch, transformers)"
+	@echo "make test-api-fuzz  schemathesis against smeltd and /v1/openapi.json for API_FUZZ_SECONDS (default 900), random seed"
 	@echo "make run        install what is missing, build, start the service"
 	@echo "options: SANITIZE=1 (ASan+UBSan), TSAN=1 (ThreadSanitizer; make test leaves out the browser test), CUDA=0|1, CUDA_ARCH=90"
 
@@ -168,7 +169,7 @@ deps:
 # What the tests need beyond the build: Chromium + chromedriver, and the Python test tools.
 deps-test: deps
 	@$(MAKE) --no-print-directory install-pkgs PKGS="$(TEST_PKGS)"
-	@$(PYTHON) -c "import pytest, openai, zmq, selenium, tinker" 2>/dev/null || \
+	@$(PYTHON) -c "import pytest, openai, zmq, selenium, tinker, schemathesis" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q --disable-pip-version-check -r tests/requirements.txt || \
 	  $(PYTHON) -m pip install -q --disable-pip-version-check --break-system-packages -r tests/requirements.txt
 
@@ -321,6 +322,16 @@ test-integration: $(BINS)
 	$(tsan_begin)
 	$(TEST_ENV) SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 	$(tsan_end)
+
+# schemathesis against a real smeltd and the document it serves (tests/integration/test_schemathesis.py,
+# tests/schemathesis.toml), as `make test` runs it but for API_FUZZ_SECONDS of schemathesis's budget
+# (default 900) with a random seed, which the output names (SMELT_API_FUZZ_SEED=N reruns one).
+API_FUZZ_SECONDS ?= 900
+API_FUZZ_SEED ?= random
+.PHONY: test-api-fuzz
+test-api-fuzz: deps-test $(BINS)
+	SMELT_BUILD=$(BUILD) OMP_NUM_THREADS=1 SMELT_API_FUZZ_SECONDS=$(API_FUZZ_SECONDS) SMELT_API_FUZZ_SEED=$(API_FUZZ_SEED) \
+	  $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/integration/test_schemathesis.py
 
 # tinker-cookbook's own supervised and RL loops through the official SDK against a real
 # smeltd (tests/cookbook/run_cookbook.py; not part of `make test`: it pulls torch and

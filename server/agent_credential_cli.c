@@ -129,7 +129,7 @@ int server_agent_credential_main(int argc, char **argv) {
     store_close(store);
     if (rc) {
         fprintf(stderr, "smeltd agent-credential %s: %s\n", argv[2], err.message);
-        return rc == SMELT_EINVAL ? 2 : 1;
+        return rc == SMELT_EINVAL || rc == SERVER_ESTATE ? 2 : 1; /* the request's fault: 2 */
     }
     return 0;
 }

@@ -88,13 +88,14 @@ int agent_credential_create(struct store_conn *c, const struct agent_credential_
                             json_t **key_file_out, struct smelt_error *err) {
     *object_out = *key_file_out = NULL;
     TRY(agent_credential_check_id(r->agent_id, err));
-    if (r->description && strlen(r->description) > 256)
-        return error_set_field(err, SMELT_EINVAL, "description", "description: at most 256 bytes");
+    size_t chars = 0; /* the document's maxLength counts characters, not bytes */
+    for (const char *p = r->description; p && *p; p++) chars += ((unsigned char)*p & 0xC0) != 0x80;
+    if (chars > 256) return error_set_field(err, SMELT_EINVAL, "description", "description: at most 256 characters");
     TRY(store_begin(c, err));
     json_t *live = NULL;
     int rc = live_credential_of(c, r->agent_id, &live, err);
     if (rc == 0) {
-        rc = error_set_field(err, SMELT_EINVAL, "agent_id", "agent %s already has a live credential (%s): rotate or "
+        rc = error_set_field(err, SERVER_ESTATE, "agent_id", "agent %s already has a live credential (%s): rotate or "
                              "revoke it", r->agent_id, json_string_value(json_object_get(live, "id")));
         json_decref(live);
     } else if (rc == SMELT_ENOTFOUND) {
@@ -122,7 +123,8 @@ static int mark_revoked(struct store_conn *c, const char *id, const char *replac
     if (rc) return rc;
     bool revoked = !json_is_null(json_object_get(row, "revoked_at"));
     json_decref(row);
-    if (revoked) return error_set_field(err, SMELT_EINVAL, "credential_id", "agent credential %s is already revoked", id);
+    if (revoked)
+        return error_set_field(err, SERVER_ESTATE, "credential_id", "agent credential %s is already revoked", id);
     rc = store_exec(c, err, "UPDATE agent_credentials SET revoked_at = ?, replaced_by = ? WHERE id = ?", "iss",
                     server_now(), replaced_by, id);
     return rc < 0 ? rc : 0;

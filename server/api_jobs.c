@@ -309,16 +309,21 @@ void api_jobs_events(void *app, struct http_request *req, struct http_response *
     json_t *row = job_row(s, req, res);
     if (!row) return;
     json_decref(row);
+    /* checked whichever form is asked for, as the document's pattern says; only the stream reads it */
+    const char *last = http_header(req, "Last-Event-ID");
+    if (last && event_number(last) < 0) {
+        http_reply_error(res, 400, "Last-Event-ID", "invalid_value",
+                         "Last-Event-ID: an event id (ftevent-N) is expected");
+        return;
+    }
     const char *accept = http_header(req, "Accept");
     if (accept && strstr(accept, "text/event-stream")) {
-        const char *last = http_header(req, "Last-Event-ID");
         if (!last) last = http_query(req, "after");
         int64_t last_id = 0;
         if (last) {
             last_id = event_number(last);
             if (last_id < 0) {
-                http_reply_error(res, 400, "Last-Event-ID", "invalid_value",
-                                 "Last-Event-ID: an event id (ftevent-N) is expected");
+                http_reply_error(res, 400, "after", "invalid_value", "after: an event id (ftevent-N) is expected");
                 return;
             }
         }

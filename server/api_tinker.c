@@ -112,8 +112,44 @@ void tinker_reply_failure(struct http_response *res, const struct smelt_error *e
     http_reply_error(res, status, param, NULL, "%s", err->message);
 }
 
-json_t *tinker_body(const struct http_request *req, struct http_response *res) {
-    return server_body_object(req, res);
+/* A refused body as a 400 naming the field. */
+static void reply_refused(struct http_response *res, const struct smelt_error *err) {
+    http_reply_error(res, 400, err->field[0] ? err->field : NULL,
+                     err->code == SMELT_EUNSUPPORTED ? "unsupported" : "invalid_value", "%s", err->message);
+}
+
+json_t *tinker_body(const struct http_request *req, struct http_response *res, const struct body_rule *rules) {
+    json_t *body = server_body_object(req, res);
+    struct smelt_error err = {0};
+    if (body && body_check(body, rules, "", &err) != 0) {
+        reply_refused(res, &err);
+        json_decref(body);
+        return NULL;
+    }
+    return body;
+}
+
+int tinker_optional_body(const struct http_request *req, struct http_response *res, const struct body_rule *rules) {
+    if (req->body_len == 0) return 0;
+    json_t *body = tinker_body(req, res, rules);
+    json_decref(body);
+    return body ? 0 : -1;
+}
+
+/* A body refused by its rules: a live model's seq (model_id, seq_id as its rules read them) is passed over
+ * first. */
+static void refuse_body(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
+                        const json_t *body, const struct smelt_error *why) {
+    const char *model_id = json_string_value(json_object_get(body, "model_id"));
+    int64_t seq = 0;
+    struct smelt_error err = {0};
+    json_t *row = NULL;
+    if (model_id && json_field_int(body, "seq_id", true, 0, 1, INT32_MAX, &seq, "request", &err) == 0 &&
+        store_query_one(c, &row, &err, "SELECT id FROM tinker_models WHERE id = ? AND project_id = ? AND "
+                        "status = 'live'", "ss", model_id, project) == 0)
+        tinker_order_skip(s->tinker_api->order, model_id, seq, c);
+    json_decref(row);
+    reply_refused(res, why);
 }
 
 int tinker_txn_begin(struct store_conn *c, struct http_response *res) {
@@ -130,14 +166,17 @@ void tinker_txn_end(struct store_conn *c, struct http_response *res) {
         http_reply_error(res, 500, NULL, NULL, "storing the request failed: %s", err.message);
 }
 
-void tinker_with_body(void *app, struct http_request *req, struct http_response *res,
+void tinker_with_body(void *app, struct http_request *req, struct http_response *res, const struct body_rule *rules,
                       tinker_body_fn fn) {
     struct server *s = app;
-    json_t *body = tinker_body(req, res);
+    json_t *body = server_body_object(req, res);
     if (!body) return;
+    struct smelt_error err = {0};
+    int refused = body_check(body, rules, "", &err);
     struct store_conn *c = server_conn(s, res);
     if (c && tinker_txn_begin(c, res) == 0) {
-        fn(s, c, res, req->identity.project, body);
+        if (refused) refuse_body(s, c, res, req->identity.project, body, &err);
+        else fn(s, c, res, req->identity.project, body);
         tinker_txn_end(c, res);
     }
     if (c) store_release(s->store, c);
@@ -317,19 +356,22 @@ void api_tinker_healthz(void *app, struct http_request *req, struct http_respons
 }
 
 void api_tinker_client_config(void *app, struct http_request *req, struct http_response *res) {
-    (void)app, (void)req;
+    (void)app;
+    if (tinker_optional_body(req, res, TINKER_CLIENT_CONFIG)) return;
     /* httpx everywhere: the SDK's default Rust transport is not needed on a local server. */
     http_reply_json(res, 200, json_pack("{s:b, s:b, s:b}", "use_pyqwest_transport", 0, "pjwt_auth_enabled", 0,
                                         "proto_compress_fwdbwd", 0));
 }
 
 void api_tinker_dynamic_config(void *app, struct http_request *req, struct http_response *res) {
-    (void)app, (void)req;
+    (void)app;
+    if (tinker_optional_body(req, res, TINKER_CLIENT_CONFIG)) return;
     http_reply_json(res, 200, json_object());
 }
 
 void api_tinker_telemetry(void *app, struct http_request *req, struct http_response *res) {
-    (void)app, (void)req;
+    (void)app;
+    if (tinker_optional_body(req, res, TINKER_TELEMETRY)) return;
     http_reply_json(res, 200, json_pack("{s:s}", "status", "accepted"));
 }
 
@@ -350,7 +392,7 @@ static void create_session(struct server *s, struct store_conn *c, struct http_r
 }
 
 void api_tinker_create_session(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, create_session);
+    tinker_with_body(app, req, res, TINKER_CREATE_SESSION, create_session);
 }
 
 static void heartbeat(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
@@ -367,11 +409,14 @@ static void heartbeat(struct server *s, struct store_conn *c, struct http_respon
 }
 
 void api_tinker_heartbeat(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, heartbeat);
+    tinker_with_body(app, req, res, TINKER_HEARTBEAT, heartbeat);
 }
 
 void api_tinker_finish(void *app, struct http_request *req, struct http_response *res) {
     struct server *s = app;
+    json_t *body = tinker_body(req, res, TINKER_FINISH_SESSION);
+    if (!body) return;
+    json_decref(body);
     struct store_conn *c = server_conn(s, res);
     if (!c) return;
     json_t *row = NULL;

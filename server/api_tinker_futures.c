@@ -74,7 +74,7 @@ static bool poll_answer(void *ctx, bool last, struct http_response *res) {
 }
 
 void api_tinker_retrieve_future(void *app, struct http_request *req, struct http_response *res) {
-    json_t *body = tinker_body(req, res);
+    json_t *body = tinker_body(req, res, TINKER_RETRIEVE_FUTURE);
     if (!body) return;
     const char *id = json_string_value(json_object_get(body, "request_id"));
     struct poll *p = id ? calloc(1, sizeof *p) : NULL;
@@ -127,7 +127,7 @@ static bool cancel_unsent(struct server *s, struct store_conn *c, struct http_re
  * its future fails, category user; one already sent runs and answers as usual (a worker cannot be interrupted). */
 void api_tinker_cancel_future(void *app, struct http_request *req, struct http_response *res) {
     struct server *s = app;
-    json_t *body = tinker_body(req, res);
+    json_t *body = tinker_body(req, res, TINKER_CANCEL_FUTURE);
     if (!body) return;
     const char *id = json_string_value(json_object_get(body, "request_id"));
     struct store_conn *c = id ? server_conn(s, res) : NULL;

@@ -212,7 +212,7 @@ void api_tinker_checkpoint_delete(void *app, struct http_request *req, struct ht
 
 void api_tinker_weights_info(void *app, struct http_request *req, struct http_response *res) {
     struct server *s = app;
-    json_t *body = tinker_body(req, res);
+    json_t *body = tinker_body(req, res, TINKER_WEIGHTS_INFO);
     if (!body) return;
     struct store_conn *c = server_conn(s, res);
     json_t *row = NULL;

@@ -7,8 +7,6 @@
 #include "common/common.h"
 #include "server/tinker_api.h"
 
-#define TINKER_MAX_TOPK 20
-
 static int session_ok(struct store_conn *c, const char *project, const char *session, struct smelt_error *err) {
     json_t *row = NULL;
     int rc = session ? store_query_one(c, &row, err, "SELECT id FROM tinker_sessions WHERE id = ? AND project_id = ?",
@@ -74,7 +72,7 @@ static void create_sampler(struct server *s, struct store_conn *c, struct http_r
 }
 
 void api_tinker_create_sampler(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, create_sampler);
+    tinker_with_body(app, req, res, TINKER_CREATE_SAMPLER, create_sampler);
 }
 
 static json_t *sampler_row(struct store_conn *c, struct http_response *res, const char *project, const char *id) {
@@ -120,12 +118,12 @@ static int prompt_tokens(const json_t *body, int32_t **tokens, size_t *n, struct
     if (!(*tokens = malloc(total * 4))) return error_set(err, SMELT_ENOMEM, "out of memory");
     *n = 0;
     json_array_foreach(chunks, i, ch) json_array_foreach(json_object_get(ch, "tokens"), j, t) {
-        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX) {
+        if (!body_integral(t) || json_number_value(t) < 0 || json_number_value(t) > INT32_MAX) {
             free(*tokens);
             return error_set_field(err, SMELT_EINVAL, "prompt.chunks", "prompt.chunks[%zu].tokens[%zu]: a token id "
                                    "is expected", i, j);
         }
-        (*tokens)[(*n)++] = (int32_t)json_integer_value(t);
+        (*tokens)[(*n)++] = (int32_t)json_number_value(t);
     }
     return 0;
 }
@@ -135,10 +133,13 @@ static int stops_of(const json_t *stop, json_t *header, struct smelt_error *err)
     if (!stop || json_is_null(stop)) return 0;
     json_t *ids = json_array(), *strs = json_array(), *v;
     size_t i;
-    if (json_is_string(stop)) json_array_append(strs, (json_t *)stop);
-    else if (json_is_array(stop)) json_array_foreach(stop, i, v) json_array_append(json_is_string(v) ? strs : ids, v);
     bool bad = !json_is_string(stop) && !json_is_array(stop);
-    json_array_foreach(ids, i, v) bad |= !json_is_integer(v);
+    if (json_is_string(stop)) json_array_append(strs, (json_t *)stop);
+    json_array_foreach(json_is_array(stop) ? stop : NULL, i, v) { /* a token id may be written 7.0 */
+        if (json_is_string(v)) json_array_append(strs, v);
+        else if (body_integral(v)) json_array_append_new(ids, json_integer((json_int_t)json_number_value(v)));
+        else bad = true;
+    }
     if (bad) {
         json_decref(ids), json_decref(strs);
         return error_set_field(err, SMELT_EINVAL, "sampling_params.stop", "sampling_params.stop: a string, strings "
@@ -146,28 +147,6 @@ static int stops_of(const json_t *stop, json_t *header, struct smelt_error *err)
     }
     json_object_set_new(header, "stop_token_ids", ids);
     json_object_set_new(header, "stop_strings", strs);
-    return 0;
-}
-
-/* What the SDK can ask of a sample that smelt does not compute: refused by name when
- * asked (the SDK sends the defaults, 0 / false / absent, with every request). */
-static int unsupported_asks(const json_t *body, struct smelt_error *err) {
-    static const char *const counts[] = {"topk_sample_logprobs", "prompt_alt_tokens_k", NULL};
-    for (int i = 0; counts[i]; i++) {
-        const json_t *v = json_object_get(body, counts[i]);
-        if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
-            return error_set_field(err, SMELT_EUNSUPPORTED, counts[i], "%s: not supported by smelt (give 0)",
-                                   counts[i]);
-    }
-    static const char *const absent[] = {"target_prompt_logprobs", "prompt_logprobs_last_n", NULL};
-    for (int i = 0; absent[i]; i++) {
-        const json_t *v = json_object_get(body, absent[i]);
-        if (v && !json_is_null(v))
-            return error_set_field(err, SMELT_EUNSUPPORTED, absent[i], "%s: not supported by smelt", absent[i]);
-    }
-    if (json_is_true(json_object_get(body, "record_stability_info")))
-        return error_set_field(err, SMELT_EUNSUPPORTED, "record_stability_info",
-                               "record_stability_info: not supported by smelt (stable_reinforce is not)");
     return 0;
 }
 
@@ -181,14 +160,14 @@ static int sample_header(const json_t *body, const json_t *sampler, json_t **out
         json_t *v = json_object_get(sp, copied[i]);
         if (v && !json_is_null(v)) json_object_set(h, copied[i], v);
     }
-    int rc = unsupported_asks(body, err);
-    if (!rc) rc = json_field_int(body, "num_samples", false, 1, 1, 256, n, "request", err);
+    /* what smelt does not compute (topk_sample_logprobs, ...) the rules refused by name */
+    int rc = json_field_int(body, "num_samples", false, 1, 1, 256, n, "request", err);
     if (!rc) rc = stops_of(json_object_get(sp, "stop"), h, err);
     json_object_set_new(h, "num_samples", json_integer(*n));
     json_object_set_new(h, "prompt_logprobs", json_boolean(json_is_true(json_object_get(body, "prompt_logprobs"))));
     int64_t topk = 0; /* the worker keeps k logprobs per prompt token: bounded like the SDK's hosted service */
     if (!rc) rc = json_field_int(body, "topk_prompt_logprobs", false, 0, 0, TINKER_MAX_TOPK, &topk, "request", err);
-    if (!rc && json_is_integer(json_object_get(body, "topk_prompt_logprobs")))
+    if (!rc && json_is_number(json_object_get(body, "topk_prompt_logprobs")))
         json_object_set_new(h, "topk_prompt_logprobs", json_integer(topk));
     const char *adapter = json_string_value(json_object_get(sampler, "adapter_path"));
     if (adapter) json_object_set_new(h, "adapter_path", json_string(adapter));
@@ -229,7 +208,7 @@ static void asample(struct server *s, struct store_conn *c, struct http_response
     if (!sampler) return;
     int32_t *tokens = NULL;
     size_t n_tokens = 0;
-    int64_t n = 1, seq = json_integer_value(json_object_get(body, "seq_id"));
+    int64_t n = 1, seq = (int64_t)json_number_value(json_object_get(body, "seq_id")); /* an integral real too */
     struct smelt_error err = {0};
     char job_id[HTTP_ID_BYTES];
     int rc = prompt_tokens(body, &tokens, &n_tokens, &err);
@@ -251,5 +230,5 @@ static void asample(struct server *s, struct store_conn *c, struct http_response
 }
 
 void api_tinker_asample(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, asample);
+    tinker_with_body(app, req, res, TINKER_SAMPLE, asample);
 }

@@ -73,7 +73,7 @@ static int model_insert(struct store_conn *c, struct http_response *res, const c
                         "base_dir, lora, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", "ssssssji", model_id, project,
                         session, job_id, base, base_dir, lora, server_now());
     if (rc == 0)
-        http_reply_error(res, 400, "model_seq_id", "model_exists", "model_seq_id: model %s exists already", model_id);
+        http_reply_error(res, 409, "model_seq_id", "model_exists", "model_seq_id: model %s exists already", model_id);
     else if (rc < 0) tinker_reply_failure(res, &err, NULL);
     return rc == 1 ? 0 : -1;
 }
@@ -125,7 +125,7 @@ static void create_model(struct server *s, struct store_conn *c, struct http_res
 }
 
 void api_tinker_create_model(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, create_model);
+    tinker_with_body(app, req, res, TINKER_CREATE_MODEL, create_model);
 }
 
 static void get_info(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
@@ -146,7 +146,7 @@ static void get_info(struct server *s, struct store_conn *c, struct http_respons
 }
 
 void api_tinker_get_info(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, get_info);
+    tinker_with_body(app, req, res, TINKER_GET_INFO, get_info);
 }
 
 static void forward_backward(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
@@ -236,7 +236,7 @@ static void optim_step(struct server *s, struct store_conn *c, struct http_respo
 }
 
 void api_tinker_optim_step(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, optim_step);
+    tinker_with_body(app, req, res, TINKER_OPTIM_STEP, optim_step);
 }
 
 /* DATA/tinker/<model>/<segment>/<name> for a save: the parent made, the directory itself
@@ -295,7 +295,7 @@ static void save_weights(struct server *s, struct store_conn *c, struct http_res
 }
 
 void api_tinker_save_weights(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, save_weights);
+    tinker_with_body(app, req, res, TINKER_SAVE_WEIGHTS, save_weights);
 }
 
 /* save_weights_and_get_sampling_client: a snapshot adapter under DATA/tinker/<model>/samplers/<n>
@@ -343,7 +343,7 @@ static void save_for_sampler(struct server *s, struct store_conn *c, struct http
 }
 
 void api_tinker_save_for_sampler(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, save_for_sampler);
+    tinker_with_body(app, req, res, TINKER_SAVE_FOR_SAMPLER, save_for_sampler);
 }
 
 /* The project's checkpoint row of a tinker:// path (404 naming path), of kind "training". */
@@ -398,7 +398,7 @@ static void load_weights(struct server *s, struct store_conn *c, struct http_res
                          const json_t *body) {
     const char *tpath = json_string_value(json_object_get(body, "path"));
     json_t *ck = NULL;
-    if (!json_object_get(body, "model_id")) {
+    if (!json_is_string(json_object_get(body, "model_id"))) { /* null: absent, as the rules read it */
         if ((ck = checkpoint_row(c, res, project, tpath))) load_new(s, c, res, project, body, ck);
         json_decref(ck);
         return;
@@ -419,5 +419,5 @@ static void load_weights(struct server *s, struct store_conn *c, struct http_res
 }
 
 void api_tinker_load_weights(void *app, struct http_request *req, struct http_response *res) {
-    tinker_with_body(app, req, res, load_weights);
+    tinker_with_body(app, req, res, TINKER_LOAD_WEIGHTS, load_weights);
 }

@@ -62,8 +62,11 @@ struct server {
 int64_t server_now(void);
 /* prefix + 24 random hex characters ("ftjob-" -> "ftjob-3f9c..."). */
 void server_new_id(const char *prefix, char *out, size_t cap);
+/* A failure code of server/ alone, beside common/error.h's: the object's state does not allow
+ * the request (an agent that has a live credential already, a credential revoked already). */
+#define SERVER_ESTATE (-64)
 /* An HTTP error response for a failed smelt call: 404 for SMELT_ENOTFOUND, 400 for
- * SMELT_EINVAL / SMELT_EFORMAT, 500 otherwise; param may be NULL. */
+ * SMELT_EINVAL / SMELT_EFORMAT, 409 for SERVER_ESTATE, 500 otherwise; param may be NULL. */
 void server_reply_failure(struct http_response *res, const struct smelt_error *err,
                           const char *param);
 /* Parses the request body as a JSON object; on failure replies 400 and returns NULL. */
@@ -83,6 +86,36 @@ void server_reply_list(struct http_response *res, json_t *rows, int64_t limit,
                        json_t *(*fn)(void *ctx, json_t *row), void *ctx, bool ids);
 /* A store connection or a 503 reply. */
 struct store_conn *server_conn(struct server *s, struct http_response *res);
+
+/* ---- request bodies against their schema in the document (server/body_rules.c) ---- */
+
+/* What a JSON body's key holds, as server/web/openapi.json says it: a table of rules ends with
+ * {NULL} (whose check, if any, looks at the object as a whole: one field or another); a rule
+ * keyed "*" takes every key no other rule names (additionalProperties), which are refused
+ * without one. null counts as absent (the document types an optional field
+ * [T, "null"]). */
+enum body_kind { BODY_STRING = 1, BODY_INT, BODY_NUMBER, BODY_BOOL, BODY_OBJECT, BODY_ARRAY, BODY_JSON };
+struct body_rule {
+    const char *key;
+    enum body_kind kind;
+    bool required;
+    double min, max;                /* INT, NUMBER: the range, inclusive */
+    const char *const *values;      /* STRING: the allowed values, NULL-terminated (NULL: any) */
+    const struct body_rule *fields; /* OBJECT: its keys (NULL: any keys, with JSON values) */
+    const struct body_rule *items;  /* ARRAY: the rule of every item, which may not be null (NULL: JSON values) */
+    /* anything further the schema says (a union, a length): SMELT_EINVAL naming path */
+    int (*check)(const json_t *v, const char *path, struct smelt_error *err);
+};
+/* obj against rules: an unknown key, a required one missing, or a value of another type, out of
+ * its range or not among its values is SMELT_EINVAL naming the field ("where.key", "key" when
+ * where is ""; items "key[i]"). */
+int body_check(const json_t *obj, const struct body_rule *rules, const char *where, struct smelt_error *err);
+/* An integer, or a real with an integral value under 9e15 (4.0 is 4, as JSON Schema counts it):
+ * what a rule of kind BODY_INT takes; json_number_value gives its value. */
+bool body_integral(const json_t *v);
+/* A free-form JSON value (the document's JsonValue): its numbers are within [-2^63, 2^63), as
+ * integers always are once jansson has read them (it refuses larger ones). */
+int body_check_json(const json_t *v, const char *path, struct smelt_error *err);
 
 /* ---- jobs (server/jobs.c) ---- */
 

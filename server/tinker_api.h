@@ -151,8 +151,18 @@ void tinker_submit(struct server *s, struct store_conn *c, struct http_response 
 int tinker_submit_quiet(struct server *s, struct store_conn *c, const char *project, const char *model_id,
                         const char *job_id, const char *op, json_t *base, json_t *header, char *fut, size_t cap,
                         struct smelt_error *err);
-/* A body JSON object or a 400 reply (NULL). */
-json_t *tinker_body(const struct http_request *req, struct http_response *res);
+/* The JSON request bodies' rules (server/tinker_rules.c; the document's Tinker* schemas). */
+#define TINKER_MAX_TOPK 20 /* topk_prompt_logprobs: the worker keeps k logprobs per prompt token */
+extern const struct body_rule TINKER_CLIENT_CONFIG[], TINKER_TELEMETRY[], TINKER_CREATE_SESSION[],
+    TINKER_FINISH_SESSION[], TINKER_HEARTBEAT[],
+    TINKER_CREATE_MODEL[], TINKER_GET_INFO[], TINKER_OPTIM_STEP[], TINKER_SAVE_WEIGHTS[], TINKER_SAVE_FOR_SAMPLER[],
+    TINKER_LOAD_WEIGHTS[], TINKER_CREATE_SAMPLER[], TINKER_SAMPLE[], TINKER_RETRIEVE_FUTURE[], TINKER_CANCEL_FUTURE[],
+    TINKER_WEIGHTS_INFO[];
+/* A body JSON object that keeps rules (body_check), or a 400 reply naming the field (NULL). */
+json_t *tinker_body(const struct http_request *req, struct http_response *res, const struct body_rule *rules);
+/* The same for a route whose body may be left out (the SDK's config and telemetry): 0 when
+ * there is none or it keeps rules, else a 400 reply (non-zero). */
+int tinker_optional_body(const struct http_request *req, struct http_response *res, const struct body_rule *rules);
 /* A handler's work on its JSON body with a store connection (project: the key's). */
 typedef void (*tinker_body_fn)(struct server *s, struct store_conn *c, struct http_response *res, const char *project,
                                const json_t *body);
@@ -163,9 +173,11 @@ typedef void (*tinker_body_fn)(struct server *s, struct store_conn *c, struct ht
  * replying 500 when that fails. */
 int tinker_txn_begin(struct store_conn *c, struct http_response *res);
 void tinker_txn_end(struct store_conn *c, struct http_response *res);
-/* Runs fn with the request's body and a store connection, in one transaction (tinker_txn_begin; replies 400 / 503
- * without them). */
-void tinker_with_body(void *app, struct http_request *req, struct http_response *res, tinker_body_fn fn);
+/* Runs fn with the request's body, once it keeps rules, and a store connection, in one transaction
+ * (tinker_txn_begin; replies 400 / 503 without them). A refused body of a live model's ordered request
+ * (model_id, seq_id) passes its seq over, so the model's later requests do not wait for it. */
+void tinker_with_body(void *app, struct http_request *req, struct http_response *res, const struct body_rule *rules,
+                      tinker_body_fn fn);
 /* The project's session job for base model name (resolved like a job's model); fills
  * base_dir. Replies on failure (non-zero). */
 int tinker_job_for_base(struct server *s, struct store_conn *c, struct http_response *res, const char *project,

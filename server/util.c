@@ -36,6 +36,7 @@ void server_reply_failure(struct http_response *res, const struct smelt_error *e
     case SMELT_EINVAL:
     case SMELT_EFORMAT: status = 400; code = "invalid_value"; break;
     case SMELT_EUNSUPPORTED: status = 400; code = "unsupported"; break;
+    case SERVER_ESTATE: status = 409; code = "invalid_state"; break;
     default: break;
     }
     if (status == 500) log_error("request failed: %s", err->message);

@@ -176,8 +176,10 @@ def test_credentials_api(start_smeltd, tmp_path):
     assert key_file["agent_id"] == "node-a" and key_file["endpoint"] == endpoint
     assert key_file["public_key"] == cred["public_key"] and len(key_file["secret_key"]) == 40
     assert cred["live"] is True and cred["revoked_at"] is None
+    # a second live credential of one agent: the agent's state refuses it (409, as the document says)
     status, err = smeltd.request("POST", "/v1/cluster/agent_credentials", {"agent_id": "node-a"})
-    assert status == 400 and err["error"]["param"] == "agent_id", err
+    assert status == 409 and err["error"]["param"] == "agent_id", err
+    assert err["error"]["code"] == "invalid_state", err
     for bad in ("local", "", "a b", "x" * 64):
         status, err = smeltd.request("POST", "/v1/cluster/agent_credentials", {"agent_id": bad})
         assert status == 400 and err["error"]["param"] == "agent_id", (bad, err)
@@ -207,7 +209,7 @@ def test_credentials_api(start_smeltd, tmp_path):
     status, revoked = smeltd.request("POST", "/v1/cluster/agent_credentials/%s/revoke" % cred["id"])
     assert status == 200 and revoked["live"] is False and revoked["revoked_at"], revoked
     status, err = smeltd.request("POST", "/v1/cluster/agent_credentials/%s/revoke" % cred["id"])
-    assert status == 400, err
+    assert status == 409 and err["error"]["param"] == "credential_id", err
     # a revoked agent id may be enrolled again
     status, again = smeltd.request("POST", "/v1/cluster/agent_credentials", {"agent_id": "node-a"})
     assert status == 200 and again["id"] != cred["id"], again
