@@ -27,6 +27,10 @@
 #define TINKER_DEFAULT_BIND "tcp://127.0.0.1:*"
 #define TINKER_POLL_MS 250
 #define TINKER_SWEEP_MS 1000 /* how often queues of jobs that ended are looked for */
+/* A queue whose job row is not found is dropped only this long after it was made: a session
+ * job is inserted, and its first requests queued, inside the HTTP thread's transaction,
+ * which the sweep's own connection cannot see until it commits. */
+#define TINKER_UNSEEN_MS 30000
 #define TINKER_HWM 100000
 
 struct tinker_request {
@@ -43,6 +47,7 @@ struct tinker_session {
     char job_id[HTTP_ID_BYTES];
     int64_t attempt;                           /* the connected worker's; 0: none yet */
     int64_t hello_attempt;                     /* the last attempt that said hello (kept when a send fails) */
+    int64_t made_ms;                           /* mono_ms() when the queue was made */
     struct tinker_request *head, *tail;
     struct tinker_session *next;
 };
@@ -80,6 +85,7 @@ static struct tinker_session *session_get(struct tinker_dispatch *d, const char 
     q = calloc(1, sizeof *q);
     if (!q) return NULL;
     snprintf(q->job_id, sizeof q->job_id, "%s", job_id);
+    q->made_ms = mono_ms();
     q->next = d->sessions;
     d->sessions = q;
     return q;
@@ -402,7 +408,8 @@ static void on_message(struct server *s, const struct msg *m) {
 }
 
 /* Queues of jobs that are no longer running and whose worker never connected (a submit
- * that raced the job's end) are dropped: their futures are failed with the job. */
+ * that raced the job's end) are dropped: their futures are failed with the job. A job not
+ * found may be one whose transaction has not committed yet (TINKER_UNSEEN_MS). */
 static void sweep(struct server *s) {
     struct tinker_dispatch *d = s->tinker;
     struct smelt_error err = {0};
@@ -413,8 +420,9 @@ static void sweep(struct server *s) {
         next = q->next;
         json_t *row = NULL;
         int rc = store_query_one(c, &row, &err, "SELECT status FROM jobs WHERE id = ?", "s", q->job_id);
-        bool ended = rc == SMELT_ENOTFOUND || (rc == 0 && jobs_status_final(json_string_value(
-                                                              json_object_get(row, "status"))));
+        bool ended = (rc == SMELT_ENOTFOUND && mono_ms() - q->made_ms >= TINKER_UNSEEN_MS) ||
+                     (rc == 0 && jobs_status_final(json_string_value(json_object_get(row, "status"))));
+        error_clear(&err);
         json_decref(row);
         if (ended) session_remove(d, q->job_id);
     }

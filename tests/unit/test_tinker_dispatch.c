@@ -271,6 +271,24 @@ Test(tinker_dispatch, a_forgotten_jobs_queue_is_dropped) {
     zmq_close(w);
 }
 
+/* A session job is inserted and its first requests queued inside the HTTP thread's
+ * transaction; the sweep, on a connection of its own, cannot see the row until the commit.
+ * The queue must outlive sweeps until then (it once dropped create_model, and the load_weights
+ * after it found no model). */
+Test(tinker_dispatch, a_queue_outlives_sweeps_until_its_jobs_row_commits) {
+    start();
+    submit("fut-1", "create_model", NULL, 0);
+    sleep_ms(2500); /* two sweeps, the job not found */
+    submit("fut-2", "load_weights", NULL, 0);
+    tinker_insert_job(JOB, "default", "running", 1, 0);
+    void *w = worker(JOB, JOB ".1");
+    hello(w, JOB, 1);
+    char id[64];
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-1", "the request sent before the commit");
+    cr_expect_str_eq(next_request(w, 3000, id, sizeof id, NULL), "fut-2");
+    zmq_close(w);
+}
+
 Test(tinker_dispatch, submit_without_a_dispatcher_is_an_error) {
     struct smelt_error err = {0};
     json_t *h = json_pack("{s:s}", "op", "forward");
