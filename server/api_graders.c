@@ -177,6 +177,10 @@ static int read_input(const json_t *body, struct run_input *in, struct http_resp
     const json_t *item = json_object_get(body, "item");
     if (!item || json_is_null(item)) return 0;
     struct smelt_error err = {0};
+    if (json_is_object(item) && body_check_json(item, "item", &err)) { /* the document's JsonValue */
+        http_reply_error(res, 400, err.field, "invalid_value", "%s", err.message);
+        return -1;
+    }
     int rc = json_is_object(item) ? dataset_openai_item(item, &in->metadata, &in->answer, &err) : SMELT_EINVAL;
     if (!rc && in->metadata &&
         !(in->metadata_json = json_dumps(in->metadata, JSON_COMPACT | JSON_PRESERVE_ORDER)))

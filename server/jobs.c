@@ -599,6 +599,7 @@ static int method_hyperparameters(const json_t *method, struct hp_source *src, c
             return error_set_field(err, SMELT_EINVAL, field, "%s: an object is expected", field);
         if ((key = json_unknown_key(settings, settings_keys)))
             return error_set_field(err, SMELT_EINVAL, field, "%s.%.64s: unknown field", field, key);
+        TRY(body_check_json(settings, field, err)); /* the document's JsonValue: numbers within 64 bits */
         json_t *v = json_object_get(settings, "hyperparameters");
         *hp = v && !json_is_null(v) ? v : NULL;
         v = src->method->reward_key ? json_object_get(settings, src->method->reward_key) : NULL;

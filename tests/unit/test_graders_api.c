@@ -290,6 +290,7 @@ Test(graders_api, run_refusals_name_the_field) {
     expect_refused(RUN, "{\"grader\":" EXACT ",\"model_sample\":3}", "model_sample");
     expect_refused(RUN, "{\"grader\":" EXACT ",\"model_sample\":\"a\",\"item\":[1]}", "item");
     expect_refused(RUN, "{\"grader\":" EXACT ",\"model_sample\":\"a\",\"item\":\"Paris\"}", "item");
+    expect_refused(RUN, "{\"grader\":" EXACT ",\"model_sample\":\"a\",\"item\":{\"n\":[1, 1e300]}}", "item.n[1]");
     expect_refused(RUN, "{\"grader\":" EXACT ",\"model_sample\":\"a\",\"sample\":\"b\"}", "sample");
     expect_refused(RUN, "{\"model_sample\":\"a\"}", "grader");
     expect_refused(RUN, "{\"grader\":{\"type\":\"string_check\",\"input\":\"{{sample.output_text}}\","

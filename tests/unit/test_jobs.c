@@ -431,6 +431,8 @@ Test(jobs, dpo_method_params) {
         {"{\"type\": \"grpo\"}", "training_file", "a grpo job needs prompts rows"},
         {"{\"type\": \"grpo\", \"grpo\": {\"grader\": {}}}", "method.grpo", "grader"},
         {"{\"type\": \"dpo\", \"dpo\": {\"reward\": {}}}", "method.dpo", "reward"},
+        {"{\"type\": \"grpo\", \"grpo\": {\"reward\": {\"weights\": [1e300]}}}", "method.grpo.reward.weights[0]",
+         "outside"},
         {"{\"type\": \"reward_model\", \"reward_model\": {\"hyperparameters\": {\"center_rewards_coefficient\": -1}}}",
          "method.reward_model.hyperparameters.center_rewards_coefficient", "center_rewards_coefficient"},
         {"{\"type\": \"reinforcement\"}", "method.reinforcement.grader", "required"},
