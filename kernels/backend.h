@@ -51,9 +51,10 @@ struct backend_ops {
                               const struct tensor *w, const struct tensor *mean,
                               const struct tensor *rstd, struct smelt_error *err);
     int (*rope)(struct tensor *y, const struct tensor *x, const struct tensor *positions,
-                float theta, struct smelt_error *err);
+                const struct ops_rope_freqs *f, struct smelt_error *err);
     int (*rope_backward)(struct tensor *dx, const struct tensor *dy,
-                         const struct tensor *positions, float theta, struct smelt_error *err);
+                         const struct tensor *positions, const struct ops_rope_freqs *f,
+                         struct smelt_error *err);
     int (*attention)(struct tensor *out, struct tensor *lse, const struct tensor *q,
                      const struct tensor *k, const struct tensor *v,
                      const struct tensor *cu_seqlens, float scale, struct smelt_error *err);

@@ -2,7 +2,9 @@
  * dispatches to the backend table. Backends see only well-formed arguments. */
 #include "kernels/backend.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* One op call being checked: its name, the backend and compute dtype every tensor must
  * share (taken from the first compute tensor), and where errors go. */
@@ -345,37 +347,76 @@ int ops_layernorm_backward(struct tensor *dx, struct tensor *dw, struct tensor *
 /* ---- rope ---- */
 
 static int check_rope(struct call *c, const char *name, const struct tensor *x,
-                      const struct tensor *positions, float theta) {
+                      const struct tensor *positions, const struct ops_rope_freqs *f) {
     char s[96];
     if (x->ndim != 3 || x->shape[2] % 2 != 0)
         return error_set(c->err, SMELT_EINVAL, "%s: %s has shape %s, expected [tokens, heads, head_dim] with an even head_dim",
                          c->op, name, tensor_shape_str(x, s, sizeof s));
     TRY(check_i32(c, "positions", positions));
     TRY(check_numel(c, "positions", positions, x->shape[0], "one per token"));
-    if (!(theta > 0)) return error_set(c->err, SMELT_EINVAL, "%s: theta %g must be > 0", c->op, theta);
+    if (!f || !f->inv_freq || f->n != x->shape[2] / 2)
+        return error_set(c->err, SMELT_EINVAL, "%s: the rope table has %lld entries, head_dim %lld needs %lld", c->op,
+                         (long long)(f ? f->n : 0), (long long)x->shape[2], (long long)x->shape[2] / 2);
+    for (int64_t i = 0; i < f->n; i++)
+        if (!(isfinite(f->inv_freq[i]) && f->inv_freq[i] >= 0))
+            return error_set(c->err, SMELT_EINVAL, "%s: inv_freq[%lld] is %g; finite and >= 0 expected", c->op,
+                             (long long)i, f->inv_freq[i]);
+    if (!(isfinite(f->scale) && f->scale > 0))
+        return error_set(c->err, SMELT_EINVAL, "%s: scale %g must be finite and > 0", c->op, f->scale);
     return SMELT_OK;
 }
 
-int ops_rope(struct tensor *y, const struct tensor *x, const struct tensor *positions,
-             float theta, struct smelt_error *err) {
+void ops_rope_default_freqs(float *inv_freq, int64_t head_dim, float theta) {
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        float exponent = (float)(2 * i) / (float)head_dim;
+        inv_freq[i] = 1.0f / (float)pow((double)theta, (double)exponent);
+    }
+}
+
+int ops_rope_with(struct tensor *y, const struct tensor *x, const struct tensor *positions,
+                  const struct ops_rope_freqs *f, struct smelt_error *err) {
     struct call c;
     TRY(call_begin(&c, "ops_rope", "x", x, err));
     TRY(check_compute(&c, "y", y));
     TRY(check_same_shape(&c, "y", y, "x", x));
-    TRY(check_rope(&c, "x", x, positions, theta));
+    TRY(check_rope(&c, "x", x, positions, f));
     if (!c.impl->rope) return unsupported(&c);
-    return c.impl->rope(y, x, positions, theta, err);
+    return c.impl->rope(y, x, positions, f, err);
 }
 
-int ops_rope_backward(struct tensor *dx, const struct tensor *dy, const struct tensor *positions,
-                      float theta, struct smelt_error *err) {
+int ops_rope_with_backward(struct tensor *dx, const struct tensor *dy, const struct tensor *positions,
+                           const struct ops_rope_freqs *f, struct smelt_error *err) {
     struct call c;
     TRY(call_begin(&c, "ops_rope_backward", "dy", dy, err));
     TRY(check_compute(&c, "dx", dx));
     TRY(check_same_shape(&c, "dx", dx, "dy", dy));
-    TRY(check_rope(&c, "dy", dy, positions, theta));
+    TRY(check_rope(&c, "dy", dy, positions, f));
     if (!c.impl->rope_backward) return unsupported(&c);
-    return c.impl->rope_backward(dx, dy, positions, theta, err);
+    return c.impl->rope_backward(dx, dy, positions, f, err);
+}
+
+/* ops_rope(theta): the unscaled table, built per call (one pow per channel pair). */
+static int rope_theta(const char *op, struct tensor *out, const struct tensor *in, const struct tensor *positions,
+                      float theta, bool backward, struct smelt_error *err) {
+    if (!(theta > 0)) return error_set(err, SMELT_EINVAL, "%s: theta %g must be > 0", op, theta);
+    int64_t head_dim = in && in->ndim == 3 ? in->shape[2] : 0;
+    float *inv_freq = malloc((size_t)(head_dim / 2 + 1) * sizeof *inv_freq);
+    if (!inv_freq) return error_set(err, SMELT_ENOMEM, "%s: out of memory", op);
+    ops_rope_default_freqs(inv_freq, head_dim, theta);
+    struct ops_rope_freqs f = {inv_freq, head_dim / 2, 1.0f};
+    int rc = backward ? ops_rope_with_backward(out, in, positions, &f, err) : ops_rope_with(out, in, positions, &f, err);
+    free(inv_freq);
+    return rc;
+}
+
+int ops_rope(struct tensor *y, const struct tensor *x, const struct tensor *positions,
+             float theta, struct smelt_error *err) {
+    return rope_theta("ops_rope", y, x, positions, theta, false, err);
+}
+
+int ops_rope_backward(struct tensor *dx, const struct tensor *dy, const struct tensor *positions,
+                      float theta, struct smelt_error *err) {
+    return rope_theta("ops_rope_backward", dx, dy, positions, theta, true, err);
 }
 
 /* ---- attention ---- */

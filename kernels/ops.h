@@ -204,6 +204,23 @@ int ops_rope(struct tensor *y, const struct tensor *x, const struct tensor *posi
 int ops_rope_backward(struct tensor *dx, const struct tensor *dy,
                       const struct tensor *positions, float theta, struct smelt_error *err);
 
+/* Scaled rope (model/rope.h computes the table of each rope_type): inv_freq [n] on the
+ * host, n = head_dim / 2, and scale, the factor cos and sin are multiplied by in f32
+ * (transformers' attention_scaling: yarn's and longrope's; 1 otherwise). */
+struct ops_rope_freqs {
+    const float *inv_freq;
+    int64_t n;
+    float scale;
+};
+/* inv_freq[i] = 1 / theta^((float)(2i) / head_dim) for i < head_dim / 2, in f32 as
+ * transformers computes the unscaled table. */
+void ops_rope_default_freqs(float *inv_freq, int64_t head_dim, float theta);
+/* y = scale * R(pos * inv_freq) x; the backward dx += scale * R(-angle) dy. */
+int ops_rope_with(struct tensor *y, const struct tensor *x, const struct tensor *positions,
+                  const struct ops_rope_freqs *f, struct smelt_error *err);
+int ops_rope_with_backward(struct tensor *dx, const struct tensor *dy, const struct tensor *positions,
+                           const struct ops_rope_freqs *f, struct smelt_error *err);
+
 /* ---- attention ------------------------------------------------------------------- */
 
 /* Causal self-attention over sequences packed in one token axis.

@@ -1,7 +1,7 @@
 /* Reading a Hugging Face config.json into struct model_config: defaults of each
  * transformers config class, refusals of what smelt does not implement, and the
  * consistency of the dimensions. Writing is in config_write.c. */
-#include "model/config.h"
+#include "model/config_internal.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -137,60 +137,6 @@ static int parse_head(const struct reader *r, struct model_config *c) {
     return SMELT_OK;
 }
 
-/* rope_scaling / rope_parameters: only unscaled rope ("default", or null) is implemented. */
-static int check_rope_type(const struct reader *r, const char *field) {
-    const json_t *v = json_object_get(r->root, field);
-    if (!v || json_is_null(v)) return SMELT_OK;
-    if (!json_is_object(v))
-        return error_set(r->err, SMELT_EINVAL, "%s: field '%s' must be an object or null",
-                         r->where, field);
-    const char *key = "rope_type";
-    const json_t *t = json_object_get(v, key);
-    if (!t) t = json_object_get(v, key = "type");
-    if (!json_is_string(t))
-        return error_set(r->err, SMELT_EINVAL, "%s: field '%s' has no string 'rope_type'",
-                         r->where, field);
-    if (strcmp(json_string_value(t), "default") != 0)
-        return error_set(r->err, SMELT_EUNSUPPORTED,
-                         "%s: %s.%s '%s' is not implemented (smelt supports unscaled rope "
-                         "only: rope_scaling null or \"default\")",
-                         r->where, field, key, json_string_value(t));
-    return SMELT_OK;
-}
-
-static int check_partial_rotary(const struct reader *r) {
-    double f;
-    int rc = json_field_double(r->root, "partial_rotary_factor", false, 1.0, 0.0, 1.0, &f,
-                               r->where, r->err);
-    if (rc) return rc;
-    if (f != 1.0)
-        return error_set(r->err, SMELT_EUNSUPPORTED,
-                         "%s: partial_rotary_factor %g is not implemented (rope over the "
-                         "whole head only)",
-                         r->where, f);
-    return SMELT_OK;
-}
-
-static int parse_rope(const struct reader *r, struct model_config *c) {
-    int rc = check_rope_type(r, "rope_scaling");
-    if (!rc) rc = check_rope_type(r, "rope_parameters");
-    if (!rc) rc = check_partial_rotary(r);
-    if (!rc)
-        rc = json_field_double(r->root, "rope_theta", false, 10000.0, 1e-3, 1e12, &c->rope_theta,
-                               r->where, r->err);
-    /* transformers 5 moves rope_theta into rope_parameters; it wins when present. */
-    const json_t *rp = json_object_get(r->root, "rope_parameters");
-    if (!rc && json_is_object(rp)) {
-        char where[256];
-        snprintf(where, sizeof where, "%s: rope_parameters", r->where);
-        struct reader sub = {rp, where, r->err};
-        rc = json_field_double(rp, "rope_theta", false, c->rope_theta, 1e-3, 1e12,
-                               &c->rope_theta, where, r->err);
-        if (!rc) rc = check_partial_rotary(&sub);
-    }
-    return rc;
-}
-
 /* num_key_value_heads: absent → the class default; null → num_attention_heads. */
 static int parse_kv_heads(const struct reader *r, struct model_config *c) {
     int64_t def = defaults[c->type].kv_heads;
@@ -312,18 +258,13 @@ static int parse_switches(const struct reader *r, struct model_config *c) {
                              r->err);
     if (!rc && c->type == MODEL_TYPE_LLAMA)
         rc = json_field_bool(r->root, "mlp_bias", false, false, &mlp_bias, r->where, r->err);
-    /* Refused rather than read and dropped: the model has no gate/up/down biases, so such a
-     * checkpoint could not load and a model made with the flag would be saved without them. */
-    if (!rc && mlp_bias)
-        rc = error_set_field(r->err, SMELT_EUNSUPPORTED, "mlp_bias", "%s: mlp_bias true (biases on gate_proj, "
-                             "up_proj and down_proj) is not supported yet", r->where);
     if (!rc)
         rc = json_field_bool(r->root, "tie_word_embeddings", false, defaults[c->type].tie,
                              &c->tie_word_embeddings, r->where, r->err);
     if (!rc) rc = parse_activation(r, c);
     if (rc) return rc;
     apply_architecture(c, attention_bias, mlp_bias);
-    if (c->positions == MODEL_POS_ROPE) return parse_rope(r, c);
+    if (c->positions == MODEL_POS_ROPE) return model_config_parse_rope(r->root, r->where, c, r->err);
     c->rope_theta = 0.0;
     return SMELT_OK;
 }

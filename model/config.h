@@ -3,8 +3,9 @@
  *
  * Supported model_type values: llama, mistral, qwen2, qwen3, gpt2. Absent fields take
  * the default of that model's transformers config class, so a config.json means here
- * what it means to transformers; features smelt does not implement (rope scaling,
- * quantized weights, other activations, GPT-2 attention variants) are refused with an
+ * what it means to transformers; features smelt does not implement (rope scaling other
+ * than linear, llama3 and yarn, quantized weights, other activations, GPT-2 attention
+ * variants) are refused with an
  * error naming the field, never silently ignored. An active sliding window is honoured
  * by capping max_seq_len at the window, where full causal attention is identical.
  * A "*ForSequenceClassification" architecture with one label is a reward model
@@ -33,6 +34,27 @@ enum model_norm { MODEL_NORM_RMSNORM, MODEL_NORM_LAYERNORM };   /* layernorm has
 enum model_mlp { MODEL_MLP_SWIGLU, MODEL_MLP_GELU };             /* gate/up/down; fc/proj */
 enum model_positions { MODEL_POS_ROPE, MODEL_POS_LEARNED };      /* learned: GPT-2 wpe */
 
+/* rope_scaling / rope_parameters "rope_type" (model/rope.h computes each one's table). */
+enum model_rope_type { MODEL_ROPE_DEFAULT, MODEL_ROPE_LINEAR, MODEL_ROPE_LLAMA3, MODEL_ROPE_YARN };
+
+/* The scaling's parameters as transformers reads them; those a type does not use are 0. */
+struct model_rope_scaling {
+    enum model_rope_type type;
+    double factor;                       /* linear, llama3, yarn */
+    double low_freq_factor;              /* llama3 */
+    double high_freq_factor;             /* llama3 */
+    int64_t original_max_position_embeddings; /* llama3, yarn */
+    double attention_factor;             /* yarn: given, or 0 (from factor, mscale) */
+    double beta_fast, beta_slow;         /* yarn: 32 and 1 unless given */
+    double mscale, mscale_all_dim;       /* yarn: 0 when not given */
+    bool truncate;                       /* yarn: the correction range rounded outwards (default) */
+};
+
+/* "default", "linear", "llama3", "yarn". */
+const char *model_rope_type_name(enum model_rope_type type);
+/* Whether a and b are the same scaling, field by field. */
+bool model_rope_scaling_equal(const struct model_rope_scaling *a, const struct model_rope_scaling *b);
+
 #define MODEL_CONFIG_MAX_EOS 8
 #define MODEL_CONFIG_NAME_BYTES 64
 
@@ -57,6 +79,7 @@ struct model_config {
     enum model_positions positions;
     double norm_eps;
     double rope_theta;               /* 0 for learned positions */
+    struct model_rope_scaling rope_scaling;
     char hidden_act[32];             /* as written: "silu", "gelu_new", ... */
 
     bool qkv_bias;                   /* q/k/v projections have biases */

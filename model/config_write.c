@@ -73,6 +73,34 @@ static void put_gpt2(struct builder *b, const struct model_config *c) {
     put(b, "activation_function", json_string(c->hidden_act));
 }
 
+/* rope_scaling as transformers 4 writes it (transformers 5 reads it as rope_parameters):
+ * null when unscaled, else the type and every parameter model/rope.c uses. */
+static json_t *rope_scaling_json(const struct model_rope_scaling *s) {
+    if (s->type == MODEL_ROPE_DEFAULT) return json_null();
+    json_t *o = json_pack("{s:s, s:f}", "rope_type", model_rope_type_name(s->type), "factor", s->factor);
+    if (!o || s->type == MODEL_ROPE_LINEAR) return o;
+    bool bad = json_object_set_new(o, "original_max_position_embeddings",
+                                   json_integer((json_int_t)s->original_max_position_embeddings)) != 0;
+    if (s->type == MODEL_ROPE_LLAMA3) {
+        bad = bad || json_object_set_new(o, "low_freq_factor", json_real(s->low_freq_factor)) != 0;
+        bad = bad || json_object_set_new(o, "high_freq_factor", json_real(s->high_freq_factor)) != 0;
+    } else {
+        bad = bad || json_object_set_new(o, "beta_fast", json_real(s->beta_fast)) != 0;
+        bad = bad || json_object_set_new(o, "beta_slow", json_real(s->beta_slow)) != 0;
+        bad = bad || json_object_set_new(o, "truncate", json_boolean(s->truncate)) != 0;
+        if (s->attention_factor > 0)
+            bad = bad || json_object_set_new(o, "attention_factor", json_real(s->attention_factor)) != 0;
+        if (s->mscale != 0) bad = bad || json_object_set_new(o, "mscale", json_real(s->mscale)) != 0;
+        if (s->mscale_all_dim != 0)
+            bad = bad || json_object_set_new(o, "mscale_all_dim", json_real(s->mscale_all_dim)) != 0;
+    }
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
 static void put_rope_family(struct builder *b, const struct model_config *c) {
     put_int(b, "hidden_size", c->hidden_size);
     put_int(b, "num_hidden_layers", c->n_layers);
@@ -87,7 +115,7 @@ static void put_rope_family(struct builder *b, const struct model_config *c) {
     put(b, "hidden_act", json_string(c->hidden_act));
     put(b, "rms_norm_eps", json_real(c->norm_eps));
     put(b, "rope_theta", json_real(c->rope_theta));
-    put(b, "rope_scaling", json_null());
+    put(b, "rope_scaling", rope_scaling_json(&c->rope_scaling));
     switch (c->type) {
     case MODEL_TYPE_LLAMA:
         put(b, "attention_bias", json_boolean(c->qkv_bias));
@@ -115,6 +143,7 @@ static const char *first_difference(const struct model_config *a, const struct m
     DIFF(intermediate_size); DIFF(vocab_size); DIFF(max_position_embeddings);
     DIFF(max_seq_len); DIFF(norm); DIFF(mlp); DIFF(positions); DIFF(norm_eps);
     DIFF(rope_theta);
+    if (!model_rope_scaling_equal(&a->rope_scaling, &b->rope_scaling)) return "rope_scaling";
     if (strcmp(a->hidden_act, b->hidden_act) != 0) return "hidden_act";
     DIFF(qkv_bias); DIFF(o_bias); DIFF(mlp_bias); DIFF(qk_norm); DIFF(tie_word_embeddings);
     DIFF(score_head);

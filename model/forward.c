@@ -200,7 +200,8 @@ int model_layer_forward(const struct model *m, int64_t l, const struct layer_wei
                         struct smelt_error *err) {
     const struct model_config *c = &m->config;
     struct dims d = model_dims(m);
-    float theta = (float)c->rope_theta, scale = (float)(1.0 / sqrt((double)d.D));
+    float scale = (float)(1.0 / sqrt((double)d.D));
+    struct ops_rope_freqs rope = {m->rope_inv_freq, d.D / 2, m->rope_scale};
     TRY(model_norm_forward(m, &v->h1, opt_mut(&v->mean1), &v->rstd1, &v->x_in, &w->attn_norm_w,
                      opt(&w->attn_norm_b), err));
     struct tensor *qp = c->qk_norm ? &v->q_raw : &v->q, *kp = c->qk_norm ? &v->k_raw : &v->k;
@@ -217,8 +218,8 @@ int model_layer_forward(const struct model *m, int64_t l, const struct layer_wei
         TRY(ops_rmsnorm(&kn, &v->kn_rstd, &v->k_raw3, &w->k_norm_w, (float)c->norm_eps, err));
     }
     if (c->positions == MODEL_POS_ROPE) {
-        TRY(ops_rope(&v->q3, &v->q3, positions, theta, err));
-        TRY(ops_rope(&v->k3, &v->k3, positions, theta, err));
+        TRY(ops_rope_with(&v->q3, &v->q3, positions, &rope, err));
+        TRY(ops_rope_with(&v->k3, &v->k3, positions, &rope, err));
     }
     if (paged) {
         TRY(ops_kv_append(paged->k_cache, paged->v_cache, &v->k3, &v->v3, paged->slot_mapping, err));
@@ -235,12 +236,12 @@ int model_layer_forward(const struct model *m, int64_t l, const struct layer_wei
                      opt(&w->mlp_norm_b), err));
     TRY(tensor_copy(&v->x_out, &v->x_mid, err));
     if (c->mlp == MODEL_MLP_SWIGLU) {
-        TRY(ops_matmul(&v->gate, &v->h2, &w->gate_w, NULL, false, true, 1.0f, 0.0f, err));
-        TRY(ops_matmul(&v->up, &v->h2, &w->up_w, NULL, false, true, 1.0f, 0.0f, err));
+        TRY(ops_matmul(&v->gate, &v->h2, &w->gate_w, opt(&w->gate_b), false, true, 1.0f, 0.0f, err));
+        TRY(ops_matmul(&v->up, &v->h2, &w->up_w, opt(&w->up_b), false, true, 1.0f, 0.0f, err));
         TRY(adapt_fwd(m, l, MODEL_LINEAR_GATE, &v->h2, &v->gate, err));
         TRY(adapt_fwd(m, l, MODEL_LINEAR_UP, &v->h2, &v->up, err));
         TRY(ops_swiglu(&v->act, &v->gate, &v->up, err));
-        TRY(ops_matmul(&v->x_out, &v->act, &w->down_w, NULL, false, true, 1.0f, 1.0f, err));
+        TRY(ops_matmul(&v->x_out, &v->act, &w->down_w, opt(&w->down_b), false, true, 1.0f, 1.0f, err));
         TRY(adapt_fwd(m, l, MODEL_LINEAR_DOWN, &v->act, &v->x_out, err));
     } else {
         TRY(ops_matmul(&v->gate, &v->h2, &w->fc_w, opt(&w->fc_b), false, true, 1.0f, 0.0f, err));
@@ -260,7 +261,8 @@ static int layer_backward(const struct model *m, int64_t l, const struct layer_w
     const struct model_config *c = &m->config;
     struct dims d = model_dims(m);
     int64_t T = v->x_in.shape[0];
-    float theta = (float)c->rope_theta, scale = (float)(1.0 / sqrt((double)d.D));
+    float scale = (float)(1.0 / sqrt((double)d.D));
+    struct ops_rope_freqs rope = {m->rope_inv_freq, d.D / 2, m->rope_scale};
     struct tensor dres = rows2(&a->dres, T, d.C), dh = rows2(&a->dh, T, d.C);
     struct tensor dgate = rows2(&a->dgate, T, d.F), dup = rows2(&a->dup, T, d.F);
     struct tensor dact = rows2(&a->dact, T, d.F);
@@ -270,12 +272,15 @@ static int layer_backward(const struct model *m, int64_t l, const struct layer_w
     TRY(tensor_zero(&dgate, err));
     TRY(tensor_zero(&dh, err));
     if (c->mlp == MODEL_MLP_SWIGLU) {
-        TRY(ops_matmul_backward(&dact, opt_mut(&g->down_w), NULL, &dres, &v->act, &w->down_w, false, true, 1.0f, err));
+        TRY(ops_matmul_backward(&dact, opt_mut(&g->down_w), opt_mut(&g->down_b), &dres, &v->act, &w->down_w, false,
+                                true, 1.0f, err));
         TRY(adapt_bwd(m, l, MODEL_LINEAR_DOWN, &v->act, &dres, &dact, err));
         TRY(tensor_zero(&dup, err));
         TRY(ops_swiglu_backward(&dgate, &dup, &dact, &v->gate, &v->up, err));
-        TRY(ops_matmul_backward(&dh, opt_mut(&g->gate_w), NULL, &dgate, &v->h2, &w->gate_w, false, true, 1.0f, err));
-        TRY(ops_matmul_backward(&dh, opt_mut(&g->up_w), NULL, &dup, &v->h2, &w->up_w, false, true, 1.0f, err));
+        TRY(ops_matmul_backward(&dh, opt_mut(&g->gate_w), opt_mut(&g->gate_b), &dgate, &v->h2, &w->gate_w, false,
+                                true, 1.0f, err));
+        TRY(ops_matmul_backward(&dh, opt_mut(&g->up_w), opt_mut(&g->up_b), &dup, &v->h2, &w->up_w, false, true, 1.0f,
+                                err));
         TRY(adapt_bwd(m, l, MODEL_LINEAR_GATE, &v->h2, &dgate, &dh, err));
         TRY(adapt_bwd(m, l, MODEL_LINEAR_UP, &v->h2, &dup, &dh, err));
     } else {
@@ -306,8 +311,8 @@ static int layer_backward(const struct model *m, int64_t l, const struct layer_w
         struct tensor qn = rows3(dq_next, T, d.Hq, d.D), kn = rows3(dk_next, T, d.Hkv, d.D);
         TRY(tensor_zero(&qn, err));
         TRY(tensor_zero(&kn, err));
-        TRY(ops_rope_backward(&qn, &dq3, positions, theta, err));
-        TRY(ops_rope_backward(&kn, &dk3, positions, theta, err));
+        TRY(ops_rope_with_backward(&qn, &dq3, positions, &rope, err));
+        TRY(ops_rope_with_backward(&kn, &dk3, positions, &rope, err));
         struct tensor *t = dq_cur; dq_cur = dq_next; dq_next = t;
         t = dk_cur; dk_cur = dk_next; dk_next = t;
     }

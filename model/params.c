@@ -101,8 +101,11 @@ static void visit_llama(struct param_visit *v) {
         }
         P(mlp_norm_w, "post_attention_layernorm.weight", 1, C, 0);
         P(gate_w, "mlp.gate_proj.weight", 2, F, C);
+        if (c->mlp_bias) { P(gate_b, "mlp.gate_proj.bias", 1, F, 0); }
         P(up_w, "mlp.up_proj.weight", 2, F, C);
+        if (c->mlp_bias) { P(up_b, "mlp.up_proj.bias", 1, F, 0); }
         P(down_w, "mlp.down_proj.weight", 2, C, F);
+        if (c->mlp_bias) { P(down_b, "mlp.down_proj.bias", 1, C, 0); }
 #undef P
     }
     enter_unit(v, model_unit_head(m));
@@ -209,6 +212,15 @@ int model_create(const struct model_config *config, enum backend backend, struct
         model_free(m);
         return error_set(err, SMELT_ENOMEM, "model: out of memory");
     }
+    if (config->positions == MODEL_POS_ROPE) {
+        m->rope_inv_freq = malloc((size_t)(config->head_dim / 2 + 1) * sizeof *m->rope_inv_freq);
+        int rc = m->rope_inv_freq ? model_rope_table(config, m->rope_inv_freq, &m->rope_scale, err)
+                                  : error_set(err, SMELT_ENOMEM, "model: out of memory");
+        if (rc) {
+            model_free(m);
+            return rc;
+        }
+    }
     struct param_visit count = {.model = m, .only = -1};
     visit_all(&count);
     m->n_params = count.count;
@@ -249,6 +261,7 @@ void model_free(struct model *m) {
     tensor_free(&m->grads);
     free(m->params);
     free(m->unit_offsets);
+    free(m->rope_inv_freq);
     free(m->w.layers);
     free(m->g.layers);
     free(m);

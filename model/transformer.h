@@ -45,6 +45,7 @@ struct layer_weights {
     struct tensor q_norm_w, k_norm_w;         /* [D], Qwen3 */
     struct tensor mlp_norm_w, mlp_norm_b;     /* [C] */
     struct tensor gate_w, up_w, down_w;       /* [F, C], [F, C], [C, F] (SwiGLU) */
+    struct tensor gate_b, up_b, down_b;       /* [F], [F], [C]: llama's mlp_bias */
     struct tensor fc_w, fc_b, proj_w, proj_b; /* [F, C], [F], [C, F], [C] (GPT-2 GELU MLP) */
 };
 
@@ -147,7 +148,14 @@ struct model {
     int64_t *unit_offsets;
     /* Borrowed, NULL when none (model_set_param_provider). */
     const struct model_param_provider *provider;
+    /* The rotary table (model_rope_table): head_dim / 2 entries, NULL for learned positions. */
+    float *rope_inv_freq;
+    float rope_scale;
 };
+
+/* config's rotary table as transformers computes it for its rope_type: inv_freq
+ * [head_dim / 2] (caller's) and the factor cos and sin are multiplied by. */
+int model_rope_table(const struct model_config *config, float *inv_freq, float *scale, struct smelt_error *err);
 
 /* Loads config.json and the safetensors weights of a HF model directory. Every
  * expected tensor must be present with its exact shape (errors name the file and

@@ -30,9 +30,9 @@ int cuda_layernorm_backward(struct tensor *dx, struct tensor *dw, struct tensor 
                             const struct tensor *w, const struct tensor *mean,
                             const struct tensor *rstd, struct smelt_error *err);
 int cuda_rope(struct tensor *y, const struct tensor *x, const struct tensor *positions,
-              float theta, struct smelt_error *err);
-int cuda_rope_backward(struct tensor *dx, const struct tensor *dy,
-                       const struct tensor *positions, float theta, struct smelt_error *err);
+              const struct ops_rope_freqs *f, struct smelt_error *err);
+int cuda_rope_backward(struct tensor *dx, const struct tensor *dy, const struct tensor *positions,
+                       const struct ops_rope_freqs *f, struct smelt_error *err);
 int cuda_attention(struct tensor *out, struct tensor *lse, const struct tensor *q, const struct tensor *k,
                    const struct tensor *v, const struct tensor *cu_seqlens, float scale, struct smelt_error *err);
 int cuda_attention_backward(struct tensor *dq, struct tensor *dk, struct tensor *dv, const struct tensor *dout,

@@ -2,11 +2,11 @@
  * (x[i], x[i + D/2]) of each head turns by angle a = pos * inv_freq[i].
  *
  * The angle convention is kernels/cpu/rope.c's, every step in f32 as transformers does:
- *   inv_freq[i] = 1.0f / (float)pow(theta, (float)(2i) / D),  a = (float)pos * inv_freq[i],
- * then cos and sin of a evaluated in double and rounded to f32 (the correctly rounded
- * value, which every backend can hit). inv_freq is computed on the host with the CPU's
- * expression and passed to the kernel by value (no copy, no sync); head dims beyond the
- * table (D > 2 * ROPE_TABLE, unseen in practice) take the same expression on the device.
+ * a = (float)pos * inv_freq[i] with the caller's table (ops.h struct ops_rope_freqs), then
+ * cos and sin of a evaluated in double, rounded to f32 (the correctly rounded value, which
+ * every backend can hit) and multiplied by the table's scale in f32. The table is passed
+ * to the kernel by value (no copy, no sync); head dims beyond it (D > 2 * ROPE_TABLE,
+ * unseen in practice) are refused.
  * One thread per (token, pair) computes its cos/sin once and turns that pair in every
  * head; neighbouring threads touch neighbouring elements.
  *
@@ -22,24 +22,19 @@ struct rope_freqs {
     float inv_freq[ROPE_TABLE];
 };
 
-__host__ __device__ inline float rope_inv_freq_of(int64_t i, int64_t dim, float theta) {
-    float exponent = (float)(2 * i) / (float)dim;
-    return 1.0f / (float)pow((double)theta, (double)exponent);
-}
-
 /* Forward: out = R(a) in. Backward: out += R(-a) in (R is orthogonal). */
 template <typename T, bool BACKWARD>
 __global__ void rope_kernel(T *out, const T *in, const int32_t *__restrict__ positions, int64_t tokens,
-                            int64_t heads, int64_t dim, float theta, const rope_freqs freqs) {
+                            int64_t heads, int64_t dim, float scale, const rope_freqs freqs) {
     int64_t half = dim / 2, pairs = tokens * half;
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += stride) {
         int64_t t = p / half, i = p % half;
-        float inv_freq = i < ROPE_TABLE ? freqs.inv_freq[i] : rope_inv_freq_of(i, dim, theta);
-        float angle = (float)positions[t] * inv_freq;
+        float angle = (float)positions[t] * freqs.inv_freq[i];
         double s, c;
         sincos((double)angle, &s, &c);
-        float cs = (float)c, sn = BACKWARD ? -(float)s : (float)s;
+        float cs = (float)c * scale, sn = (float)s * scale;
+        if (BACKWARD) sn = -sn;
         for (int64_t h = 0; h < heads; h++) {
             int64_t lo = (t * heads + h) * dim + i, hi = lo + half;
             float x0 = to_f32(in[lo]), x1 = to_f32(in[hi]);
@@ -57,8 +52,11 @@ __global__ void rope_kernel(T *out, const T *in, const int32_t *__restrict__ pos
 
 template <bool BACKWARD>
 static int rope_launch(struct tensor *out, const struct tensor *in, const struct tensor *positions,
-                       float theta, const char *op, struct smelt_error *err) {
+                       const struct ops_rope_freqs *f, const char *op, struct smelt_error *err) {
     int64_t tokens = in->shape[0], heads = in->shape[1], dim = in->shape[2];
+    if (dim / 2 > ROPE_TABLE)
+        return error_set(err, SMELT_EUNSUPPORTED, "%s: head_dim %lld is above the CUDA rope's %d", op,
+                         (long long)dim, 2 * ROPE_TABLE);
     bool found;
     int64_t pos;
     int32_t value;
@@ -71,23 +69,23 @@ static int rope_launch(struct tensor *out, const struct tensor *in, const struct
     int64_t pairs = tokens * (dim / 2);
     if (pairs == 0 || heads == 0) return SMELT_OK;
     rope_freqs freqs = {};
-    for (int64_t i = 0; i < dim / 2 && i < ROPE_TABLE; i++) freqs.inv_freq[i] = rope_inv_freq_of(i, dim, theta);
+    for (int64_t i = 0; i < dim / 2; i++) freqs.inv_freq[i] = f->inv_freq[i];
     return with_compute_type(in->dtype, [&](auto tag) -> int {
         using T = decltype(tag);
         rope_kernel<T, BACKWARD><<<cuda_blocks_for(pairs, CUDA_THREADS), CUDA_THREADS>>>(
             (T *)out->data, (const T *)in->data, (const int32_t *)positions->data, tokens, heads, dim,
-            theta, freqs);
+            f->scale, freqs);
         CUDA_CHECK_LAUNCH(err, op, "rope_kernel");
         return SMELT_OK;
     });
 }
 
 int cuda_rope(struct tensor *y, const struct tensor *x, const struct tensor *positions,
-              float theta, struct smelt_error *err) {
-    return rope_launch<false>(y, x, positions, theta, "ops_rope", err);
+              const struct ops_rope_freqs *f, struct smelt_error *err) {
+    return rope_launch<false>(y, x, positions, f, "ops_rope", err);
 }
 
-int cuda_rope_backward(struct tensor *dx, const struct tensor *dy,
-                       const struct tensor *positions, float theta, struct smelt_error *err) {
-    return rope_launch<true>(dx, dy, positions, theta, "ops_rope_backward", err);
+int cuda_rope_backward(struct tensor *dx, const struct tensor *dy, const struct tensor *positions,
+                       const struct ops_rope_freqs *f, struct smelt_error *err) {
+    return rope_launch<true>(dx, dy, positions, f, "ops_rope_backward", err);
 }

@@ -604,6 +604,32 @@ Test(gpu_ops, rope) {
     }
 }
 
+/* A scaled table (model/rope.c: llama3, yarn) and yarn's factor on cos and sin. */
+Test(gpu_ops, rope_scaled_table) {
+    if (!backend_available(BACKEND_CUDA)) cr_skip_test("no CUDA device");
+    struct smelt_error err;
+    struct test_rng rng = {502};
+    int64_t sx[3] = {9, 3, 16}, sp[1] = {9};
+    float inv_freq[8];
+    ops_rope_default_freqs(inv_freq, 16, 500000.0f);
+    for (int i = 4; i < 8; i++) inv_freq[i] /= 8.0f;
+    struct ops_rope_freqs f = {inv_freq, 8, 1.1386294f};
+    for (size_t d = 0; d < N_GPU_DTYPES; d++) {
+        int32_t *pv = rand_ids(&rng, 9, 0, 9000);
+        struct twin_ids pos = ids_new(pv, 1, sp);
+        struct twin x = twin_new(gpu_dtypes[d], 3, sx, &rng, -2, 2), y = twin_new(gpu_dtypes[d], 3, sx, NULL, 0, 0);
+        TEST_OK(ops_rope_with(&y.cpu, &x.cpu, &pos.cpu, &f, &err), &err);
+        TEST_OK(ops_rope_with(&y.gpu, &x.gpu, &pos.gpu, &f, &err), &err);
+        twin_expect("rope scaled table", "y", &y, tol_for(gpu_dtypes[d], TOL_F32));
+        struct twin dy = twin_new(gpu_dtypes[d], 3, sx, &rng, -1, 1), dx = twin_new(gpu_dtypes[d], 3, sx, &rng, -1, 1);
+        TEST_OK(ops_rope_with_backward(&dx.cpu, &dy.cpu, &pos.cpu, &f, &err), &err);
+        TEST_OK(ops_rope_with_backward(&dx.gpu, &dy.gpu, &pos.gpu, &f, &err), &err);
+        twin_expect("rope scaled table", "dx", &dx, tol_for(gpu_dtypes[d], TOL_F32));
+        ids_free(&pos), free(pv);
+        twin_free(&x), twin_free(&y), twin_free(&dy), twin_free(&dx);
+    }
+}
+
 Test(gpu_ops, rope_negative_position) {
     if (!backend_available(BACKEND_CUDA)) cr_skip_test("no CUDA device");
     struct smelt_error err;

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-TYPES = ["llama", "mistral", "qwen2", "qwen3", "gpt2"]
+TYPES = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "llama-rope-llama3", "qwen2-rope-yarn", "mistral-rope-linear", "llama-mlp-bias"]
 IDS = [3, 17, 42, 5, 77, 9, 0, 63, 31, 12]
 
 

@@ -43,6 +43,22 @@ CONFIGS = {
     "qwen3": (transformers.Qwen3Config, dict(COMMON, num_key_value_heads=2, head_dim=16,
                                             rope_theta=1000000.0, tie_word_embeddings=True,
                                             use_sliding_window=False)),
+    # biases on q/k/v/o and on gate/up/down
+    "llama-mlp-bias": (transformers.LlamaConfig, dict(COMMON, num_key_value_heads=2, rope_theta=5000.0,
+                                                     tie_word_embeddings=False, attention_bias=True,
+                                                     mlp_bias=True)),
+    # rope scalings (model/rope.c), on positions that reach past original_max_position_embeddings
+    "llama-rope-llama3": (transformers.LlamaConfig, dict(
+        COMMON, num_key_value_heads=2, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "qwen2-rope-yarn": (transformers.Qwen2Config, dict(
+        COMMON, num_key_value_heads=2, tie_word_embeddings=True, use_sliding_window=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16})),
+    "mistral-rope-linear": (transformers.MistralConfig, dict(
+        COMMON, num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
     "gpt2": (transformers.GPT2Config, dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4,
                                           n_positions=64, n_inner=None,
                                           activation_function="gelu_new",

@@ -50,6 +50,11 @@ Test(model, parity_mistral) { check_parity("mistral"); }
 Test(model, parity_qwen2) { check_parity("qwen2"); }
 Test(model, parity_qwen3) { check_parity("qwen3"); }
 Test(model, parity_gpt2) { check_parity("gpt2"); }
+Test(model, parity_llama_mlp_bias) { check_parity("llama-mlp-bias"); } /* attention_bias and mlp_bias */
+/* Scaled rope (model/rope.c), on positions past original_max_position_embeddings. */
+Test(model, parity_llama_rope_llama3) { check_parity("llama-rope-llama3"); }
+Test(model, parity_qwen2_rope_yarn) { check_parity("qwen2-rope-yarn"); }
+Test(model, parity_mistral_rope_linear) { check_parity("mistral-rope-linear"); }
 
 /* Forward+backward with and without activation recompute: identical bits. */
 static void check_recompute(const char *type) {
@@ -100,6 +105,8 @@ static void check_save_load(const char *type) {
     cr_expect_eq(a->n_weights, b2->n_weights);
     cr_expect(memcmp(a->weights.data, b2->weights.data, (size_t)a->n_weights * sizeof(float)) == 0,
               "%s: weights changed through save/load", type);
+    cr_expect(model_rope_scaling_equal(&a->config.rope_scaling, &b2->config.rope_scaling),
+              "%s: the rope scaling changed through save/load", type);
     model_free(b2);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s/model.safetensors", out);
@@ -114,6 +121,8 @@ Test(model, save_load_llama) { check_save_load("llama"); }
 Test(model, save_load_qwen2) { check_save_load("qwen2"); }
 Test(model, save_load_qwen3) { check_save_load("qwen3"); }
 Test(model, save_load_gpt2) { check_save_load("gpt2"); }
+Test(model, save_load_llama_mlp_bias) { check_save_load("llama-mlp-bias"); }
+Test(model, save_load_qwen2_rope_yarn) { check_save_load("qwen2-rope-yarn"); }
 
 /* Finite differences through the whole model (f32, so a loose tolerance) on random
  * coordinates of every parameter, from a random init. */
