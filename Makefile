@@ -356,10 +356,15 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_NAMES := $(FUZZ_SRCS:tests/fuzz/fuzz_%.c=%)
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_SECONDS ?= 60
+# Linked by clang++: a harness that reaches comm/ links the Gloo shim, whose UBSan checks
+# (vptr) need the C++ half of UBSan's runtime, which the C driver leaves out.
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
+	$(CXX) $(LDFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
 fuzz-bins: $(FUZZ_BINS)
+# Kept (not intermediate): make would delete them after linking, and relink every harness
+# at the next make test-fuzz.
+.SECONDARY: $(FUZZ_NAMES:%=$(BUILD)/tests/fuzz/fuzz_%.o)
 
 # The regression run: each harness once over every seed of tests/fuzz/corpus/NAME/
 # (and the crashes found earlier, kept there), failing on any crash, leak or UB.

@@ -284,13 +284,28 @@ static int post_request(struct grader_endpoint *ep, const struct reward_sample *
     return rc == ENDPOINT_NO_ANSWER ? SMELT_OK : rc;
 }
 
-static int run(struct reward_grader *g, const struct reward_sample *samples, int n, struct smelt_error *err) {
-    struct grader_endpoint *ep = g->ep;
+/* Results for a new batch of n samples (the last batch's dropped): false when out of memory. */
+static bool batch_start(struct grader_endpoint *ep, int n) {
     free(ep->results);
     ep->n = 0;
     ep->results = calloc(n > 0 ? (size_t)n : 1, sizeof *ep->results);
-    if (!ep->results) return error_set(err, SMELT_ENOMEM, "%s (endpoint): out of memory", g->path);
+    if (!ep->results) return false;
     ep->n = n;
+    return true;
+}
+
+int grader_endpoint_read_reply(struct grader_endpoint *ep, int n, const struct endpoint_reply *reply,
+                               struct smelt_error *err) {
+    if (n < 1 || n > ENDPOINT_CHUNK_SAMPLES)
+        return error_set(err, SMELT_EINVAL, "a request has 1 to %d samples, not %d", ENDPOINT_CHUNK_SAMPLES, n);
+    if (!batch_start(ep, n)) return error_set(err, SMELT_ENOMEM, "endpoint: out of memory");
+    read_reply(ep, reply, 0, n);
+    return SMELT_OK;
+}
+
+static int run(struct reward_grader *g, const struct reward_sample *samples, int n, struct smelt_error *err) {
+    struct grader_endpoint *ep = g->ep;
+    if (!batch_start(ep, n)) return error_set(err, SMELT_ENOMEM, "%s (endpoint): out of memory", g->path);
     for (int first = 0, count = 0; first < n; first += count)
         if (post_request(ep, samples, first, n, &count))
             return error_set(err, SMELT_ENOMEM, "%s (endpoint): out of memory for samples[%d...]", g->path, first);

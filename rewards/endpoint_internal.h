@@ -55,6 +55,12 @@ int grader_endpoint_prepare(struct reward_grader *g, const struct reward_sample 
                             struct smelt_error *err);
 /* Sample i of the last batch: 0 with *score, or GRADER_FAILED with why. */
 int grader_endpoint_result(const struct grader_endpoint *ep, int i, double *score, char *why, size_t why_n);
+/* A batch of n (1 to ENDPOINT_CHUNK_SAMPLES) samples scored from reply as if its one request
+ * had got it, without a request: what tests/fuzz/fuzz_endpoint_reply.c feeds the replies'
+ * reader. SMELT_ENOMEM (SMELT_EINVAL for n); then grader_endpoint_result per sample. */
+struct endpoint_reply;
+int grader_endpoint_read_reply(struct grader_endpoint *ep, int n, const struct endpoint_reply *reply,
+                               struct smelt_error *err);
 
 /* ---- endpoint_http.c: one POST through libcurl ---- */
 

@@ -209,8 +209,7 @@ static json_t *event_list_object(void *ctx, json_t *row) {
     return event_object(row);
 }
 
-/* "ftevent-12" or "12" -> 12; -1 when neither. */
-static int64_t event_number(const char *text) {
+int64_t server_event_number(const char *text) {
     if (!text) return -1;
     if (strncmp(text, "ftevent-", 8) == 0) text += 8;
     return server_parse_row_number(text);
@@ -311,7 +310,7 @@ void api_jobs_events(void *app, struct http_request *req, struct http_response *
     json_decref(row);
     /* checked whichever form is asked for, as the document's pattern says; only the stream reads it */
     const char *last = http_header(req, "Last-Event-ID");
-    if (last && event_number(last) < 0) {
+    if (last && server_event_number(last) < 0) {
         http_reply_error(res, 400, "Last-Event-ID", "invalid_value",
                          "Last-Event-ID: an event id (ftevent-N) is expected");
         return;
@@ -321,7 +320,7 @@ void api_jobs_events(void *app, struct http_request *req, struct http_response *
         if (!last) last = http_query(req, "after");
         int64_t last_id = 0;
         if (last) {
-            last_id = event_number(last);
+            last_id = server_event_number(last);
             if (last_id < 0) {
                 http_reply_error(res, 400, "after", "invalid_value", "after: an event id (ftevent-N) is expected");
                 return;
@@ -346,7 +345,7 @@ void api_jobs_events(void *app, struct http_request *req, struct http_response *
     if (server_page_args(req, res, 20, 1000, &limit, &after) != 0) return;
     int64_t before = INT64_MAX;
     if (after) {
-        before = event_number(after);
+        before = server_event_number(after);
         if (before < 0) {
             http_reply_error(res, 400, "after", "invalid_value", "after: an event id (ftevent-N) is expected");
             return;

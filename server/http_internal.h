@@ -1,5 +1,5 @@
-/* Shared by the HTTP layer's own files (http.c, http_route.c, http_sse.c, http_deferred.c);
- * nothing outside them includes it. */
+/* Shared by the HTTP layer's own files (http.c, http_route.c, http_sse.c, http_deferred.c,
+ * http_multipart.c); nothing outside them includes it but the tests. */
 #ifndef SMELT_SERVER_HTTP_INTERNAL_H
 #define SMELT_SERVER_HTTP_INTERNAL_H
 
@@ -94,5 +94,10 @@ bool http_peer_hung_up(int fd);
 
 /* Monotonic clock in seconds. */
 double http_now_s(void);
+
+/* http_multipart_parse on a Content-Type value (NULL: none) and a body of body_len bytes,
+ * not a request's: what tests/fuzz/fuzz_multipart.c feeds without a connection. */
+int http_multipart_parse_body(const char *ctype, const char *body, size_t body_len,
+                              struct http_part *parts, int max, int *n, struct smelt_error *err);
 
 #endif

@@ -2,7 +2,7 @@
  * parts of "headers CRLF CRLF data", each ended by "CRLF --boundary". Binary-safe: data
  * is searched with memmem, and a "CRLF --boundary" counts only when what follows is
  * "--" (the last) or optional blanks and CRLF (another part), as RFC 2046 requires. */
-#include "server/http.h"
+#include "server/http_internal.h"
 
 #include <string.h>
 #include <strings.h>
@@ -252,17 +252,22 @@ static const char *skip_preamble(const char *body, const char *end, const char *
 
 int http_multipart_parse(const struct http_request *req, struct http_part *parts, int max,
                          int *n, struct smelt_error *err) {
+    return http_multipart_parse_body(http_header(req, "Content-Type"), req->body, req->body_len,
+                                     parts, max, n, err);
+}
+
+int http_multipart_parse_body(const char *ctype, const char *body, size_t body_len,
+                              struct http_part *parts, int max, int *n, struct smelt_error *err) {
     *n = 0;
-    const char *ctype = http_header(req, "Content-Type");
     if (!ctype) return error_set(err, SMELT_EFORMAT, "multipart body without a Content-Type");
     char boundary[BOUNDARY_MAX + 1];
     int rc = boundary_from_content_type(ctype, boundary, err);
     if (rc) return rc;
     size_t blen = strlen(boundary);
 
-    const char *end = req->body + req->body_len;
+    const char *end = body + body_len;
     bool last = false;
-    const char *p = skip_preamble(req->body, end, boundary, blen, &last);
+    const char *p = skip_preamble(body, end, boundary, blen, &last);
     if (!p)
         return error_set(err, SMELT_EFORMAT, "multipart body has no '--%s' boundary line",
                          boundary);

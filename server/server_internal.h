@@ -77,6 +77,10 @@ json_t *server_body_object(const struct http_request *req, struct http_response 
  * past INT64_MAX); -1 for anything else. The document says {"type": "integer",
  * "minimum": 0, "maximum": 999999999999999999}. */
 int64_t server_parse_row_number(const char *text);
+/* An event id as a job's events take it (Last-Event-ID, ?after=): "ftevent-12" or "12" -> 12;
+ * -1 when neither (the document's pattern ^(ftevent-)?[0-9]{1,18}$). In server_internal.h
+ * for tests/fuzz/fuzz_sse_resume.c (api_jobs.c is its only caller). */
+int64_t server_event_number(const char *text);
 int server_page_args(const struct http_request *req, struct http_response *res, int64_t def,
                      int64_t max, int64_t *limit, const char **after);
 /* Replies a list page {"object": "list", "data", "has_more"} (plus first_id / last_id when

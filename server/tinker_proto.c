@@ -1,6 +1,7 @@
 /* The SDK's ForwardBackwardRequest (protobuf, server/tinker.proto) → msg.h's
  * tinker.request for forward / forward_backward, every field checked on the way so that
  * a bad request is refused on the HTTP thread, naming the field. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +69,14 @@ static const struct loss_spec *loss_lookup(const char *name, struct smelt_error 
     return NULL;
 }
 
+/* A setting's value must be finite: jansson has no NaN or infinity (json_real gives NULL),
+ * so one would be dropped without a word and the loss would run with its default. */
+static int finite_setting(const char *key, double value, struct smelt_error *err) {
+    if (isfinite(value)) return 0;
+    return error_set_field(err, SMELT_EINVAL, "loss_fn_config", "loss_fn_config.%s: %g is not a finite number",
+                           key, value);
+}
+
 /* loss_fn_config from the v2 map when the SDK sent one (it dual-writes numbers), else the
  * legacy map; keys the loss does not take are refused. */
 static int config_object(const TinkerPublic__ForwardBackwardRequest *m, const struct loss_spec *loss,
@@ -81,6 +90,7 @@ static int config_object(const TinkerPublic__ForwardBackwardRequest *m, const st
         if (!v || v->value_case != TINKER_PUBLIC__LOSS_CONFIG_VALUE__VALUE_NUMBER)
             return error_set_field(err, SMELT_EINVAL, "loss_fn_config",
                                    "loss_fn_config.%s: must be a number", k);
+        TRY(finite_setting(k, v->number, err));
         json_object_set_new(config, k, json_real(v->number));
     }
     for (size_t i = 0; m->n_loss_fn_config_v2 == 0 && i < m->n_loss_fn_config; i++) {
@@ -88,6 +98,7 @@ static int config_object(const TinkerPublic__ForwardBackwardRequest *m, const st
         if (!in_list(loss->config, k))
             return error_set_field(err, SMELT_EINVAL, "loss_fn_config",
                                    "loss_fn_config.%s: not a setting of loss_fn %s", k, loss->name);
+        TRY(finite_setting(k, m->loss_fn_config[i]->value, err));
         json_object_set_new(config, k, json_real(m->loss_fn_config[i]->value));
     }
     return 0;
@@ -193,6 +204,11 @@ static int convert(const TinkerPublic__ForwardBackwardRequest *m, struct tinker_
                    struct smelt_error *err) {
     if (!m->model_id[0] || strlen(m->model_id) >= sizeof out->model_id)
         return error_set_field(err, SMELT_EINVAL, "model_id", "model_id: missing or too long");
+    /* protobuf-c takes a string of any bytes, jansson (the header below) only UTF-8: refused
+     * here, not as an out-of-memory json_pack */
+    json_t *id = json_string(m->model_id);
+    if (!id) return error_set_field(err, SMELT_EINVAL, "model_id", "model_id: not UTF-8");
+    json_decref(id);
     snprintf(out->model_id, sizeof out->model_id, "%s", m->model_id);
     out->seq_id = m->seq_id;
     const struct loss_spec *loss = loss_lookup(m->loss_fn, err);

@@ -71,6 +71,14 @@ Test(body_rules, refusals_name_the_field) {
     cr_assert_str_eq(refused("{\"name\": \"x\", \"inner\": {\"n\": 2}}", RULES), "inner.n"); /* the whole's check */
 }
 
+/* An empty key was refused with an empty field (no param in the reply); found by
+ * tests/fuzz/fuzz_body_rules. */
+Test(body_rules, an_empty_key_is_named) {
+    cr_assert_str_eq(refused("{\"name\": \"x\", \"\": 1}", RULES), "\"\"");
+    cr_assert_str_eq(refused("{\"name\": \"x\", \"inner\": {\"n\": 1, \"\": 1}}", RULES), "inner.\"\"");
+    cr_assert_str_eq(refused("{\"\": 1}", TINKER_CANCEL_FUTURE), "\"\"");
+}
+
 Test(body_rules, free_form_numbers_stay_within_64_bits) {
     cr_assert_str_eq(refused("{\"name\": \"x\", \"meta\": {\"k\": 9223372036854775807}}", RULES), "");
     cr_assert_str_eq(refused("{\"name\": \"x\", \"meta\": {\"k\": -9.2e18}}", RULES), "");

@@ -155,6 +155,69 @@ Test(tinker_proto, malformed_protobuf_is_refused) {
     cr_assert_str_eq(err.field, "model_id");
 }
 
+/* ppo.bin with one field edited, repacked and decoded (found by tests/fuzz/fuzz_tinker_proto). */
+static int decode_edited(void (*edit)(TinkerPublic__ForwardBackwardRequest *m, bool undo), struct tinker_fwdbwd *r,
+                         struct smelt_error *err) {
+    char *body = NULL;
+    size_t len = 0;
+    struct smelt_error ferr = {0};
+    cr_assert_eq(file_read_all("tests/data/tinker/ppo.bin", &body, &len, &ferr), 0, "%s", ferr.message);
+    TinkerPublic__ForwardBackwardRequest *m =
+        tinker_public__forward_backward_request__unpack(NULL, len, (const uint8_t *)body);
+    cr_assert(m);
+    edit(m, false);
+    size_t bytes = tinker_public__forward_backward_request__get_packed_size(m);
+    uint8_t *buf = malloc(bytes);
+    cr_assert(buf);
+    tinker_public__forward_backward_request__pack(m, buf);
+    edit(m, true); /* what free_unpacked frees is the message's own again */
+    tinker_public__forward_backward_request__free_unpacked(m, NULL);
+    free(body);
+    int rc = tinker_fwdbwd_decode(buf, bytes, r, err);
+    free(buf);
+    return rc;
+}
+
+static void model_id_not_utf8(TinkerPublic__ForwardBackwardRequest *m, bool undo) {
+    static char *own;
+    static char bad[] = "\x93\xd9" "1";
+    if (!undo) own = m->model_id, m->model_id = bad;
+    else m->model_id = own;
+}
+
+static void config_nan(TinkerPublic__ForwardBackwardRequest *m, bool undo) {
+    static double own;
+    cr_assert(m->n_loss_fn_config_v2 > 0);
+    double *v = &m->loss_fn_config_v2[0]->value->number;
+    if (!undo) own = *v, *v = NAN;
+    else *v = own;
+}
+
+static void legacy_config_infinite(TinkerPublic__ForwardBackwardRequest *m, bool undo) {
+    static size_t n_v2;
+    cr_assert(m->n_loss_fn_config > 0);
+    if (!undo) n_v2 = m->n_loss_fn_config_v2, m->n_loss_fn_config_v2 = 0, m->loss_fn_config[0]->value = INFINITY;
+    else m->n_loss_fn_config_v2 = n_v2;
+}
+
+/* A model_id that is not UTF-8 was refused as "out of memory" (json_pack refuses it), and a
+ * NaN or infinite loss_fn_config value was dropped from the header without a word. */
+Test(tinker_proto, model_id_not_utf8_and_non_finite_config_are_refused_by_name) {
+    struct tinker_fwdbwd r;
+    struct smelt_error err = {0};
+    cr_assert_eq(decode_edited(model_id_not_utf8, &r, &err), SMELT_EINVAL, "%s", err.message);
+    cr_assert_str_eq(err.field, "model_id");
+    cr_assert(strstr(err.message, "not UTF-8"), "%s", err.message);
+    cr_assert_null(r.header);
+    cr_assert_eq(decode_edited(config_nan, &r, &err), SMELT_EINVAL, "%s", err.message);
+    cr_assert_str_eq(err.field, "loss_fn_config");
+    cr_assert(strstr(err.message, "not a finite number"), "%s", err.message);
+    cr_assert_eq(decode_edited(legacy_config_infinite, &r, &err), SMELT_EINVAL, "%s", err.message);
+    cr_assert_str_eq(err.field, "loss_fn_config");
+    cr_assert(strstr(err.message, "inf is not a finite number"), "%s", err.message);
+    cr_assert_str_eq(r.model_id, "sess-1:train:0"); /* kept for the caller, as with other refusals */
+}
+
 Test(tinker_proto, vocabulary_bound_applies_to_input_tokens) {
     struct tinker_fwdbwd r;
     struct smelt_error err = {0};
