@@ -169,7 +169,7 @@ deps:
 # What the tests need beyond the build: Chromium + chromedriver, and the Python test tools.
 deps-test: deps
 	@$(MAKE) --no-print-directory install-pkgs PKGS="$(TEST_PKGS)"
-	@$(PYTHON) -c "import pytest, openai, zmq, selenium, tinker, schemathesis" 2>/dev/null || \
+	@$(PYTHON) -c "import pytest, openai, zmq, selenium, tinker, schemathesis, mypy, wheel" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q --disable-pip-version-check -r tests/requirements.txt || \
 	  $(PYTHON) -m pip install -q --disable-pip-version-check --break-system-packages -r tests/requirements.txt
 

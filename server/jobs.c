@@ -31,6 +31,11 @@ bool jobs_status_final(const char *status) {
            strcmp(status, "cancelled") == 0;
 }
 
+/* SSE streams of events: woken once the event's row is visible to their connections. */
+static void wake_streams(void *http) {
+    http_streams_wake(http);
+}
+
 int jobs_event(struct server *s, struct store_conn *conn, const char *job_id, const char *level,
                const char *type, json_t *data, struct smelt_error *err, const char *fmt, ...) {
     char message[1024];
@@ -43,7 +48,7 @@ int jobs_event(struct server *s, struct store_conn *conn, const char *job_id, co
                         "VALUES (?, ?, ?, ?, ?, ?)",
                         "sisssj", job_id, server_now(), level, type, message, data);
     struct http_server *http = atomic_load(&s->http);
-    if (rc >= 0 && http) http_streams_wake(http);
+    if (rc >= 0 && http) store_after_commit(conn, wake_streams, http);
     return rc < 0 ? rc : 0;
 }
 

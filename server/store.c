@@ -14,8 +14,15 @@
 #define STORE_POOL_SIZE 16
 #define STORE_BUSY_TIMEOUT_MS 10000
 
+#define STORE_AFTER_COMMIT_MAX 4
+
 struct store_conn {
     sqlite3 *db;
+    struct {
+        void (*fn)(void *);
+        void *arg;
+    } after_commit[STORE_AFTER_COMMIT_MAX]; /* run after the open transaction commits */
+    int n_after_commit;
 };
 
 struct store {
@@ -250,6 +257,7 @@ void store_release(struct store *s, struct store_conn *conn) {
     /* A statement left in a transaction by a failed handler must not leak into the
      * next borrower's work. */
     if (!sqlite3_get_autocommit(conn->db)) sqlite3_exec(conn->db, "ROLLBACK", NULL, NULL, NULL);
+    conn->n_after_commit = 0;
     s->lent[i] = false;
     pthread_cond_signal(&s->returned);
     pthread_mutex_unlock(&s->lock);
@@ -424,13 +432,32 @@ int store_commit(struct store_conn *conn, struct smelt_error *err) {
     if (sqlite3_exec(conn->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
         int rc = sqlite_error(err, conn->db, "commit");
         sqlite3_exec(conn->db, "ROLLBACK", NULL, NULL, NULL);
+        conn->n_after_commit = 0;
         return rc;
     }
+    int n = conn->n_after_commit;
+    conn->n_after_commit = 0;
+    for (int i = 0; i < n; i++) conn->after_commit[i].fn(conn->after_commit[i].arg);
     return 0;
 }
 
 void store_rollback(struct store_conn *conn) {
     sqlite3_exec(conn->db, "ROLLBACK", NULL, NULL, NULL);
+    conn->n_after_commit = 0;
+}
+
+void store_after_commit(struct store_conn *conn, void (*fn)(void *), void *arg) {
+    if (sqlite3_get_autocommit(conn->db)) {
+        fn(arg);
+        return;
+    }
+    for (int i = 0; i < conn->n_after_commit; i++)
+        if (conn->after_commit[i].fn == fn && conn->after_commit[i].arg == arg) return;
+    /* the slots are a handful of distinct wake-ups; more than that is an internal misuse */
+    SMELT_ASSERT(conn->n_after_commit < STORE_AFTER_COMMIT_MAX);
+    conn->after_commit[conn->n_after_commit].fn = fn;
+    conn->after_commit[conn->n_after_commit].arg = arg;
+    conn->n_after_commit++;
 }
 
 int64_t store_last_insert_id(struct store_conn *conn) {

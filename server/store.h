@@ -51,4 +51,10 @@ void store_rollback(struct store_conn *conn);
 
 int64_t store_last_insert_id(struct store_conn *conn);
 
+/* Calls fn(arg) once the connection's open transaction commits, or at once outside one; a
+ * rollback (or the connection's release with the transaction open) drops it. For waking
+ * readers of rows written in the transaction: woken before the commit, they would find
+ * nothing new. The same fn and arg registered twice run once. */
+void store_after_commit(struct store_conn *conn, void (*fn)(void *), void *arg);
+
 #endif

@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import signal
+import threading
 import time
 
 from conftest import ADMIN_KEY, SMALL_JOB, TRAIN_FILE, Smeltd
@@ -84,6 +85,32 @@ def sse_events(server, job_id, last_event_id=None, stop_after=None, timeout=120)
         record[key] = value
     conn.close()
     return got, ended
+
+
+def test_sse_events_arrive_when_committed(smeltd, train_file_id):
+    """An open stream gets a job's last events as they are written, not at the next keep-alive
+    (15 s): smeltd once woke its streams inside the event's transaction, before the commit, so
+    the woken streams read nothing new and slept again."""
+    job = create(smeltd, dict(SMALL_JOB, training_file=train_file_id,
+                              hyperparameters=dict(SMALL_JOB["hyperparameters"], max_steps=40)))
+    done = {}
+
+    def poll():
+        while True:
+            status, row = smeltd.request("GET", "/v1/fine_tuning/jobs/%s" % job["id"])
+            if row.get("status") in ("succeeded", "failed", "cancelled"):
+                done["at"] = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    got, ended = sse_events(smeltd, job["id"])
+    ended_at = time.monotonic()
+    poller.join()
+    assert ended and got, "the stream ends with the job"
+    assert "at" in done and got[0][1]["created_at"] <= got[-1][1]["created_at"]
+    assert ended_at - done["at"] < 8, "the stream's end came %.1f s after the job ended" % (ended_at - done["at"])
 
 
 def test_sse_every_event_exactly_once_across_reconnect(smeltd, train_file_id):
