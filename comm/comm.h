@@ -142,8 +142,8 @@ void comm_shard(size_t count, int size, int rank, size_t *offset, size_t *len);
 int comm_all_reduce(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype,
                     enum comm_reduce op, struct comm_request **req, struct smelt_error *err);
 /* send holds count elements on every rank; recv gets this rank's shard of their
- * reduction (comm_shard's length). Runs as an all_reduce on a copy (Gloo 0.5 has no
- * reduce_scatter with timeouts): twice the traffic of a ring reduce_scatter. */
+ * reduction (comm_shard's length). Over Gloo, a ring: each rank sends and receives
+ * (size - 1) / size of the data and holds two shards' worth of buffers. */
 int comm_reduce_scatter(struct comm *comm, const void *send, void *recv, size_t count,
                         enum comm_dtype dtype, enum comm_reduce op,
                         struct comm_request **req, struct smelt_error *err);

@@ -122,6 +122,13 @@ int gloo_all_reduce(struct gloo_ctx *ctx, void *buf, size_t count, enum comm_dty
 int gloo_all_gather(struct gloo_ctx *ctx, const void *send, void *recv, const size_t *counts,
                     enum comm_dtype dtype, uint32_t tag, int timeout_ms,
                     struct smelt_error *err);
+/* recv gets this rank's part (counts[rank] elements at offsets[rank]) of the reduction of
+ * every rank's send (the sum of counts elements): a ring, each part's partial sum passed
+ * rank to rank, so each rank sends and receives (size - 1) / size of the data and holds
+ * two parts' worth of buffers. */
+int gloo_reduce_scatter(struct gloo_ctx *ctx, const void *send, void *recv, const size_t *offsets,
+                        const size_t *counts, enum comm_dtype dtype, enum comm_reduce op, uint32_t tag,
+                        int timeout_ms, struct smelt_error *err);
 int gloo_broadcast(struct gloo_ctx *ctx, void *buf, size_t count, enum comm_dtype dtype,
                    int root, uint32_t tag, int timeout_ms, struct smelt_error *err);
 int gloo_barrier(struct gloo_ctx *ctx, uint32_t tag, int timeout_ms, struct smelt_error *err);

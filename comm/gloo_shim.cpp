@@ -177,6 +177,60 @@ extern "C" int gloo_all_gather(gloo_ctx *ctx, const void *send, void *recv,
     }
 }
 
+namespace {
+
+// Apart from Gloo's own algorithms' prefixes (gloo/common/... 0x01-0x08).
+constexpr uint8_t kReduceScatterSlotPrefix = 0x5e;
+
+// One step's wait: false (aborted) and Gloo's timeout exception both fail the step.
+void wait_step(gloo::transport::UnboundBuffer &sent, gloo::transport::UnboundBuffer &got, bool sending,
+               bool receiving, int timeout_ms) {
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    if (receiving && !got.waitRecv(timeout)) throw gloo::Exception("receive aborted");
+    if (sending && !sent.waitSend(timeout)) throw gloo::Exception("send aborted");
+}
+
+}  // namespace
+
+// Ring reduce-scatter: at step k rank r passes part (r - k - 1) mod n, as reduced so far,
+// to rank r + 1 and receives part (r - k - 2) mod n from rank r - 1, adding its own values
+// to it; after n - 1 steps the part received last is its own, reduced over every rank.
+extern "C" int gloo_reduce_scatter(gloo_ctx *ctx, const void *send, void *recv, const size_t *offsets,
+                                   const size_t *counts, comm_dtype dtype, comm_reduce op, uint32_t tag,
+                                   int timeout_ms, smelt_error *err) {
+    int n = ctx->context->size, r = ctx->context->rank;
+    size_t esize = dtype == COMM_BF16 ? 2 : 4, most = 0;
+    for (int i = 0; i < n; i++) most = counts[i] > most ? counts[i] : most;
+    const char *in = static_cast<const char *>(send);
+    try {
+        std::vector<char> a(most * esize + 1), b(most * esize + 1); // the part sent, the part received
+        auto abuf = ctx->context->createUnboundBuffer(a.data(), a.size());
+        auto bbuf = ctx->context->createUnboundBuffer(b.data(), b.size());
+        auto *out = abuf.get(), *inc = bbuf.get();
+        char *outp = a.data(), *incp = b.data();
+        auto reduce = reduce_fn(dtype, op);
+        uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+        int right = (r + 1) % n, left = (r + n - 1) % n;
+        int part = (r + n - 1) % n;
+        std::memcpy(outp, in + offsets[part] * esize, counts[part] * esize);
+        for (int k = 0; k < n - 1; k++) {
+            int next = (r + 2 * n - k - 2) % n;
+            bool sending = counts[part] > 0, receiving = counts[next] > 0;
+            if (receiving) inc->recv(left, slot, 0, counts[next] * esize);
+            if (sending) out->send(right, slot, 0, counts[part] * esize);
+            wait_step(*out, *inc, sending, receiving, timeout_ms);
+            reduce(incp, incp, in + offsets[next] * esize, counts[next]);
+            std::swap(out, inc);
+            std::swap(outp, incp);
+            part = next;
+        }
+        std::memcpy(recv, outp, counts[r] * esize);
+        return SMELT_OK;
+    } catch (const std::exception &e) {
+        return fail(err, "reduce_scatter", e);
+    }
+}
+
 extern "C" int gloo_broadcast(gloo_ctx *ctx, void *buf, size_t count, comm_dtype dtype,
                               int root, uint32_t tag, int timeout_ms, smelt_error *err) {
     try {

@@ -98,18 +98,22 @@ int comm_barrier(struct comm *comm, struct comm_request **req, struct smelt_erro
     return submit(comm, &r, req, err);
 }
 
-/* All-reduce of a copy, then this rank's shard of it (see comm.h). */
+/* The ring over comm_shard's layout (see comm.h); one rank keeps its own shard. */
 static int run_reduce_scatter(struct comm *comm, struct comm_request *req, uint32_t tag,
                               struct smelt_error *err) {
-    size_t bytes = dtype_bytes(req->dtype), off, len;
-    void *tmp = malloc(req->count * bytes);
-    if (!tmp) return error_set(err, SMELT_ENOMEM, "reduce_scatter: out of memory");
-    memcpy(tmp, req->send, req->count * bytes);
-    int rc = gloo_all_reduce(comm->gloo, tmp, req->count, req->dtype, req->op, tag,
-                             comm->timeout_ms, err);
-    comm_shard(req->count, comm->size, comm->rank, &off, &len);
-    if (!rc) memcpy(req->recv, (char *)tmp + off * bytes, len * bytes);
-    free(tmp);
+    size_t bytes = dtype_bytes(req->dtype);
+    if (comm->size == 1) {
+        memcpy(req->recv, req->send, req->count * bytes);
+        return SMELT_OK;
+    }
+    size_t *offsets = malloc((size_t)comm->size * sizeof *offsets), *counts = malloc((size_t)comm->size * sizeof *counts);
+    int rc = offsets && counts ? 0 : error_set(err, SMELT_ENOMEM, "reduce_scatter: out of memory");
+    for (int r = 0; !rc && r < comm->size; r++) comm_shard(req->count, comm->size, r, &offsets[r], &counts[r]);
+    if (!rc)
+        rc = gloo_reduce_scatter(comm->gloo, req->send, req->recv, offsets, counts, req->dtype, req->op, tag,
+                                 comm->timeout_ms, err);
+    free(offsets);
+    free(counts);
     return rc;
 }
 
