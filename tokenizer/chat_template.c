@@ -9,12 +9,15 @@
 #include "common/common.h"
 
 static const char *const names[CHAT_TEMPLATE_COUNT] = {
-    [CHAT_TEMPLATE_CHATML] = "chatml", [CHAT_TEMPLATE_QWEN3] = "qwen3",
-    [CHAT_TEMPLATE_LLAMA3] = "llama3", [CHAT_TEMPLATE_LLAMA2] = "llama2",
-    [CHAT_TEMPLATE_MISTRAL] = "mistral", [CHAT_TEMPLATE_PLAIN] = "plain",
+    [CHAT_TEMPLATE_CHATML] = "chatml",   [CHAT_TEMPLATE_QWEN3] = "qwen3",
+    [CHAT_TEMPLATE_QWEN3_NOTHINK] = "qwen3-nothink",
+    [CHAT_TEMPLATE_LLAMA3] = "llama3",   [CHAT_TEMPLATE_LLAMA31] = "llama3.1",
+    [CHAT_TEMPLATE_LLAMA2] = "llama2",   [CHAT_TEMPLATE_MISTRAL] = "mistral",
+    [CHAT_TEMPLATE_GEMMA] = "gemma",     [CHAT_TEMPLATE_PHI3] = "phi3",
+    [CHAT_TEMPLATE_PLAIN] = "plain",
 };
 
-#define KNOWN_NAMES "chatml, qwen3, llama3, llama2, mistral, plain"
+#define KNOWN_NAMES "chatml, qwen3, qwen3-nothink, llama3, llama3.1, llama2, mistral, gemma, phi3, plain"
 
 int chat_template_from_name(const char *name, enum chat_template_kind *out, struct smelt_error *err) {
     if (!name || !out) return error_set(err, SMELT_EINVAL, "chat template: a name and out are required");
@@ -36,9 +39,12 @@ void chat_template_init(struct chat_template *t, enum chat_template_kind kind) {
     t->kind = kind;
     const char *bos = "", *eos = "";
     switch (kind) {
-    case CHAT_TEMPLATE_LLAMA3: bos = "<|begin_of_text|>"; break;
+    case CHAT_TEMPLATE_LLAMA3:
+    case CHAT_TEMPLATE_LLAMA31: bos = "<|begin_of_text|>"; break;
     case CHAT_TEMPLATE_LLAMA2:
     case CHAT_TEMPLATE_MISTRAL: bos = "<s>", eos = "</s>"; break;
+    case CHAT_TEMPLATE_GEMMA: bos = "<bos>", eos = "<eos>"; break;
+    case CHAT_TEMPLATE_PHI3: bos = "<s>", eos = "<|endoftext|>"; break;
     case CHAT_TEMPLATE_PLAIN: bos = "<|bos|>", eos = "<|eos|>"; break;
     default: break;
     }
@@ -63,6 +69,45 @@ static bool is_qwen3(const char *j) {
            has(j, "enable_thinking is defined and enable_thinking is false");
 }
 
+/* Meta's Llama 3.1/3.2/3.3 template: the dated system block, the first system message
+ * trimmed into it, every other message trimmed (Llama 3.2 Vision's does not trim). */
+static bool is_llama31(const char *j) {
+    return has(j, "Cutting Knowledge Date: December 2023") && has(j, "\"Today Date: \" + date_string") &&
+           has(j, "set system_message = messages[0]['content']|trim") &&
+           has(j, "message['content'] | trim + '<|eot_id|>'");
+}
+
+static int detect_llama3(const char *j, enum chat_template_kind *out, struct smelt_error *err) {
+    if (!has(j, "Cutting Knowledge Date")) *out = CHAT_TEMPLATE_LLAMA3;
+    else if (is_llama31(j)) *out = CHAT_TEMPLATE_LLAMA31;
+    else return unsupported(err, "a Llama 3.x template with a dated system block that is not Meta's Llama "
+                                 "3.1-3.3 one (Llama 3.2 Vision's, for one, does not trim content)");
+    return SMELT_OK;
+}
+
+/* Gemma 3's (system folded into the first user turn) or Gemma 1.1/2's (no system role):
+ * the same turns, content trimmed, the assistant called "model". */
+static int detect_gemma(const char *j, enum chat_template_kind *out, struct smelt_error *err) {
+    bool turns = has(j, "<end_of_turn>") && (has(j, "set role = \"model\"") || has(j, "set role = 'model'"));
+    bool system = has(j, "(first_user_prefix if loop.first else \"\")") || has(j, "System role not supported");
+    if (!turns || !system || !has(j, "message['content'] | trim"))
+        return unsupported(err, "a <start_of_turn> template that is neither Gemma 2's nor Gemma 3's");
+    *out = CHAT_TEMPLATE_GEMMA;
+    return SMELT_OK;
+}
+
+/* Phi-3-mini's: every role as '<|role|>\n' + content + '<|end|>\n', eos when there is
+ * no generation prompt. Phi-3.5 drops empty system messages, Phi-3-medium has no
+ * system role and no generation prompt: both render differently. */
+static int detect_phi3(const char *j, enum chat_template_kind *out, struct smelt_error *err) {
+    if (has(j, "message['role'] == 'system' and message['content']"))
+        return unsupported(err, "Phi-3.5's template, which drops empty system messages (phi3 renders them)");
+    if (!has(j, "{{'<|system|>") || !has(j, "{{'<|assistant|>") || !has(j, "{% else %}{{ eos_token }}"))
+        return unsupported(err, "a <|user|>/<|end|> template that is not Phi-3-mini's");
+    *out = CHAT_TEMPLATE_PHI3;
+    return SMELT_OK;
+}
+
 int chat_template_detect(const char *jinja, enum chat_template_kind *out, struct smelt_error *err) {
     if (!jinja || !out) return error_set(err, SMELT_EINVAL, "chat_template_detect: jinja and out are required");
     if (has(jinja, "<|im_start|>")) {
@@ -71,13 +116,9 @@ int chat_template_detect(const char *jinja, enum chat_template_kind *out, struct
         else return unsupported(err, "a ChatML template with <think> rules other than Qwen3's");
         return SMELT_OK;
     }
-    if (has(jinja, "<|start_header_id|>")) {
-        if (has(jinja, "Cutting Knowledge Date"))
-            return unsupported(err, "a Llama 3.1+ template, which adds a dated system block smelt does not "
-                                    "render (the llama3 format is the same without it)");
-        *out = CHAT_TEMPLATE_LLAMA3;
-        return SMELT_OK;
-    }
+    if (has(jinja, "<|start_header_id|>")) return detect_llama3(jinja, out, err);
+    if (has(jinja, "<start_of_turn>")) return detect_gemma(jinja, out, err);
+    if (has(jinja, "<|user|>") && has(jinja, "<|end|>")) return detect_phi3(jinja, out, err);
     if (has(jinja, "[INST]")) {
         if (has(jinja, "<<SYS>>")) {
             *out = CHAT_TEMPLATE_LLAMA2;
@@ -92,7 +133,8 @@ int chat_template_detect(const char *jinja, enum chat_template_kind *out, struct
                                 "(later Mistral templates space [INST] differently and place the system "
                                 "message elsewhere)");
     }
-    return unsupported(err, "unrecognised template (no <|im_start|>, <|start_header_id|> or [INST])");
+    return unsupported(err, "unrecognised template (no <|im_start|>, <|start_header_id|>, <start_of_turn>, "
+                            "<|user|> or [INST])");
 }
 
 /* ---- tokenizer_config.json ---- */

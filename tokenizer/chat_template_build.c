@@ -114,7 +114,7 @@ static int role_of(const struct chat_message *m, size_t i, enum role *out, struc
     return SMELT_OK;
 }
 
-/* Jinja's "roles must alternate" check (Llama 2, Mistral v0.1): after an optional leading
+/* Jinja's "roles must alternate" check (Llama 2, Mistral v0.1, Gemma): after an optional leading
  * system message (allow_system), user at even positions, assistant at odd ones. */
 static int check_alternation(const struct chat_template *t, const struct chat_message *m, size_t n,
                              bool allow_system, struct smelt_error *err) {
@@ -178,12 +178,27 @@ static const char *find_last(const char *s, size_t len, const char *needle) {
     return NULL;
 }
 
+/* '<think>\n' + reasoning + '\n</think>\n\n', as Qwen3's Jinja writes the block. */
+static int push_think_block(struct chat_pieces *p, const char *reason, size_t len, bool trained,
+                            struct smelt_error *err) {
+    int rc = push_str(p, "<think>", CHAT_PIECE_MARKER, trained, err);
+    if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, trained, err);
+    if (!rc) rc = push(p, reason, len, CHAT_PIECE_CONTENT, trained, err);
+    if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, trained, err);
+    if (!rc) rc = push_str(p, "</think>", CHAT_PIECE_MARKER, trained, err);
+    if (!rc) rc = push_str(p, "\n\n", CHAT_PIECE_TEXT, trained, err);
+    return rc;
+}
+
 /* Qwen3's assistant turn. Content holding "</think>" is split into reasoning (after the
  * last <think> before the first </think>) and answer (after the last </think>). Turns
  * after the last user query that are the final message or have reasoning keep a
- * <think> block (empty when there is no reasoning); earlier turns lose their reasoning. */
+ * <think> block (empty when there is no reasoning); earlier turns lose their reasoning.
+ * nothink (enable_thinking=false) renders the same text, but its generation prompt
+ * already holds the empty block, so the model never writes one: an empty block is then
+ * prompt, not trained, and the prompt's pieces stay a prefix of the conversation's. */
 static int qwen3_assistant(struct chat_pieces *p, const char *c, size_t i, size_t n, size_t last_query,
-                           struct smelt_error *err) {
+                           bool nothink, struct smelt_error *err) {
     const char *answer = c, *reason = "";
     size_t answer_len = strlen(c), reason_len = 0;
     const char *first_close = strstr(c, "</think>");
@@ -205,21 +220,17 @@ static int qwen3_assistant(struct chat_pieces *p, const char *c, size_t i, size_
                                               true, false, err);
         return push(p, answer, answer_len, CHAT_PIECE_CONTENT, true, err);
     }
-    int rc = push_str(p, "<think>", CHAT_PIECE_MARKER, true, err);
-    if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, true, err);
-    if (!rc) rc = push(p, rs.text, rs.len, CHAT_PIECE_CONTENT, true, err);
-    if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, true, err);
-    if (!rc) rc = push_str(p, "</think>", CHAT_PIECE_MARKER, true, err);
-    if (!rc) rc = push_str(p, "\n\n", CHAT_PIECE_TEXT, true, err);
+    int rc = push_think_block(p, rs.text, rs.len, !nothink || rs.len > 0, err);
     if (!rc) rc = push_stripped(p, answer, answer_len, CHAT_PIECE_CONTENT, true, STRIP_NEWLINE, true, false, err);
     return rc;
 }
 
 /* Qwen2.5's Jinja without tools, minus its default system prompt; with qwen3, Qwen3's
- * Jinja without tools and with enable_thinking undefined. Every message renders as
- * '<|im_start|>' + role + '\n' + content + '<|im_end|>\n'. */
-static int build_chatml(const struct chat_message *m, size_t n, bool gen, bool qwen3,
+ * Jinja without tools and with enable_thinking undefined (qwen3-nothink: false). Every
+ * message renders as '<|im_start|>' + role + '\n' + content + '<|im_end|>\n'. */
+static int build_chatml(enum chat_template_kind kind, const struct chat_message *m, size_t n, bool gen,
                         struct chat_pieces *p, struct smelt_error *err) {
+    bool qwen3 = kind != CHAT_TEMPLATE_CHATML, nothink = kind == CHAT_TEMPLATE_QWEN3_NOTHINK;
     size_t last_query = qwen3 ? qwen3_last_query(m, n) : 0;
     int rc = SMELT_OK;
     for (size_t i = 0; !rc && i < n; i++) {
@@ -227,38 +238,59 @@ static int build_chatml(const struct chat_message *m, size_t n, bool gen, bool q
         rc = push_str(p, "<|im_start|>", CHAT_PIECE_TOKEN, false, err);
         if (!rc) rc = push_str(p, m[i].role, CHAT_PIECE_TEXT, false, err);
         if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, false, err);
-        if (!rc && asst && qwen3) rc = qwen3_assistant(p, m[i].content, i, n, last_query, err);
+        if (!rc && asst && qwen3) rc = qwen3_assistant(p, m[i].content, i, n, last_query, nothink, err);
         else if (!rc) rc = push_str(p, m[i].content, CHAT_PIECE_CONTENT, asst, err);
         if (!rc) rc = push_str(p, "<|im_end|>", CHAT_PIECE_TOKEN, asst, err);
         if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, false, err);
     }
     if (!rc && gen) rc = push_str(p, "<|im_start|>", CHAT_PIECE_TOKEN, false, err);
     if (!rc && gen) rc = push_str(p, "assistant\n", CHAT_PIECE_TEXT, false, err);
+    if (!rc && gen && nothink) rc = push_think_block(p, "", 0, false, err);
     return rc;
 }
 
-/* ---- Llama 3 ---- */
+/* ---- Llama 3 and Llama 3.1+ ---- */
+
+/* '<|start_header_id|>' + role + '<|end_header_id|>\n\n' */
+static int push_llama3_header(struct chat_pieces *p, const char *role, struct smelt_error *err) {
+    int rc = push_str(p, "<|start_header_id|>", CHAT_PIECE_TOKEN, false, err);
+    if (!rc) rc = push_str(p, role, CHAT_PIECE_TEXT, false, err);
+    if (!rc) rc = push_str(p, "<|end_header_id|>", CHAT_PIECE_TOKEN, false, err);
+    if (!rc) rc = push_str(p, "\n\n", CHAT_PIECE_TEXT, false, err);
+    return rc;
+}
+
+/* Llama 3.1-3.3's system block, emitted with or without a system message (no tools, no
+ * builtin_tools): the header, 'Cutting Knowledge Date: December 2023\n', 'Today Date: '
+ * + date_string + '\n\n', the first system message | trim, '<|eot_id|>'. */
+static int push_llama31_system(struct chat_pieces *p, const char *system, struct smelt_error *err) {
+    int rc = push_llama3_header(p, "system", err);
+    if (!rc) rc = push_str(p, "Cutting Knowledge Date: December 2023\nToday Date: " CHAT_LLAMA31_DATE "\n\n",
+                           CHAT_PIECE_TEXT, false, err);
+    if (!rc && system)
+        rc = push_stripped(p, system, strlen(system), CHAT_PIECE_CONTENT, false, STRIP_SPACE, true, true, err);
+    if (!rc) rc = push_str(p, "<|eot_id|>", CHAT_PIECE_TOKEN, false, err);
+    return rc;
+}
 
 /* Meta-Llama-3-*-Instruct: bos_token + per message '<|start_header_id|>' + role +
- * '<|end_header_id|>\n\n' + content | trim + '<|eot_id|>'. */
+ * '<|end_header_id|>\n\n' + content | trim + '<|eot_id|>'. Llama 3.1+ (dated): bos, the
+ * system block holding the first message if it is a system one, then the rest the same
+ * way (a later system message too, as its Jinja does). */
 static int build_llama3(const struct chat_template *t, const struct chat_message *m, size_t n, bool gen,
-                        struct chat_pieces *p, struct smelt_error *err) {
+                        bool dated, struct chat_pieces *p, struct smelt_error *err) {
     int rc = need_token(t, "bos", t->bos, err);
     if (!rc) rc = push_str(p, t->bos, CHAT_PIECE_TOKEN, false, err);
-    for (size_t i = 0; !rc && i < n; i++) {
+    size_t first = dated && !strcmp(m[0].role, "system");
+    if (!rc && dated) rc = push_llama31_system(p, first ? m[0].content : NULL, err);
+    for (size_t i = first; !rc && i < n; i++) {
         const char *c = m[i].content;
         bool asst = !strcmp(m[i].role, "assistant");
-        rc = push_str(p, "<|start_header_id|>", CHAT_PIECE_TOKEN, false, err);
-        if (!rc) rc = push_str(p, m[i].role, CHAT_PIECE_TEXT, false, err);
-        if (!rc) rc = push_str(p, "<|end_header_id|>", CHAT_PIECE_TOKEN, false, err);
-        if (!rc) rc = push_str(p, "\n\n", CHAT_PIECE_TEXT, false, err);
+        rc = push_llama3_header(p, m[i].role, err);
         if (!rc) rc = push_stripped(p, c, strlen(c), CHAT_PIECE_CONTENT, asst, STRIP_SPACE, true, true, err);
         if (!rc) rc = push_str(p, "<|eot_id|>", CHAT_PIECE_TOKEN, asst, err);
     }
-    if (!rc && gen) rc = push_str(p, "<|start_header_id|>", CHAT_PIECE_TOKEN, false, err);
-    if (!rc && gen) rc = push_str(p, "assistant", CHAT_PIECE_TEXT, false, err);
-    if (!rc && gen) rc = push_str(p, "<|end_header_id|>", CHAT_PIECE_TOKEN, false, err);
-    if (!rc && gen) rc = push_str(p, "\n\n", CHAT_PIECE_TEXT, false, err);
+    if (!rc && gen) rc = push_llama3_header(p, "assistant", err);
     return rc;
 }
 
@@ -331,6 +363,59 @@ static int build_mistral(const struct chat_template *t, const struct chat_messag
     return rc;
 }
 
+/* ---- Gemma and Phi-3 ---- */
+
+/* Gemma 3 (google/gemma-3-*-it): bos_token, then per message after an optional first
+ * system one '<start_of_turn>' + ('model' for assistant, else the role) + '\n' + (the
+ * system content + '\n\n' on the first turn) + content | trim + '<end_of_turn>\n';
+ * user/assistant alternating from user. The system content is not trimmed: it is not
+ * part of the trimmed message. Gemma 1.1/2's Jinja is the same but raises on a system
+ * message (smelt folds it, as Gemma 3 does). Where its alternation check lets a later
+ * system message through (at an odd position), smelt refuses it, as for llama2. */
+static int build_gemma(const struct chat_template *t, const struct chat_message *m, size_t n, bool gen,
+                       struct chat_pieces *p, struct smelt_error *err) {
+    int rc = check_alternation(t, m, n, true, err);
+    if (!rc) rc = need_token(t, "bos", t->bos, err);
+    if (!rc) rc = push_str(p, t->bos, CHAT_PIECE_TOKEN, false, err);
+    bool has_system = !strcmp(m[0].role, "system");
+    for (size_t i = has_system; !rc && i < n; i++) {
+        const char *c = m[i].content;
+        bool asst = !strcmp(m[i].role, "assistant");
+        rc = push_str(p, "<start_of_turn>", CHAT_PIECE_TOKEN, false, err);
+        if (!rc) rc = push_str(p, asst ? "model\n" : "user\n", CHAT_PIECE_TEXT, false, err);
+        if (!rc && has_system && i == 1) rc = push_str(p, m[0].content, CHAT_PIECE_CONTENT, false, err);
+        if (!rc && has_system && i == 1) rc = push_str(p, "\n\n", CHAT_PIECE_TEXT, false, err);
+        if (!rc) rc = push_stripped(p, c, strlen(c), CHAT_PIECE_CONTENT, asst, STRIP_SPACE, true, true, err);
+        if (!rc) rc = push_str(p, "<end_of_turn>", CHAT_PIECE_TOKEN, asst, err);
+        if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, false, err);
+    }
+    if (!rc && gen) rc = push_str(p, "<start_of_turn>", CHAT_PIECE_TOKEN, false, err);
+    if (!rc && gen) rc = push_str(p, "model\n", CHAT_PIECE_TEXT, false, err);
+    return rc;
+}
+
+/* Phi-3-mini-*-instruct: per message '<|' + role + '|>\n' + content + '<|end|>\n', any
+ * order, nothing stripped; then '<|assistant|>\n' as the generation prompt, or else
+ * eos_token. That eos follows the last <|end|>, which is where the model stops, so it
+ * is never generated and not trained. */
+static int build_phi3(const struct chat_template *t, const struct chat_message *m, size_t n, bool gen,
+                      struct chat_pieces *p, struct smelt_error *err) {
+    int rc = gen ? SMELT_OK : need_token(t, "eos", t->eos, err);
+    for (size_t i = 0; !rc && i < n; i++) {
+        bool asst = !strcmp(m[i].role, "assistant");
+        const char *open = asst ? "<|assistant|>" : !strcmp(m[i].role, "user") ? "<|user|>" : "<|system|>";
+        rc = push_str(p, open, CHAT_PIECE_TOKEN, false, err);
+        if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, false, err);
+        if (!rc) rc = push_str(p, m[i].content, CHAT_PIECE_CONTENT, asst, err);
+        if (!rc) rc = push_str(p, "<|end|>", CHAT_PIECE_TOKEN, asst, err);
+        if (!rc) rc = push_str(p, "\n", CHAT_PIECE_TEXT, false, err);
+    }
+    if (!rc && gen) rc = push_str(p, "<|assistant|>", CHAT_PIECE_TOKEN, false, err);
+    if (!rc && gen) rc = push_str(p, "\n", CHAT_PIECE_TEXT, false, err);
+    if (!rc && !gen) rc = push_str(p, t->eos, CHAT_PIECE_TOKEN, false, err);
+    return rc;
+}
+
 /* ---- plain ---- */
 
 /* smelt's own format for models without a chat template: bos (if any) once, then
@@ -370,11 +455,15 @@ int chat_build_pieces(const struct chat_template *t, const struct chat_message *
     int rc;
     bool gen = add_generation_prompt;
     switch (t->kind) {
-    case CHAT_TEMPLATE_CHATML: rc = build_chatml(messages, n, gen, false, out, err); break;
-    case CHAT_TEMPLATE_QWEN3: rc = build_chatml(messages, n, gen, true, out, err); break;
-    case CHAT_TEMPLATE_LLAMA3: rc = build_llama3(t, messages, n, gen, out, err); break;
+    case CHAT_TEMPLATE_CHATML:
+    case CHAT_TEMPLATE_QWEN3:
+    case CHAT_TEMPLATE_QWEN3_NOTHINK: rc = build_chatml(t->kind, messages, n, gen, out, err); break;
+    case CHAT_TEMPLATE_LLAMA3: rc = build_llama3(t, messages, n, gen, false, out, err); break;
+    case CHAT_TEMPLATE_LLAMA31: rc = build_llama3(t, messages, n, gen, true, out, err); break;
     case CHAT_TEMPLATE_LLAMA2: rc = build_llama2(t, messages, n, out, err); break;
     case CHAT_TEMPLATE_MISTRAL: rc = build_mistral(t, messages, n, out, err); break;
+    case CHAT_TEMPLATE_GEMMA: rc = build_gemma(t, messages, n, gen, out, err); break;
+    case CHAT_TEMPLATE_PHI3: rc = build_phi3(t, messages, n, gen, out, err); break;
     case CHAT_TEMPLATE_PLAIN: rc = build_plain(t, messages, n, gen, out, err); break;
     default: rc = error_set(err, SMELT_EINVAL, "chat template: unknown kind %d", (int)t->kind);
     }

@@ -99,9 +99,18 @@ int tokenizer_set_special_ids(struct tokenizer *tok, const struct tokenizer_spec
  *   chatml   Qwen2/Qwen2.5 "<|im_start|>{role}\n{content}<|im_end|>\n"; no default system
  *            prompt is added (Qwen2.5's Jinja adds one when none is given)
  *   qwen3    chatml plus Qwen3's rules for <think> blocks in assistant turns
+ *   qwen3-nothink  qwen3 as rendered with enable_thinking=false: the generation prompt
+ *            ends with an empty "<think>\n\n</think>\n\n" (chosen by name, never detected)
  *   llama3   "<|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
+ *   llama3.1 llama3 after Llama 3.1+'s dated system block, always emitted:
+ *            "...system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n
+ *            Today Date: 26 Jul 2024\n\n{system}<|eot_id|>"
  *   llama2   "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>"
  *   mistral  Mistral v0.1 "<s>[INST] {user} [/INST]{assistant}</s>"; no system role
+ *   gemma    Gemma 2/3 "<bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n
+ *            <start_of_turn>model\n{assistant}<end_of_turn>\n"
+ *   phi3     Phi-3-mini "<|user|>\n{user}<|end|>\n<|assistant|>\n{assistant}<|end|>\n"
+ *            (then eos when there is no generation prompt)
  *   plain    "User: {user}\nAssistant: {assistant}<eos>\n" for tiny demo models
  *
  * Ownership: a struct chat_template is a plain value (no heap memory). Messages are
@@ -110,14 +119,23 @@ int tokenizer_set_special_ids(struct tokenizer *tok, const struct tokenizer_spec
 enum chat_template_kind {
     CHAT_TEMPLATE_CHATML,
     CHAT_TEMPLATE_QWEN3,
+    CHAT_TEMPLATE_QWEN3_NOTHINK,
     CHAT_TEMPLATE_LLAMA3,
+    CHAT_TEMPLATE_LLAMA31,
     CHAT_TEMPLATE_LLAMA2,
     CHAT_TEMPLATE_MISTRAL,
+    CHAT_TEMPLATE_GEMMA,
+    CHAT_TEMPLATE_PHI3,
     CHAT_TEMPLATE_PLAIN,
     CHAT_TEMPLATE_COUNT
 };
 
 #define CHAT_TOKEN_BYTES 64 /* longest bos/eos string + 1 */
+
+/* The "Today Date" of llama3.1's system block. Meta's Jinja uses the caller's date_string
+ * and defaults to this (Llama 3.2's asks strftime_now first, so transformers renders the
+ * day it runs); smelt always uses the default, so a dataset renders the same every day. */
+#define CHAT_LLAMA31_DATE "26 Jul 2024"
 
 /* The template family and the bos/eos strings its Jinja reads from bos_token/eos_token
  * (llama3: bos; llama2, mistral, plain: both; chatml and qwen3 use neither: their
@@ -134,20 +152,24 @@ struct chat_message {
     const char *content;
 };
 
-/* "chatml", "qwen3", "llama3", "llama2", "mistral", "plain" ↔ kind. Unknown names are
- * SMELT_EINVAL listing the known ones. */
+/* "chatml", "qwen3", "qwen3-nothink", "llama3", "llama3.1", "llama2", "mistral", "gemma",
+ * "phi3", "plain" ↔ kind. Unknown names are SMELT_EINVAL listing the known ones. */
 int chat_template_from_name(const char *name, enum chat_template_kind *out, struct smelt_error *err);
 const char *chat_template_name(enum chat_template_kind kind);
 
-/* The family's defaults: llama3 bos "<|begin_of_text|>"; llama2 and mistral "<s>",
- * "</s>"; plain "<|bos|>", "<|eos|>" (the byte tokenizer's); chatml and qwen3 none. */
+/* The family's defaults: llama3 and llama3.1 bos "<|begin_of_text|>"; llama2 and
+ * mistral "<s>", "</s>"; gemma "<bos>", "<eos>"; phi3 "<s>", "<|endoftext|>"; plain
+ * "<|bos|>", "<|eos|>" (the byte tokenizer's); chatml and qwen3 none. */
 void chat_template_init(struct chat_template *t, enum chat_template_kind kind);
 
 /* Recognises the family of a Jinja chat_template by its markers (<|im_start|>,
- * <|start_header_id|>, [INST] with or without <<SYS>>). A template of a known family
- * whose rendering differs from ours (Llama 3.1's dated system block, Mistral's later
- * [INST] spacing, thinking rules other than Qwen3's) and anything unrecognised are
- * SMELT_EUNSUPPORTED saying so and suggesting to name a template explicitly. */
+ * <|start_header_id|> with or without Llama 3.1's dated system block, [INST] with or
+ * without <<SYS>>, <start_of_turn>, <|user|>/<|end|>). qwen3-nothink is never detected:
+ * it is Qwen3's file rendered with another argument, so it is chosen by name. A template
+ * of a known family whose rendering differs from ours (Mistral's later [INST] spacing,
+ * thinking rules other than Qwen3's, Llama 3.2 Vision's untrimmed content, Phi-3.5's and
+ * Phi-3-medium's variants) and anything unrecognised are SMELT_EUNSUPPORTED saying so and
+ * suggesting to name a template explicitly. */
 int chat_template_detect(const char *jinja, enum chat_template_kind *out, struct smelt_error *err);
 
 /* Reads a tokenizer_config.json (path_or_dir: the file, or the folder holding it).
@@ -164,11 +186,14 @@ int chat_template_from_tokenizer_config(const char *path_or_dir, const char *nam
 
 /* messages[0..n) → *text (malloc'd, NUL-terminated, *len bytes without the NUL).
  * add_generation_prompt appends the text that opens an assistant turn (chatml, qwen3:
- * "<|im_start|>assistant\n"; llama3: "<|start_header_id|>assistant<|end_header_id|>\n\n";
+ * "<|im_start|>assistant\n"; qwen3-nothink: that and "<think>\n\n</think>\n\n"; llama3,
+ * llama3.1: "<|start_header_id|>assistant<|end_header_id|>\n\n"; gemma:
+ * "<start_of_turn>model\n"; phi3: "<|assistant|>\n" (without it phi3 ends with eos);
  * plain: "Assistant:"; llama2 and mistral: nothing, their user turn ends the prompt).
  * SMELT_EINVAL, naming the message index, for: no messages, a NULL role or content, a
  * role other than system/user/assistant, and the family's own rules (llama2: system only
- * first, then user/assistant alternating from user; mistral: the same without system). */
+ * first, then user/assistant alternating from user; mistral: the same without system;
+ * gemma: as llama2). */
 int chat_render(const struct chat_template *t, const struct chat_message *messages, size_t n,
                 bool add_generation_prompt, char **text, size_t *len, struct smelt_error *err);
 
@@ -179,7 +204,9 @@ int chat_render(const struct chat_template *t, const struct chat_message *messag
  * separately, so the ids of a prompt are the same whether or not an answer follows.
  * *assistant_mask[i] is 1 where ids[i] is a token the model is trained to produce:
  * everything an assistant turn adds after its generation prompt, through the token that
- * closes it (<|im_end|>, <|eot_id|>, eos); 0 on headers, system and user turns. Both
+ * closes it (<|im_end|>, <|eot_id|>, <end_of_turn>, <|end|>, eos); 0 on headers, system
+ * and user turns (and on qwen3-nothink's empty think block, which its generation prompt
+ * supplies, and phi3's closing eos, which follows the last <|end|>). Both
  * arrays are malloc'd with *n_ids entries; the caller frees them. A control token the
  * tokenizer lacks is SMELT_EINVAL naming it. */
 int chat_tokenize(const struct chat_template *t, const struct tokenizer *tok,

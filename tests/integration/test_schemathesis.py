@@ -123,6 +123,24 @@ def schemathesis_argv(config, url, seed, max_time, report):
             "--max-time", str(max_time), "--no-color", "--report", "json", "--report-json-path", report]
 
 
+# What schemathesis 4.32.5 cannot generate, reported as an error of the operation, not a departure
+# of the server: negative data for a union of object schemas below a body's root (the grader of
+# /graders/run: its negation "is not spelled out"), which it meets now and then while fuzzing.
+GENERATION_LIMITS = {("POST /v1/fine_tuning/alpha/graders/run",
+                      "does not support a `not` whose complement is not spelled out")}
+
+
+def generation_limits(out):
+    """The error sections of schemathesis's output that are GENERATION_LIMITS: [operation]."""
+    errors = out[out.find(" ERRORS ="):] if " ERRORS =" in out else ""
+    errors = re.split(r"\n=+ [A-Z]+ =+\n", errors[errors.find("\n"):] + "\n")[0]
+    found = []
+    for m in re.finditer(r"^_+ (\S+ \S+) _+$(.*?)(?=^_+ \S+ \S+ _+$|\Z)", errors, re.M | re.S):
+        if any(m.group(1) == op and text in m.group(2) for op, text in GENERATION_LIMITS):
+            found.append(m.group(1))
+    return found
+
+
 def test_schemathesis_finds_no_departure(smeltd, tmp_path):
     try:
         import schemathesis  # noqa: F401
@@ -153,12 +171,17 @@ def test_schemathesis_finds_no_departure(smeltd, tmp_path):
     failures = sum(group["count"] for group in result["failures"])
     errors = sum(group["count"] for group in result["errors"])
     printed = re.search(r"(\d+) generated", out)  # the summary's "N generated, ..."
+    limits = generation_limits(out)
     print("schemathesis (seed %d, --max-time %d): %d test cases generated, %d failures, %d errors, %.0f s"
           % (seed, max_time, cases["generated"], failures, errors, took))
+    if limits:
+        print("  of the errors, schemathesis could not generate for: %s (GENERATION_LIMITS)" % ", ".join(limits))
+    errors -= len(limits)
     assert printed and int(printed.group(1)) == cases["generated"], (printed, cases)
     assert result["complete"], "schemathesis did not finish (seed %d):\n%s" % (seed, tail)
     assert failures == 0 and errors == 0, "schemathesis: %d failures, %d errors (seed %d):\n%s" % (
         failures, errors, seed, tail)
-    assert proc.returncode == 0, "schemathesis exited with %d (seed %d):\n%s" % (proc.returncode, seed, tail)
+    assert proc.returncode == 0 or limits, "schemathesis exited with %d (seed %d):\n%s" % (
+        proc.returncode, seed, tail)
     assert result["operations"]["tested"] == result["operations"]["selected"], result["operations"]
     assert cases["generated"] > 0, tail

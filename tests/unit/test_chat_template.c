@@ -465,6 +465,89 @@ Test(chat_template, mistral_render_tokens_errors) {
     cr_expect(strstr(err.message, "message 2"), "%s", err.message);
 }
 
+/* ---- Llama 3.1+, Qwen3 without thinking, Gemma, Phi-3 (test_chat_template_parity.c holds
+ * them to the real Jinja templates; these show each format) ---- */
+
+Test(chat_template, llama31_gemma_phi3_render) {
+    struct chat_template l31 = make(CHAT_TEMPLATE_LLAMA31), gemma = make(CHAT_TEMPLATE_GEMMA),
+                         phi3 = make(CHAT_TEMPLATE_PHI3);
+    const struct chat_message m[] = {{"system", " S "}, {"user", " hi "}, {"assistant", " hello "}};
+    /* The dated system block holds the trimmed system message; it is there without one. */
+    expect_render(&l31, m, N(m), false,
+                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                  "Cutting Knowledge Date: December 2023\nToday Date: " CHAT_LLAMA31_DATE "\n\nS<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\nhello<|eot_id|>");
+    expect_render(&l31, m + 1, 1, true,
+                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                  "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* The system content joins the first user turn untrimmed; turn contents are trimmed. */
+    expect_render(&gemma, m, N(m), true,
+                  "<bos><start_of_turn>user\n S \n\nhi<end_of_turn>\n<start_of_turn>model\nhello<end_of_turn>\n"
+                  "<start_of_turn>model\n");
+    /* Nothing stripped; eos closes a conversation without a generation prompt. */
+    expect_render(&phi3, m, N(m), false,
+                  "<|system|>\n S <|end|>\n<|user|>\n hi <|end|>\n<|assistant|>\n hello <|end|>\n<|endoftext|>");
+    expect_render(&phi3, m + 1, 1, true, "<|user|>\n hi <|end|>\n<|assistant|>\n");
+
+    const char *const specials[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                                    "<bos>", "<start_of_turn>", "<end_of_turn>", "<|system|>", "<|user|>",
+                                    "<|assistant|>", "<|end|>", "<|endoftext|>"};
+    struct tokenizer *tok = bytes_with(specials, N(specials));
+    const struct chat_template *all[] = {&l31, &gemma, &phi3};
+    const char *const want[][1] = {{"hello<|eot_id|>"}, {"hello<end_of_turn>"}, {" hello <|end|>"}};
+    for (size_t k = 0; k < N(all); k++) {
+        for (size_t n = 2; n <= N(m); n++) expect_tokens_match_render(all[k], tok, m, n, n == 2);
+        struct tokens r = tokenize(all[k], tok, m, N(m), false);
+        expect_mask_spans(tok, &r, want[k], 1);
+        tokens_free(&r);
+    }
+    tokenizer_free(tok);
+
+    /* Gemma alternates like Llama 2; phi3 needs its eos only where it writes it. */
+    struct smelt_error err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    const struct chat_message late[] = {{"user", "a"}, {"system", "s"}};
+    TEST_EXPECT_ERROR(chat_render(&gemma, late, N(late), false, &text, &len, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "message 1") && strstr(err.message, "gemma"), "%s", err.message);
+    phi3.eos[0] = '\0';
+    TEST_EXPECT_ERROR(chat_render(&phi3, m, N(m), false, &text, &len, &err), SMELT_EINVAL, &err);
+    cr_expect(strstr(err.message, "eos"), "%s", err.message);
+    expect_render(&phi3, m + 1, 1, true, "<|user|>\n hi <|end|>\n<|assistant|>\n");
+}
+
+/* enable_thinking=false: the generation prompt holds the empty think block, so the
+ * model never writes it: untrained, and the prompt's ids and mask stay a prefix. */
+Test(chat_template, qwen3_nothink_prompt_is_prefix) {
+    struct smelt_error err = {0};
+    struct tokenizer *tok = load_qwen3();
+    struct chat_template t;
+    TEST_OK(chat_template_from_tokenizer_config(QWEN3_DIR, "qwen3-nothink", &t, tok, &err), &err);
+    cr_assert_eq(t.kind, CHAT_TEMPLATE_QWEN3_NOTHINK);
+    const struct chat_message m[] = {{"user", "hi"}, {"assistant", "hello"}, {"user", "q2"},
+                                     {"assistant", "<think>\nr\n</think>\n\nA2"}};
+    expect_render(&t, m, 1, true, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    struct tokens prompt = tokenize(&t, tok, m, 1, true), full = tokenize(&t, tok, m, 2, false);
+    cr_assert_gt(full.n, prompt.n);
+    for (size_t i = 0; i < prompt.n; i++) {
+        cr_expect_eq(full.ids[i], prompt.ids[i], "id %zu", i);
+        cr_expect(prompt.mask[i] == 0 && full.mask[i] == 0, "mask %zu", i);
+    }
+    const char *const want[] = {"hello<|im_end|>"};
+    expect_mask_spans(tok, &full, want, 1);
+    tokens_free(&prompt);
+    tokens_free(&full);
+    /* Reasoning that is there is the model's own writing: trained, as with qwen3. */
+    struct tokens r = tokenize(&t, tok, m, N(m), false);
+    const char *const want4[] = {"hello<|im_end|>", "<think>\nr\n</think>\n\nA2<|im_end|>"};
+    expect_mask_spans(tok, &r, want4, N(want4));
+    tokens_free(&r);
+    tokenizer_free(tok);
+}
+
 /* ---- plain ---- */
 
 Test(chat_template, plain_render_and_tokens) {
@@ -565,7 +648,14 @@ Test(chat_template, detect_inline_templates) {
     }
     static const char *const refused[] = {
         "{{- '<|im_start|>assistant\\n<think>\\n' }}", /* thinking rules other than Qwen3's */
+        /* a dated Llama block whose content is not trimmed (Llama 3.2 Vision's) */
         "{{- \"Cutting Knowledge Date: December 2023\\n\" }}<|start_header_id|>",
+        /* Phi-3.5 (empty system messages dropped), Phi-3-medium (no system, no prompt) */
+        "{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + message['content'] + "
+        "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}",
+        "{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + "
+        "'<|assistant|>' + '\n'}}",
+        "{{ '<start_of_turn>' + message['role'] + '\n' + message['content'] + '<end_of_turn>\n' }}",
         "{%- if loop.first and system_message is defined %}{{- ' [INST] ' + system_message + '\\n\\n' + "
         "message['content'] + ' [/INST]' }}",
         "{% for m in messages %}### {{ m.role }}: {{ m.content }}{% endfor %}",
