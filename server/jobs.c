@@ -411,8 +411,9 @@ static int check_request_keys(const json_t *request, struct smelt_error *err) {
         "max_runtime_seconds", "model_init", "data", "eval", "checkpoint", "save_merged",
         "save_dtype", "backend", "chat_template", NULL};
     const char *key = json_unknown_key(request, keys);
-    if (key) return error_set_field(err, SMELT_EINVAL, key, "%s: unknown parameter", key);
-    return SMELT_OK;
+    if (!key) return SMELT_OK;
+    const char *name = key[0] ? key : "\"\""; /* an empty key is named "" (a param, never empty) */
+    return error_set_field(err, SMELT_EINVAL, name, "%s: unknown parameter", name);
 }
 
 /* model, training_file, validation_file: the ids (resolve_inputs finds them). */
@@ -594,7 +595,7 @@ static int method_hyperparameters(const json_t *method, struct hp_source *src, c
     const char *key = json_unknown_key(method, method_keys);
     if (key) {
         char unknown[SMELT_ERROR_FIELD_BYTES];
-        snprintf(unknown, sizeof unknown, "method.%.64s", key);
+        snprintf(unknown, sizeof unknown, "method.%.64s", key[0] ? key : "\"\"");
         return error_set_field(err, SMELT_EINVAL, unknown, "%s: unknown field (a %s job's settings go in %s)",
                                unknown, type, field);
     }
@@ -1063,4 +1064,19 @@ json_t *jobs_object(struct server *s, json_t *row) {
     json_object_set(o, "schedule_id", json_object_get(row, "schedule_id"));
     json_object_set_new(o, "spec", spec);
     return o;
+}
+
+int jobs_plan_spec(struct server *s, const char *project, const json_t *request, json_t **spec,
+                   struct smelt_error *err) {
+    *spec = NULL;
+    struct store_conn *conn = store_acquire(s->store, err);
+    if (!conn) return err->code ? err->code : SMELT_EIO;
+    char dir[SERVER_PATH_BYTES + 32];
+    snprintf(dir, sizeof dir, "%s/validate", s->jobs_dir);
+    struct job_plan plan = {0};
+    int rc = plan_job(s, conn, project, request, dir, &plan, err);
+    store_release(s->store, conn);
+    if (rc == 0) *spec = json_incref(plan.spec);
+    plan_free(&plan);
+    return rc;
 }

@@ -131,6 +131,10 @@ int jobs_create(struct server *s, const char *project, json_t *request,
                 struct http_response *res);
 /* Checks a create request as jobs_create would, creating nothing (schedule templates). */
 int jobs_validate(struct server *s, const char *project, json_t *request, struct http_response *res);
+/* jobs_validate's plan without a reply: 0 and *spec (new reference), or the refusal in err
+ * (SMELT_EINVAL naming the request's field in err->field). For tests/fuzz/fuzz_job_create.c. */
+int jobs_plan_spec(struct server *s, const char *project, const json_t *request, json_t **spec,
+                   struct smelt_error *err);
 /* The API object of a job row (SELECT * FROM jobs). New reference. */
 json_t *jobs_object(struct server *s, json_t *row);
 /* Appends an event to a job's stream and wakes SSE followers. data may be NULL. */

@@ -252,6 +252,44 @@ def test_grpo_in_split_placement_raises_held_out_accuracy(client, smeltd, sft_mo
     assert after["val_accuracy"] >= before["val_accuracy"] + 0.15, (before, after)
 
 
+JUDGE_ITERATIONS = 2
+
+
+@pytest.mark.skipif(sanitized(), reason="minutes of SFT under a sanitizer")
+def test_a_score_model_judge_gives_real_scores(client, smeltd, sft_model):
+    """A score_model grader whose judge is a model that knows the task: the SFT model, asked
+    the row's sum ({{item.question}}) through its own chat template, replies " 023" or " 23",
+    read as the number 23. Its scores are the true sums, sample by sample (the iteration's
+    listed samples name their prompt), and no reply fails to parse."""
+    rows_ = [{"messages": [{"role": "user", "content": r["prompt"]}], "question": r["prompt"]}
+             for r in rows("addition_prompts_train.jsonl", 64)]
+    train = upload(client, jsonl(rows_), "judged.jsonl", "prompts")
+    judge = {"type": "score_model", "name": "judge", "model": sft_model, "range": [0, 200],
+             "sampling_params": {"temperature": 0, "max_completions_tokens": 5},
+             "input": [{"role": "user", "content": "{{item.question}}"}]}
+    grader = {"type": "multi", "graders": {"judge": judge}, "calculate_output": "judge / 200"}
+    hp = {"batch_size": 8, "compute_multiplier": 0.25, "max_iterations": JUDGE_ITERATIONS, "max_new_tokens": 4,
+          "kv_memory_mb": 16}
+    job = client.fine_tuning.jobs.create(
+        model=sft_model, training_file=train.id, seed=SEED,
+        method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": hp}},
+        extra_body=SMELT)
+    job, _ = wait_done(client, smeltd, job.id, timeout=600)
+    status, lines = smeltd.request("GET", "/v1/fine_tuning/jobs/%s/metrics?limit=1000" % job.id)
+    assert status == 200, lines
+    train_lines = [m["data"] for m in lines["data"] if m["type"] == "train"]
+    assert len(train_lines) == JUDGE_ITERATIONS, lines
+    for d in train_lines:
+        assert d["samples_failed"] == 0 and 0 < d["rewards/judge/mean"] <= 198, d
+    listed = [x for m in lines["data"] if m["type"] == "samples" for x in m["data"]["samples"]]
+    right = 0
+    for x in listed:
+        a, b = x["prompt"].split("User: ")[1].split("=")[0].split("+")
+        right += x["scores"]["judge"] == int(a) + int(b)
+    print("score_model judge (the SFT model): %d of %d listed samples scored with their true sum" % (right, len(listed)))
+    assert len(listed) >= 2 * JUDGE_ITERATIONS and right >= len(listed) - 1, listed
+
+
 def refused(client, files, param, *words, model="tiny", **kwargs):
     with pytest.raises(openai.BadRequestError) as e:
         create(client, model, files, **kwargs)
