@@ -165,6 +165,10 @@ int json_refuse_nulls(const json_t *obj, const char *const *keys, const char *wh
     return SMELT_OK;
 }
 
+const char *json_key_name(const char *key) {
+    return key[0] ? key : "\"\"";
+}
+
 int json_check_keys(const json_t *obj, const char *const *allowed, const char *where,
                     struct smelt_error *err) {
     if (!json_is_object(obj))

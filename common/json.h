@@ -46,6 +46,9 @@ json_t *json_string_lossy(const char *s, size_t len);
  * every key is allowed: for callers that report unknown fields in their own protocol's
  * error (HTTP replies, dataset issues, worker refusals). */
 const char *json_unknown_key(const json_t *obj, const char *const *allowed);
+/* key as an error names it: itself, or "" (two quote marks) for the empty key, so that a
+ * refusal's field (an HTTP reply's param) is never empty. */
+const char *json_key_name(const char *key);
 
 /* SMELT_EINVAL naming the first key of keys (NULL-terminated) that obj holds as null: the
  * field readers take null for absent, which an API whose document says a field is not

@@ -15,7 +15,7 @@ static int check_value(const json_t *v, const struct body_rule *r, const char *p
 /* "where.key", or key at the top (where ""). An empty key is written "" (quotes), so that
  * a refusal of {"": 1} still names its field (err.field is the reply's param). */
 static void join(char *out, const char *where, const char *key) {
-    snprintf(out, PATH_BYTES, "%s%s%s", where, where[0] ? "." : "", key[0] ? key : "\"\"");
+    snprintf(out, PATH_BYTES, "%s%s%s", where, where[0] ? "." : "", json_key_name(key));
 }
 
 int body_check_json(const json_t *v, const char *path, struct smelt_error *err) {

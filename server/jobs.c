@@ -412,7 +412,7 @@ static int check_request_keys(const json_t *request, struct smelt_error *err) {
         "save_dtype", "backend", "chat_template", NULL};
     const char *key = json_unknown_key(request, keys);
     if (!key) return SMELT_OK;
-    const char *name = key[0] ? key : "\"\""; /* an empty key is named "" (a param, never empty) */
+    const char *name = json_key_name(key);
     return error_set_field(err, SMELT_EINVAL, name, "%s: unknown parameter", name);
 }
 
@@ -595,7 +595,7 @@ static int method_hyperparameters(const json_t *method, struct hp_source *src, c
     const char *key = json_unknown_key(method, method_keys);
     if (key) {
         char unknown[SMELT_ERROR_FIELD_BYTES];
-        snprintf(unknown, sizeof unknown, "method.%.64s", key[0] ? key : "\"\"");
+        snprintf(unknown, sizeof unknown, "method.%.64s", json_key_name(key));
         return error_set_field(err, SMELT_EINVAL, unknown, "%s: unknown field (a %s job's settings go in %s)",
                                unknown, type, field);
     }
